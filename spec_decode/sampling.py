@@ -1,0 +1,65 @@
+"""The sampling transform: logits -> the distribution that is actually sampled.
+
+Every decoder draws from `logits_to_probs(logits, temperature, topk, topp)`, and the
+speculative decoders apply the very same transform to the target's logits (p) and the
+draft's logits (q), so that verification compares the distributions really sampled.
+
+Shapes: `logits [..., V]` -> `probs [..., V]` float32, rows summing to 1.
+
+Conventions (T5X's, except the topk default, see `decoding.temperature_sample`):
+- temperature <= `GREEDY_TEMPERATURE` means argmax: a one-hot distribution (ties go to the
+  lowest token id, like `jnp.argmax`).
+- topk > 0 keeps the k largest logits (every logit equal to the k-th is kept as well).
+- 0 < topp < 1 keeps the smallest set of most likely tokens whose total probability is
+  >= topp (ties at the boundary are kept); topp in {0, 1} keeps everything.
+- topk and topp together: top-k first, then top-p within what top-k kept.
+"""
+
+import jax
+import jax.numpy as jnp
+
+GREEDY_TEMPERATURE = 1e-4
+
+
+def validate_sampling_args(temperature: float, topk: int, topp: float) -> None:
+  """Raises ValueError naming the offending argument (called before anything is traced)."""
+  if not temperature >= 0:
+    raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+  if isinstance(topk, bool) or int(topk) != topk or topk < 0:
+    raise ValueError(f"topk must be an integer >= 0, got {topk!r}")
+  if not 0.0 <= topp <= 1.0:
+    raise ValueError(f"topp must be in [0, 1], got {topp!r}")
+
+
+def logits_to_probs(logits: jax.Array, temperature: float = 1.0, topk: int = 0,
+                    topp: float = 0.0) -> jax.Array:
+  """The sampled distribution for `logits [..., V]`; the settings are static Python numbers."""
+  logits = logits.astype(jnp.float32)
+  if temperature <= GREEDY_TEMPERATURE:
+    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  logits = logits / temperature
+  if 0 < topk < logits.shape[-1]:
+    kth_largest = jax.lax.top_k(logits, topk)[0][..., -1:]
+    logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
+  probs = jax.nn.softmax(logits, axis=-1)
+  if 0.0 < topp < 1.0:
+    sorted_probs = -jnp.sort(-probs, axis=-1)
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+    # The smallest kept probability: the last sorted token whose preceding mass is < topp.
+    threshold = jnp.min(jnp.where(mass_before < topp, sorted_probs, jnp.inf), axis=-1,
+                        keepdims=True)
+    probs = jnp.where(probs >= threshold, probs, 0.0)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+  return probs
+
+
+def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
+  """Draws one token id per row of `probs [..., V]` (rows may be unnormalized)."""
+  return jax.random.categorical(rng, jnp.log(probs), axis=-1).astype(jnp.int32)
+
+
+def log_softmax_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+  """The model's own log-probability (temperature 1, untruncated) of `tokens [...]` under
+  `logits [..., V]`: what T5X's samplers report as a decode's log_prob."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]

@@ -1,0 +1,143 @@
+"""Engine behavior on toy models: greedy identity, per-row bookkeeping, contracts, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_decode import decoding
+import toy_setup
+from toy_setup import EOS
+
+GREEDY = (0.0, 0, 0.0)
+VOCAB = 12
+LENGTH = 10
+
+
+@pytest.mark.parametrize("draft", ["near", "same"])
+@pytest.mark.parametrize("batch_size,num_batches", [(1, 25), (7, 30)])
+def test_greedy_speculative_equals_baseline(draft, batch_size, num_batches):
+  """Token for token, gamma in {1,2,3,5,8}, mixed prompt lengths, EOS inside accepted blocks
+  ('same' accepts every draft) and the length limit inside a block."""
+  target, draft_model = toy_setup.make_pair(VOCAB, draft, eos_shift=-1.0)
+  rng = np.random.default_rng(batch_size)
+  ended_by_eos = ended_by_length = 0
+  for _ in range(num_batches):
+    inputs = jnp.asarray(toy_setup.random_prompts(rng, batch_size, LENGTH, VOCAB, 4))
+    want, want_log_probs = toy_setup.baseline(target, inputs, jax.random.PRNGKey(0),
+                                              sampling_args=GREEDY)
+    for gamma in (1, 2, 3, 5, 8):
+      got, got_log_probs, stats = toy_setup.speculative(
+          target, draft_model, inputs, jax.random.PRNGKey(1), gamma, sampling_args=GREEDY)
+      np.testing.assert_array_equal(got, want)
+      np.testing.assert_allclose(got_log_probs, want_log_probs, rtol=1e-5, atol=1e-5)
+      if draft == "same":
+        sampled_rows = np.asarray(stats.verified_positions) > 0
+        np.testing.assert_allclose(np.asarray(stats.alpha)[sampled_rows], 1.0, atol=1e-6)
+    has_eos = np.any(np.asarray(want)[:, 0] == EOS, axis=1)
+    ended_by_eos += int(has_eos.sum())
+    ended_by_length += int((~has_eos & (np.asarray(want)[:, 0, -1] != 0)).sum())
+  assert ended_by_eos > 0 and ended_by_length > 0
+
+
+def test_rows_progress_independently():
+  """A batch decodes exactly like its rows decoded one at a time (same rng per row is not
+  required at temperature 0)."""
+  target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-1.0)
+  inputs = jnp.asarray(toy_setup.random_prompts(np.random.default_rng(3), 7, LENGTH, VOCAB, 4))
+  batch, _, stats = toy_setup.speculative(target, draft, inputs, jax.random.PRNGKey(0), 3,
+                                          sampling_args=GREEDY)
+  for row in range(7):
+    single, _, single_stats = toy_setup.speculative(
+        target, draft, inputs[row:row + 1], jax.random.PRNGKey(0), 3, sampling_args=GREEDY)
+    np.testing.assert_array_equal(single[0], batch[row])
+    assert int(single_stats.target_calls[0, 0]) == int(stats.target_calls[row, 0])
+  # Rows accepted different numbers of tokens, so they ended after different numbers of calls.
+  assert len(set(np.asarray(stats.target_calls)[:, 0].tolist())) > 1
+
+
+def test_prompt_is_kept_and_not_scored():
+  target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-3.0)
+  inputs = np.zeros((2, LENGTH), np.int32)
+  inputs[0, 1:4] = [5, 6, 7]
+  decodes, _, stats = toy_setup.speculative(target, draft, jnp.asarray(inputs),
+                                            jax.random.PRNGKey(0), 2)
+  np.testing.assert_array_equal(decodes[0, 0, :3], [5, 6, 7])
+  # alpha counts only sampled positions: forced ones would contribute 1 each.
+  assert 0 < float(stats.alpha[0, 0]) < 1
+
+
+def test_max_decode_steps_limits_sampled_tokens():
+  target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-20.0)
+  inputs = np.zeros((2, LENGTH), np.int32)
+  inputs[1, 1:3] = [4, 4]
+  base, _ = toy_setup.baseline(target, jnp.asarray(inputs), jax.random.PRNGKey(0),
+                               max_decode_steps=3)
+  spec, _, _ = toy_setup.speculative(target, draft, jnp.asarray(inputs), jax.random.PRNGKey(0),
+                                     4, max_decode_steps=3)
+  for decodes in (base, spec):
+    lengths = np.sum(np.asarray(decodes)[:, 0] != 0, axis=1)
+    np.testing.assert_array_equal(lengths, [3, 5])
+
+
+def test_num_decodes_shapes_and_sorting():
+  target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-1.0)
+  inputs = jnp.zeros((3, LENGTH), jnp.int32)
+  decodes, log_probs, stats = toy_setup.speculative(target, draft, inputs, jax.random.PRNGKey(0),
+                                                    3, num_decodes=4)
+  assert decodes.shape == (3, 4, LENGTH) and log_probs.shape == (3, 4)
+  assert stats.target_calls.shape == (3, 4)
+  assert np.all(np.diff(np.asarray(log_probs), axis=1) >= 0)
+  assert len({tuple(d) for d in np.asarray(decodes)[0]}) > 1  # independent samples
+  base, base_log_probs = toy_setup.baseline(target, inputs, jax.random.PRNGKey(0), num_decodes=4)
+  assert base.shape == (3, 4, LENGTH)
+  assert np.all(np.diff(np.asarray(base_log_probs), axis=1) >= 0)
+
+
+def test_log_prob_is_the_models_own():
+  """log_probs is the sum of the target's log-softmax over the emitted tokens up to EOS."""
+  target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-1.0)
+  inputs = jnp.zeros((4, LENGTH), jnp.int32)
+  decodes, log_probs, _ = toy_setup.speculative(target, draft, inputs, jax.random.PRNGKey(5), 3)
+  for row in range(4):
+    tokens = [t for t in np.asarray(decodes)[row, 0] if t != 0]
+    want = 0.0
+    for t, token in enumerate(tokens):
+      logits = target.next_token_logits(np.array([[0] + tokens[:t]]))[0]
+      want += float(jax.nn.log_softmax(logits)[token])
+    assert float(log_probs[row, 0]) == pytest.approx(want, abs=1e-4)
+
+
+def test_no_recompile_when_prompts_or_rng_change():
+  target, draft = toy_setup.make_pair(VOCAB, "near")
+  rng = np.random.default_rng(0)
+  toy_setup.speculative._clear_cache()
+  for seed in range(3):
+    inputs = jnp.asarray(toy_setup.random_prompts(rng, 2, LENGTH, VOCAB, 3))
+    toy_setup.speculative(target, draft, inputs, jax.random.PRNGKey(seed), 2)
+  assert toy_setup.speculative._cache_size() == 1
+
+
+def _call(**overrides):
+  target, draft = toy_setup.make_pair(VOCAB, "near")
+  kwargs = dict(draft_cache=draft.init_cache(1, LENGTH),
+                draft_tokens_to_logits=draft.tokens_to_logits, gamma=2)
+  kwargs.update(overrides)
+  return decoding.speculative_sample(jnp.zeros((1, LENGTH), jnp.int32),
+                                     target.init_cache(1, LENGTH), target.tokens_to_logits, EOS,
+                                     **kwargs)
+
+
+@pytest.mark.parametrize("overrides,name", [
+    (dict(gamma=0), "gamma"), (dict(gamma=2.5), "gamma"), (dict(temperature=-1.0), "temperature"),
+    (dict(topp=1.5), "topp"), (dict(topk=-2), "topk"), (dict(num_decodes=0), "num_decodes"),
+    (dict(max_decode_steps=0), "max_decode_steps"), (dict(verifier="nope"), "verifier")])
+def test_bad_arguments_raise_before_compiling(overrides, name):
+  with pytest.raises(ValueError, match=name):
+    _call(**overrides)
+
+
+def test_vocabulary_mismatch_is_named():
+  other, _ = toy_setup.make_pair(VOCAB + 1, "same")
+  with pytest.raises(ValueError, match="vocabulary sizes differ.*12.*13"):
+    _call(draft_cache=other.init_cache(1, LENGTH), draft_tokens_to_logits=other.tokens_to_logits)

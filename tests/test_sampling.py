@@ -1,0 +1,64 @@
+"""The sampling transform against a direct NumPy reading of its definition."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_decode import sampling
+
+
+def reference_probs(logits: np.ndarray, temperature: float, topk: int, topp: float) -> np.ndarray:
+  """One row at a time, by the definitions in the module docstring."""
+  logits = np.asarray(logits, np.float64)
+  if temperature <= sampling.GREEDY_TEMPERATURE:
+    out = np.zeros_like(logits)
+    out[np.argmax(logits)] = 1.0
+    return out
+  scaled = logits / temperature
+  keep = np.ones_like(scaled, bool)
+  if 0 < topk < len(scaled):
+    keep = scaled >= np.sort(scaled)[::-1][topk - 1]
+  probs = np.where(keep, np.exp(scaled - scaled[keep].max()), 0.0)
+  probs /= probs.sum()
+  if 0 < topp < 1:
+    order = np.argsort(-probs, kind="stable")
+    total, kept = 0.0, []
+    for token in order:  # the smallest most-likely set reaching topp
+      kept.append(token)
+      total += probs[token]
+      if total >= topp:
+        break
+    keep = probs >= probs[kept[-1]]
+    probs = np.where(keep, probs, 0.0)
+    probs /= probs.sum()
+  return probs
+
+
+@pytest.mark.parametrize("temperature,topk,topp", [
+    (1.0, 0, 0.0), (0.5, 0, 0.0), (1.7, 0, 0.0), (0.0, 0, 0.0), (1e-5, 3, 0.9),
+    (1.0, 3, 0.0), (1.0, 0, 0.8), (0.7, 5, 0.6), (1.0, 0, 1.0), (1.0, 1, 0.0)])
+def test_matches_reference(temperature, topk, topp):
+  logits = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (16, 11))) * 2
+  got = np.asarray(sampling.logits_to_probs(jnp.asarray(logits), temperature, topk, topp))
+  want = np.stack([reference_probs(row, temperature, topk, topp) for row in logits])
+  np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_topp():
+  logits = jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05]))
+  np.testing.assert_allclose(sampling.logits_to_probs(logits, 1.0, 0, 0.8), [.625, .375, 0, 0],
+                             atol=1e-6)
+  np.testing.assert_allclose(sampling.logits_to_probs(logits, 1.0, 0, 0.81),
+                             [.5 / .95, .3 / .95, .15 / .95, 0], atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(temperature=-0.1, topk=0, topp=0.0), "temperature"),
+    (dict(temperature=1.0, topk=-1, topp=0.0), "topk"),
+    (dict(temperature=1.0, topk=1.5, topp=0.0), "topk"),
+    (dict(temperature=1.0, topk=0, topp=1.2), "topp"),
+    (dict(temperature=1.0, topk=0, topp=-0.1), "topp")])
+def test_bad_arguments_are_named(kwargs, name):
+  with pytest.raises(ValueError, match=name):
+    sampling.validate_sampling_args(**kwargs)

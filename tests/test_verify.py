@@ -1,0 +1,134 @@
+"""Verification rules, computed exactly from their laws (no sampling) and by sampling."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_decode import verify
+
+
+def random_probs(rng, shape, concentration=1.0):
+  return np.asarray(jax.random.dirichlet(rng, jnp.full(shape[-1], concentration), shape[:-1]),
+                    np.float64)
+
+
+def one_hot_probs(rng, shape):
+  return np.eye(shape[-1])[np.asarray(jax.random.randint(rng, shape[:-1], 0, shape[-1]))]
+
+
+def outcome_law(rule, draft_probs, target_probs, num_drafted):
+  """Yields (probability of the drafts, drafts, Verdict) for every draft tuple in V^G."""
+  gamma, vocab = draft_probs.shape
+  drafts = np.array(list(itertools.product(range(vocab), repeat=gamma)), np.int32)
+  verdict = rule(jnp.asarray(drafts), jnp.broadcast_to(draft_probs, drafts.shape + (vocab,)),
+                 jnp.broadcast_to(target_probs, (len(drafts),) + target_probs.shape),
+                 jnp.full((len(drafts),), num_drafted, jnp.int32))
+  draft_law = np.prod(draft_probs[np.arange(gamma), drafts], axis=1)
+  return draft_law, drafts, jax.tree_util.tree_map(np.asarray, verdict)
+
+
+def first_token_marginal(rule, draft_probs, target_probs, num_drafted):
+  draft_law, drafts, verdict = outcome_law(rule, draft_probs, target_probs, num_drafted)
+  vocab = draft_probs.shape[-1]
+  accepted_any = verdict.num_accepted_probs[:, 1:].sum(axis=1)
+  marginal = draft_law[:, None] * (accepted_any[:, None] * np.eye(vocab)[drafts[:, 0]]
+                                   + verdict.num_accepted_probs[:, :1]
+                                   * verdict.next_token_probs[:, 0])
+  return marginal.sum(axis=0)
+
+
+def expected_accepted(rule, draft_probs, target_probs):
+  draft_law, _, verdict = outcome_law(rule, draft_probs, target_probs, draft_probs.shape[0])
+  lengths = np.arange(verdict.num_accepted_probs.shape[1])
+  return float(np.sum(draft_law * (verdict.num_accepted_probs @ lengths)))
+
+
+@pytest.mark.parametrize("name", sorted(verify.EXACT_RULES))
+@pytest.mark.parametrize("gamma", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(3))
+def test_first_emitted_token_is_distributed_as_p1(name, gamma, seed):
+  rng_p, rng_q = jax.random.split(jax.random.PRNGKey(seed))
+  target_probs = random_probs(rng_p, (gamma + 1, 4), 0.7)
+  draft_probs = random_probs(rng_q, (gamma, 4), 0.7)
+  for num_drafted in range(1, gamma + 1):
+    marginal = first_token_marginal(verify.EXACT_RULES[name], draft_probs, target_probs,
+                                    num_drafted)
+    np.testing.assert_allclose(marginal, target_probs[0], atol=1e-5)
+
+
+def test_the_marginal_check_has_power():
+  """A rule that resamples from p instead of the residual is caught by the same computation."""
+  def resample_from_p(draft_tokens, draft_probs, target_probs, num_drafted):
+    verdict = verify.token_rule(draft_tokens, draft_probs, target_probs, num_drafted)
+    return verify.Verdict(verdict.num_accepted_probs,
+                          jnp.broadcast_to(target_probs, verdict.next_token_probs.shape))
+  rng_p, rng_q = jax.random.split(jax.random.PRNGKey(0))
+  target_probs = random_probs(rng_p, (3, 4), 0.7)
+  draft_probs = random_probs(rng_q, (2, 4), 0.7)
+  marginal = first_token_marginal(resample_from_p, draft_probs, target_probs, 2)
+  assert np.max(np.abs(marginal - target_probs[0])) > 1e-2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_block_accepts_at_least_as_many_tokens_as_token(seed):
+  rng_p, rng_q = jax.random.split(jax.random.PRNGKey(seed))
+  gamma = 1 + seed % 3
+  target_probs = random_probs(rng_p, (gamma + 1, 4), 0.8)
+  draft_probs = random_probs(rng_q, (gamma, 4), 0.8)
+  token = expected_accepted(verify.token_rule, draft_probs, target_probs)
+  block = expected_accepted(verify.block_rule, draft_probs, target_probs)
+  assert block >= token - 1e-6
+  if gamma > 1:
+    assert block > token + 1e-4  # strictly better on generic distributions
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_block_equals_token_at_temperature_zero(seed):
+  rng_p, rng_q = jax.random.split(jax.random.PRNGKey(seed))
+  target_probs = one_hot_probs(rng_p, (4, 3))
+  draft_probs = one_hot_probs(rng_q, (3, 3))
+  draft_law, _, token_verdict = outcome_law(verify.token_rule, draft_probs, target_probs, 3)
+  _, _, block_verdict = outcome_law(verify.block_rule, draft_probs, target_probs, 3)
+  support = draft_law > 0
+  np.testing.assert_allclose(block_verdict.num_accepted_probs[support],
+                             token_verdict.num_accepted_probs[support], atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(verify.EXACT_RULES))
+def test_empty_residual_is_not_nan(name):
+  probs = random_probs(jax.random.PRNGKey(0), (4, 5))
+  draft_tokens = jnp.array([[1, 2, 3]])
+  verdict = verify.EXACT_RULES[name](draft_tokens, jnp.asarray(probs[None, :3]),
+                                     jnp.asarray(probs[None]), jnp.array([3]))
+  assert np.all(np.isfinite(verdict.next_token_probs))
+  np.testing.assert_allclose(verdict.num_accepted_probs, [[0, 0, 0, 1]], atol=1e-6)
+  num_accepted, next_token = verify.verify(jax.random.PRNGKey(1), draft_tokens,
+                                           jnp.asarray(probs[None, :3]), jnp.asarray(probs[None]),
+                                           rule=name)
+  assert int(num_accepted[0]) == 3 and 0 <= int(next_token[0]) < 5
+
+
+def test_sampled_outcomes_follow_the_law():
+  """verify() draws (num_accepted, next_token) with the verdict's probabilities."""
+  rng_p, rng_q, rng_x, rng_v = jax.random.split(jax.random.PRNGKey(7), 4)
+  target_probs = jnp.asarray(random_probs(rng_p, (3, 4)), jnp.float32)
+  draft_probs = jnp.asarray(random_probs(rng_q, (2, 4)), jnp.float32)
+  draft_tokens = jax.random.categorical(rng_x, jnp.log(draft_probs), shape=(2,))[None]
+  verdict = verify.token_rule(draft_tokens, draft_probs[None], target_probs[None],
+                              jnp.array([2]))
+  num_samples = 200_000
+  tile = lambda x: jnp.broadcast_to(x, (num_samples,) + x.shape[1:])
+  num_accepted, _ = verify.verify(rng_v, tile(draft_tokens), tile(draft_probs[None]),
+                                  tile(target_probs[None]))
+  frequencies = np.bincount(np.asarray(num_accepted), minlength=3) / num_samples
+  np.testing.assert_allclose(frequencies, verdict.num_accepted_probs[0], atol=5e-3)
+
+
+def test_registry_rejects_duplicates_and_unknown_names():
+  with pytest.raises(ValueError, match="already registered"):
+    verify.register_rule("token", verify.token_rule, exact=True)
+  with pytest.raises(ValueError, match="verifier must be one of"):
+    verify.get_rule("nope")

@@ -1,0 +1,57 @@
+"""Shared construction of toy target/draft pairs and jitted decoders for engine tests."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode import decoding, toy
+
+EOS = 1
+
+
+def make_pair(vocab_size: int, draft: str, seed: int = 0, eos_shift: float = 0.0,
+              num_buckets: int = 64):
+  """A target and a draft that is 'near' (noisy copy), 'far' (independent) or 'same'."""
+  target_rng, draft_rng = jax.random.split(jax.random.PRNGKey(seed))
+  target = toy.PrefixHashModel.random(target_rng, vocab_size, num_buckets, eos_shift=eos_shift)
+  if draft == "same":
+    return target, target
+  if draft == "near":
+    return target, target.perturbed(draft_rng, 0.7)
+  return target, toy.PrefixHashModel.random(draft_rng, vocab_size, num_buckets,
+                                            eos_shift=eos_shift)
+
+
+@functools.partial(jax.jit, static_argnames=("num_decodes", "sampling_args",
+                                             "max_decode_steps"))
+def baseline(target, inputs, rng, num_decodes=1, sampling_args=(1.0, 0, 0.0),
+             max_decode_steps=None):
+  temperature, topk, topp = sampling_args
+  return decoding.temperature_sample(
+      inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS, decode_rng=rng,
+      num_decodes=num_decodes, temperature=temperature, topk=topk, topp=topp,
+      max_decode_steps=max_decode_steps)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "num_decodes",
+                                             "sampling_args", "verifier", "max_decode_steps"))
+def speculative(target, draft, inputs, rng, gamma, num_decodes=1, sampling_args=(1.0, 0, 0.0),
+                verifier="token", max_decode_steps=None):
+  temperature, topk, topp = sampling_args
+  return decoding.speculative_sample(
+      inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
+      draft_cache=draft.init_cache(*inputs.shape), draft_tokens_to_logits=draft.tokens_to_logits,
+      gamma=gamma, decode_rng=rng, num_decodes=num_decodes, temperature=temperature, topk=topk,
+      topp=topp, verifier=verifier, max_decode_steps=max_decode_steps)
+
+
+def random_prompts(rng: np.random.Generator, batch_size: int, max_decode_len: int,
+                   vocab_size: int, max_prompt_len: int) -> np.ndarray:
+  """Decoder inputs [B, L]: BOS, then a forced prefix of random length in 0..max_prompt_len."""
+  inputs = np.zeros((batch_size, max_decode_len), np.int32)
+  for row in range(batch_size):
+    prompt_len = rng.integers(0, max_prompt_len + 1)
+    inputs[row, 1:1 + prompt_len] = rng.integers(2, vocab_size, prompt_len)
+  return inputs
