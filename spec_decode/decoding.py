@@ -34,12 +34,13 @@ greedy decoding is `temperature=0`.
 ## How speculative sampling keeps the target's distribution
 Each iteration of `speculative_sample`, for every row independently at its own position i
 (the position of its last committed token):
-1. the draft proposes x_1..x_gamma from q (k = 2 catch-up call at positions i-1, i: after a fully
-   accepted block the draft has never seen x_gamma; otherwise it rewrites an entry it already
+1. the draft proposes x_1..x_m from q, m <= gamma chosen by a drafting policy (fixed m = gamma
+   by default; see `spec_decode.drafting`): a k = 2 catch-up call at positions i-1, i (after a
+   fully accepted block the draft has never seen x_m; otherwise it rewrites an entry it already
    holds), then k = 1 calls;
 2. the target scores [seq[i], x_1..x_gamma] in ONE call (k = gamma + 1) giving p_1..p_{gamma+1};
-3. a verification rule from `spec_decode.verify` turns (x, q, p) into the number of accepted
-   drafts n and the next token; the row commits n + 1 tokens (cut at EOS or its length limit)
+3. a verification rule from `spec_decode.verify` turns (x, q, p, m) into the number of
+   accepted drafts n and the next token; the row commits n + 1 tokens (cut at EOS or its length limit)
    and both caches roll back to the new position on the next call.
 Forced prompt tokens are exact by construction: at a forced position both p and q become the
 one-hot of the forced token, so it is always drafted, always accepted, and always emitted.
@@ -54,6 +55,7 @@ import gin
 import jax
 import jax.numpy as jnp
 
+from spec_decode import drafting
 from spec_decode import sampling
 from spec_decode import verify
 
@@ -284,18 +286,22 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
                        temperature: float = 1.0, topk: int = 0, topp: float = 0.0,
                        initial_index: jax.Array | None = None,
                        max_decode_steps: int | None = None,
-                       verifier: str | verify.Rule = "token"
+                       verifier: str | verify.Rule = "token",
+                       draft_policy: str | drafting.Policy = "fixed"
                        ) -> tuple[jax.Array, jax.Array, SpeculativeStats]:
   """Speculative sampling (Leviathan et al., 2023): same law as `temperature_sample`.
 
   `verifier` names a rule of `spec_decode.verify` ('token', the paper's; 'block'; lossy rules
-  such as 'lenient' are opt-in) or is a rule function with the same signature. Returns (decodes [B, num_decodes, L], log_probs
+  such as 'lenient' are opt-in) or is a rule function with the same signature. `draft_policy`
+  names a policy of `spec_decode.drafting` ('fixed': always gamma drafts; 'expected_speedup',
+  'confidence': adaptive, at most gamma) or is such a function. Returns (decodes [B, num_decodes, L], log_probs
   [B, num_decodes], stats: SpeculativeStats with [B, num_decodes] fields).
   """
   _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, topp)
   if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 1:
     raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
   rule = verify.get_rule(verifier) if isinstance(verifier, str) else verifier
+  policy = drafting.get_policy(draft_policy) if isinstance(draft_policy, str) else draft_policy
   batch_size, max_decode_len = inputs.shape
   problem, rows = _setup(inputs, initial_index, num_decodes, max_decode_steps, eos_id,
                          (temperature, topk, topp), block_size=gamma + 1)
@@ -307,7 +313,7 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
                      f"{target_vocab} entries, draft logits {draft_vocab}")
   rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   step = functools.partial(_speculative_step, problem, tokens_to_logits,
-                           draft_tokens_to_logits, rule, gamma)
+                           draft_tokens_to_logits, rule, policy, gamma)
   initial = SpeculativeLoopState(rows, cache, draft_cache,
                                  SpeculativeStats.zeros(rows.index.shape[0]), rng)
   final = jax.lax.while_loop(lambda s: ~jnp.all(s.rows.done), step, initial)
@@ -316,14 +322,17 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
   return decodes, log_probs, stats
 
 
-def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits, gamma: int,
-           rows: Rows, draft_cache: Any, rng: jax.Array):
-  """Proposes gamma tokens per row after its position i, with gamma draft calls.
+def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
+           policy: drafting.Policy, gamma: int, rows: Rows, stats: SpeculativeStats,
+           draft_cache: Any, rng: jax.Array):
+  """Proposes up to gamma tokens per row after its position i.
 
   The first call feeds positions (i-1, i) — the catch-up — except at i = 0, where it feeds
   (0, 1) and reads the logits of position 0 (position 1 is scratch, overwritten before it is
-  read). Returns (draft_tokens [N, G], draft_probs [N, G, V], sequences with the drafts
-  written at i+1..i+G, draft_cache).
+  read). Each further call feeds the previous draft. The policy may stop rows early; the loop
+  ends when no row drafts any more. Returns (draft_tokens [N, G], draft_probs [N, G, V],
+  num_drafted [N], number of draft calls (scalar), sequences with the drafts written at
+  i+1.., draft_cache).
   """
   index = rows.index
   start = jnp.maximum(index - 1, 0)
@@ -331,44 +340,51 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits, gamma: int
   logits, draft_cache = draft_tokens_to_logits(DecodingState(
       start, _gather(rows.sequences, window), rows.sequences, draft_cache))
   logits = jnp.take_along_axis(logits, (index - start)[:, None, None], axis=1)[:, 0]
+  num_rows, vocab_size = logits.shape
 
-  def propose(carry, offset):
-    logits, sequences, draft_cache, rng = carry
+  def propose(carry):
+    """Samples the draft at block offset `offset` and asks the policy whether to go on."""
+    offset, logits, sequences, draft_cache, rng, tokens, probs, still_drafting, num_drafted = carry
     rng, sample_rng = jax.random.split(rng)
     position = index + 1 + offset
-    probs = _target_probs(problem, logits[:, None], position[:, None])[:, 0]
-    token = sampling.sample(sample_rng, probs)
+    q = _target_probs(problem, logits[:, None], position[:, None])[:, 0]
+    token = sampling.sample(sample_rng, q)
     sequences = _scatter(sequences, position[:, None], token[:, None])
-    return (logits, sequences, draft_cache, rng), (token, probs)
+    num_drafted = num_drafted + still_drafting
+    still_drafting &= policy(offset, q, stats) & (offset + 1 < gamma)
+    return (offset + 1, logits, sequences, draft_cache, rng, tokens.at[:, offset].set(token),
+            probs.at[:, offset].set(q), still_drafting, num_drafted)
 
-  def propose_and_feed(carry, offset):
-    (_, sequences, draft_cache, rng), proposal = propose(carry, offset)
-    position = index + 1 + offset
+  def feed_and_propose(carry):
+    offset, _, sequences, draft_cache = carry[:4]
+    last = offset - 1
     logits, draft_cache = draft_tokens_to_logits(DecodingState(
-        position, proposal[0][:, None], sequences, draft_cache))
-    return (logits[:, 0], sequences, draft_cache, rng), proposal
+        index + 1 + last, carry[5][:, last, None], sequences, draft_cache))
+    return propose((offset, logits[:, 0], sequences, draft_cache) + carry[4:])
 
-  carry = (logits, rows.sequences, draft_cache, rng)
-  carry, proposals = jax.lax.scan(propose_and_feed, carry, jnp.arange(gamma - 1))
-  (_, sequences, draft_cache, _), last = propose(carry, gamma - 1)
-  tokens = jnp.concatenate([proposals[0], last[0][None]], axis=0).T
-  probs = jnp.concatenate([proposals[1], last[1][None]], axis=0).transpose(1, 0, 2)
-  return tokens, probs, sequences, draft_cache
+  carry = propose((jnp.int32(0), logits, rows.sequences, draft_cache, rng,
+                   jnp.zeros((num_rows, gamma), jnp.int32),
+                   jnp.zeros((num_rows, gamma, vocab_size), jnp.float32),
+                   jnp.ones((num_rows,), bool), jnp.zeros((num_rows,), jnp.int32)))
+  carry = jax.lax.while_loop(lambda c: jnp.any(c[7]), feed_and_propose, carry)
+  num_calls, _, sequences, draft_cache, _, tokens, probs, _, num_drafted = carry
+  return tokens, probs, num_drafted, num_calls, sequences, draft_cache
 
 
 def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
-                      draft_tokens_to_logits: TokensToLogits, rule: verify.Rule, gamma: int,
+                      draft_tokens_to_logits: TokensToLogits, rule: verify.Rule,
+                      policy: drafting.Policy, gamma: int,
                       state: SpeculativeLoopState) -> SpeculativeLoopState:
   rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
   rows = state.rows
-  draft_tokens, draft_probs, sequences, draft_cache = _draft(
-      problem, draft_tokens_to_logits, gamma, rows, state.draft_cache, draft_rng)
+  draft_tokens, draft_probs, num_drafted, num_draft_calls, sequences, draft_cache = _draft(
+      problem, draft_tokens_to_logits, policy, gamma, rows, state.stats, state.draft_cache,
+      draft_rng)
 
   block = rows.index[:, None] + jnp.arange(gamma + 1)
   logits, cache = tokens_to_logits(DecodingState(
       rows.index, _gather(sequences, block), sequences, state.cache))
   target_probs = _target_probs(problem, logits, block + 1)
-  num_drafted = jnp.full_like(rows.index, gamma)
   num_accepted, next_token = verify.sample_verdict(
       verify_rng, rule(draft_tokens, draft_probs, target_probs, num_drafted))
 
@@ -388,8 +404,8 @@ def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
   stats = state.stats
   stats = SpeculativeStats(
       target_calls=stats.target_calls + count(1),
-      draft_calls=stats.draft_calls + count(gamma),
-      drafted_tokens=stats.drafted_tokens + count(gamma),
+      draft_calls=stats.draft_calls + count(num_draft_calls),
+      drafted_tokens=stats.drafted_tokens + count(num_drafted),
       accepted_tokens=stats.accepted_tokens + jnp.minimum(num_accepted, num_committed),
       generated_tokens=stats.generated_tokens + num_committed,
       acceptance_sum=stats.acceptance_sum + jnp.sum(jnp.where(verified, rates, 0.0), axis=1),

@@ -55,7 +55,8 @@ def logits_to_probs(logits: jax.Array, temperature: float = 1.0, topk: int = 0,
 
 def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   """Draws one token id per row of `probs [..., V]` (rows may be unnormalized)."""
-  return jax.random.categorical(rng, jnp.log(probs), axis=-1).astype(jnp.int32)
+  # Clipped: a rounding error below zero would be a NaN logit, which categorical always picks.
+  return jax.random.categorical(rng, jnp.log(jnp.maximum(probs, 0.0)), axis=-1).astype(jnp.int32)
 
 
 def log_softmax_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:

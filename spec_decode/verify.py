@@ -29,6 +29,8 @@ import gin
 import jax
 import jax.numpy as jnp
 
+from spec_decode import sampling
+
 
 @flax.struct.dataclass
 class Verdict:
@@ -106,7 +108,7 @@ def block_rule(draft_tokens, draft_probs, target_probs, num_drafted) -> Verdict:
   unnormalized = jnp.maximum(weights[:, :gamma, None] * target_probs[:, :gamma] - draft_probs,
                              0.0)
   residual_mass = jnp.sum(unnormalized, axis=-1)  # r_0 .. r_{G-1}
-  denominator = residual_mass + 1.0 - weights[:, :gamma]
+  denominator = residual_mass + (1.0 - weights[:, :gamma])  # exactly r_i when w_i = 1
   keep_prob = jnp.where(denominator > 0, residual_mass / jnp.where(denominator > 0, denominator,
                                                                     1.0), 1.0)
   positions = jnp.arange(gamma + 1)
@@ -152,11 +154,12 @@ def get_rule(name: str) -> Rule:
 def sample_verdict(rng: jax.Array, verdict: Verdict) -> tuple[jax.Array, jax.Array]:
   """Draws (num_accepted [B] in 0..G, next_token [B]) from the verdict's law."""
   length_rng, token_rng = jax.random.split(rng)
-  num_accepted = jax.random.categorical(length_rng, jnp.log(verdict.num_accepted_probs), axis=-1)
+  # Clipped: a rounding error below zero would be a NaN logit, which categorical always picks.
+  num_accepted_probs = jnp.maximum(verdict.num_accepted_probs, 0.0)
+  num_accepted = jax.random.categorical(length_rng, jnp.log(num_accepted_probs), axis=-1)
   next_token_probs = jnp.take_along_axis(
       verdict.next_token_probs, num_accepted[:, None, None], axis=1)[:, 0]
-  next_token = jax.random.categorical(token_rng, jnp.log(next_token_probs), axis=-1)
-  return num_accepted.astype(jnp.int32), next_token.astype(jnp.int32)
+  return num_accepted.astype(jnp.int32), sampling.sample(token_rng, next_token_probs)
 
 
 def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import decoding
+from spec_decode import decoding, drafting, verify
 import toy_setup
 from toy_setup import EOS
 
@@ -38,6 +38,34 @@ def test_greedy_speculative_equals_baseline(draft, batch_size, num_batches):
     ended_by_eos += int(has_eos.sum())
     ended_by_length += int((~has_eos & (np.asarray(want)[:, 0, -1] != 0)).sum())
   assert ended_by_eos > 0 and ended_by_length > 0
+
+
+@pytest.mark.parametrize("verifier", sorted(verify.EXACT_RULES))
+@pytest.mark.parametrize("draft_policy", sorted(drafting.POLICIES))
+def test_greedy_identity_for_every_registered_decoder(verifier, draft_policy):
+  target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-1.0)
+  rng = np.random.default_rng(11)
+  for _ in range(10):
+    inputs = jnp.asarray(toy_setup.random_prompts(rng, 7, LENGTH, VOCAB, 4))
+    want, _ = toy_setup.baseline(target, inputs, jax.random.PRNGKey(0), sampling_args=GREEDY)
+    got, _, _ = toy_setup.speculative(target, draft, inputs, jax.random.PRNGKey(1), 4,
+                                      sampling_args=GREEDY, verifier=verifier,
+                                      draft_policy=draft_policy)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_adaptive_policies_draft_fewer_tokens():
+  """'confidence' stops early on an unsure draft; the draft loop really makes fewer calls."""
+  target, draft = toy_setup.make_pair(VOCAB, "far", eos_shift=-3.0)
+  inputs = jnp.zeros((1, LENGTH), jnp.int32)
+  _, _, fixed_stats = toy_setup.speculative(target, draft, inputs, jax.random.PRNGKey(0), 5)
+  _, _, adaptive_stats = toy_setup.speculative(target, draft, inputs, jax.random.PRNGKey(0), 5,
+                                               draft_policy="confidence")
+  fixed_per_call = fixed_stats.draft_calls / fixed_stats.target_calls
+  adaptive_per_call = adaptive_stats.draft_calls / adaptive_stats.target_calls
+  assert float(fixed_per_call[0, 0]) == 5.0
+  assert float(adaptive_per_call[0, 0]) < 5.0
+  assert int(adaptive_stats.drafted_tokens[0, 0]) <= int(adaptive_stats.draft_calls[0, 0])
 
 
 def test_rows_progress_independently():
@@ -131,7 +159,8 @@ def _call(**overrides):
 @pytest.mark.parametrize("overrides,name", [
     (dict(gamma=0), "gamma"), (dict(gamma=2.5), "gamma"), (dict(temperature=-1.0), "temperature"),
     (dict(topp=1.5), "topp"), (dict(topk=-2), "topk"), (dict(num_decodes=0), "num_decodes"),
-    (dict(max_decode_steps=0), "max_decode_steps"), (dict(verifier="nope"), "verifier")])
+    (dict(max_decode_steps=0), "max_decode_steps"), (dict(verifier="nope"), "verifier"),
+    (dict(draft_policy="nope"), "draft_policy")])
 def test_bad_arguments_raise_before_compiling(overrides, name):
   with pytest.raises(ValueError, match=name):
     _call(**overrides)

@@ -132,3 +132,16 @@ def test_registry_rejects_duplicates_and_unknown_names():
     verify.register_rule("token", verify.token_rule, exact=True)
   with pytest.raises(ValueError, match="verifier must be one of"):
     verify.get_rule("nope")
+
+
+@pytest.mark.parametrize("name", sorted(verify.EXACT_RULES))
+def test_laws_are_probabilities(name):
+  """No rounding below zero (a negative probability would be a NaN logit when sampling)."""
+  rng_p, rng_q, rng_x = jax.random.split(jax.random.PRNGKey(0), 3)
+  target_probs = jax.random.dirichlet(rng_p, jnp.full(5, 0.7), (2000, 4))
+  draft_probs = jax.random.dirichlet(rng_q, jnp.full(5, 0.7), (2000, 3))
+  draft_tokens = jax.random.categorical(rng_x, jnp.log(draft_probs))
+  verdict = verify.EXACT_RULES[name](draft_tokens, draft_probs, target_probs,
+                                     jnp.full((2000,), 3))
+  assert float(verdict.num_accepted_probs.min()) >= 0.0
+  np.testing.assert_allclose(verdict.num_accepted_probs.sum(axis=1), 1.0, atol=1e-5)

@@ -35,16 +35,16 @@ def baseline(target, inputs, rng, num_decodes=1, sampling_args=(1.0, 0, 0.0),
       max_decode_steps=max_decode_steps)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "num_decodes",
-                                             "sampling_args", "verifier", "max_decode_steps"))
+@functools.partial(jax.jit, static_argnames=("gamma", "num_decodes", "sampling_args",
+                                             "verifier", "draft_policy", "max_decode_steps"))
 def speculative(target, draft, inputs, rng, gamma, num_decodes=1, sampling_args=(1.0, 0, 0.0),
-                verifier="token", max_decode_steps=None):
+                verifier="token", draft_policy="fixed", max_decode_steps=None):
   temperature, topk, topp = sampling_args
   return decoding.speculative_sample(
       inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
       draft_cache=draft.init_cache(*inputs.shape), draft_tokens_to_logits=draft.tokens_to_logits,
       gamma=gamma, decode_rng=rng, num_decodes=num_decodes, temperature=temperature, topk=topk,
-      topp=topp, verifier=verifier, max_decode_steps=max_decode_steps)
+      topp=topp, verifier=verifier, draft_policy=draft_policy, max_decode_steps=max_decode_steps)
 
 
 def random_prompts(rng: np.random.Generator, batch_size: int, max_decode_len: int,

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: the main process, then the 8-device sharding tests in their own process
+# (XLA_FLAGS must be set before JAX starts, so they cannot share the first process).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pytest -q tests --ignore=tests/sharding "$@"
+if [ -d tests/sharding ]; then
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m pytest -q tests/sharding "$@"
+fi

@@ -1,0 +1,132 @@
+"""Speculative sampling samples the target's distribution over whole sequences, exactly.
+
+For a 5-token vocabulary (PAD, EOS, and 3 words) and outputs of at most 4 tokens the target's
+law over complete outputs is enumerated; 100,000 sequences are drawn in one batched call and
+compared with a chi-square test at a fixed seed. The same test must reject deliberately wrong
+verifiers (the negative controls), which shows it has the power to catch a broken rule.
+Every exact rule registered in `spec_decode.verify` runs through the whole suite, and every
+drafting policy of `spec_decode.drafting` through a representative part of it.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+from spec_decode import drafting, sampling, verify
+import toy_setup
+from toy_setup import EOS
+
+VOCAB = 5
+LENGTH = 4
+NUM_SAMPLES = 100_000
+P_VALUE_FLOOR = 1e-3
+
+
+def exact_law(target, sampling_args) -> dict[tuple, float]:
+  """P(output) for every complete output: ends at the first EOS or after LENGTH tokens."""
+  law, frontier = {}, {(): 1.0}
+  for depth in range(LENGTH):
+    prefixes = list(frontier)
+    if not prefixes:
+      break
+    logits = target.next_token_logits(np.array([(0,) + p for p in prefixes], np.int32))
+    probs = np.asarray(sampling.logits_to_probs(logits, *sampling_args), np.float64)
+    next_frontier = {}
+    for prefix, row in zip(prefixes, probs):
+      for token in range(1, VOCAB):
+        mass = frontier[prefix] * row[token]
+        if mass == 0:
+          continue
+        sequence = prefix + (token,)
+        if token == EOS or depth == LENGTH - 1:
+          law[sequence] = mass
+        else:
+          next_frontier[sequence] = mass
+    frontier = next_frontier
+  return law
+
+
+def chi_square_p_value(decodes: np.ndarray, law: dict[tuple, float]) -> float:
+  observed = {}
+  for row in map(tuple, decodes):
+    sequence = tuple(t for t in row if t != 0)
+    observed[sequence] = observed.get(sequence, 0) + 1
+  impossible = set(observed) - set(law)
+  if impossible:
+    return 0.0  # a sequence the target can never produce
+  expected = np.array([NUM_SAMPLES * law[s] for s in law])
+  counts = np.array([observed.get(s, 0) for s in law])
+  rare = expected < 5  # pooled so the chi-square approximation holds
+  if rare.any():
+    expected = np.append(expected[~rare], expected[rare].sum())
+    counts = np.append(counts[~rare], counts[rare].sum())
+  expected *= counts.sum() / expected.sum()
+  return float(scipy.stats.chisquare(counts, expected).pvalue)
+
+
+def draw(target, draft, gamma, sampling_args, verifier, draft_policy="fixed", seed=0):
+  inputs = jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32)
+  decodes, _, stats = toy_setup.speculative(target, draft, inputs, jax.random.PRNGKey(seed),
+                                            gamma, sampling_args=sampling_args,
+                                            verifier=verifier, draft_policy=draft_policy)
+  return np.asarray(decodes[:, 0]), stats
+
+
+CASES = {  # name: (draft, gamma, (temperature, topk, topp))
+    "temperature_1": ("near", 2, (1.0, 0, 0.0)),
+    "temperature_0.5": ("near", 3, (0.5, 0, 0.0)),
+    "temperature_1.5": ("near", 2, (1.5, 0, 0.0)),
+    "top_k_2": ("near", 3, (1.0, 2, 0.0)),
+    "top_p_0.8": ("near", 2, (1.0, 0, 0.8)),
+    "far_draft": ("far", 3, (1.0, 0, 0.0)),
+    "draft_is_target": ("same", 2, (1.0, 0, 0.0)),
+}
+
+
+ADAPTIVE_CASES = ("temperature_1", "top_p_0.8", "far_draft")
+DECODERS = ([(case, rule, "fixed") for case in sorted(CASES) for rule in sorted(verify.EXACT_RULES)]
+            + [(case, "token", policy) for case in ADAPTIVE_CASES
+               for policy in sorted(drafting.POLICIES) if policy != "fixed"]
+            + [("temperature_1", "block", policy) for policy in sorted(drafting.POLICIES)
+               if policy != "fixed"])
+
+
+@pytest.mark.parametrize("case,verifier,draft_policy", DECODERS)
+def test_sequences_follow_the_target_law(case, verifier, draft_policy):
+  draft_kind, gamma, sampling_args = CASES[case]
+  target, draft = toy_setup.make_pair(VOCAB, draft_kind, seed=1)
+  decodes, stats = draw(target, draft, gamma, sampling_args, verifier, draft_policy)
+  p_value = chi_square_p_value(decodes, exact_law(target, sampling_args))
+  assert p_value > P_VALUE_FLOOR, f"{case}/{verifier}: p = {p_value:.2e}"
+  alpha = float(np.mean(stats.alpha))
+  if draft_kind == "same":
+    assert alpha == pytest.approx(1.0, abs=1e-5)
+  else:
+    assert alpha < 0.99
+
+
+def accept_everything(draft_tokens, draft_probs, target_probs, num_drafted):
+  verdict = verify.token_rule(draft_tokens, draft_probs, target_probs, num_drafted)
+  all_accepted = jax.nn.one_hot(num_drafted, draft_tokens.shape[1] + 1)
+  return verify.Verdict(all_accepted, verdict.next_token_probs)
+
+
+def resample_from_target(draft_tokens, draft_probs, target_probs, num_drafted):
+  verdict = verify.token_rule(draft_tokens, draft_probs, target_probs, num_drafted)
+  return verify.Verdict(verdict.num_accepted_probs,
+                        jnp.broadcast_to(target_probs, verdict.next_token_probs.shape))
+
+
+@pytest.mark.parametrize("wrong_rule", [accept_everything, resample_from_target,
+                                        verify.lenient_rule])
+def test_negative_controls_fail(wrong_rule):
+  """The test above, applied to wrong (or lossy) verifiers, must reject them."""
+  target, draft = toy_setup.make_pair(VOCAB, "far", seed=1)
+  sampling_args = (1.0, 0, 0.0)
+  decodes, _ = draw(target, draft, 3, sampling_args, wrong_rule)
+  p_value = chi_square_p_value(decodes, exact_law(target, sampling_args))
+  assert p_value < P_VALUE_FLOOR, f"{wrong_rule.__name__} was not caught: p = {p_value:.2e}"

@@ -1,0 +1,261 @@
+"""spec_decode.models: T5X's model protocol (shapes, types, scores) and speculative decoding
+through it, on tiny random models with the demo vocabulary."""
+
+import functools
+import pathlib
+import subprocess
+import sys
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.special
+
+import tiny_t5
+from spec_decode import checkpoints
+from spec_decode import decoding
+from spec_decode import models
+from spec_decode import network
+from spec_decode import vocab
+
+VOCAB_SIZE = 8000
+B, LE, L = 3, 10, 12
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+  return tiny_t5.write_pair(tmp_path_factory.mktemp("pair"), VOCAB_SIZE)
+
+
+@pytest.fixture(scope="module")
+def vocabulary():
+  return vocab.SentencePieceVocabulary(str(tiny_t5.DEMO_VOCAB_FILE))
+
+
+def _model(pair, vocabulary, decode_fn, **kwargs):
+  target, draft = pair
+  return models.SpeculativeEncoderDecoderModel(
+      network.Transformer(target.config), vocabulary, vocabulary, decode_fn=decode_fn,
+      draft_module=network.Transformer(draft.config),
+      draft_checkpoint_path=draft.t5x_checkpoint, **kwargs)
+
+
+def _batch(seed=0):
+  rng = np.random.default_rng(seed)
+  encoder_input_tokens = rng.integers(3, VOCAB_SIZE, (B, LE)).astype(np.int32)
+  encoder_input_tokens[:, 7:] = 0  # padding
+  encoder_input_tokens[:, 6] = 1  # EOS
+  targets = rng.integers(3, VOCAB_SIZE, (B, L)).astype(np.int32)
+  targets[0, 5:] = 0
+  targets[0, 4] = 1
+  weights = (targets > 0).astype(np.int32)
+  decoder_input_tokens = np.pad(targets[:, :-1], ((0, 0), (1, 0)))
+  return {"encoder_input_tokens": encoder_input_tokens,
+          "decoder_input_tokens": decoder_input_tokens,
+          "decoder_target_tokens": targets, "decoder_loss_weights": weights}
+
+
+GREEDY_SPECULATIVE = functools.partial(decoding.speculative_sample, temperature=0.0)
+
+
+def test_get_initial_variables_follows_t5x(pair, vocabulary):
+  model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
+  variables = model.get_initial_variables(
+      jax.random.PRNGKey(0), {"encoder_input_tokens": (2, LE), "decoder_input_tokens": (2, L)})
+  assert set(variables) == {"params", "params_axes"}
+  checkpoints.check_params(checkpoints.expected_param_shapes(pair[0].config),
+                           variables["params"], "initial variables")
+  kernel_axes = variables["params_axes"]["decoder"]["logits_dense"]["kernel_axes"]
+  assert tuple(kernel_axes.names) == ("embed", "vocab")
+
+
+def test_greedy_speculative_equals_baseline_and_is_greedy(pair, vocabulary):
+  target, _ = pair
+  model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
+  batch = _batch()
+  decodes, aux = model.predict_batch_with_aux(target.params, batch)
+  baseline = model.baseline()
+  assert not baseline.is_speculative
+  assert baseline.decode_settings["temperature"] == 0.0
+  baseline_decodes, baseline_aux = baseline.predict_batch_with_aux(target.params, batch)
+
+  assert decodes.shape == (B, L) and decodes.dtype == jnp.int32
+  np.testing.assert_array_equal(decodes, baseline_decodes)
+  np.testing.assert_allclose(aux["scores"], baseline_aux["scores"], rtol=1e-5, atol=1e-4)
+  assert set(baseline_aux) == {"scores"}
+  for name in ("scores", "alpha", "target_calls", "draft_calls", "accepted_tokens",
+               "generated_tokens", "drafted_tokens", "verified_positions", "acceptance_sum"):
+    assert aux[name].shape == (B,), name
+  assert np.all(np.asarray(aux["target_calls"]) >= 1)
+  assert np.all(np.asarray(aux["draft_calls"]) == 3 * np.asarray(aux["target_calls"]))
+
+  # Independently: each decoded token is the argmax of the target's teacher-forced logits.
+  decodes = np.asarray(decodes)
+  generated = np.concatenate([np.ones((B, 1), bool), decodes[:, :-1] != 1], axis=1)
+  generated &= np.cumsum(decodes == 1, axis=1) - (decodes == 1) == 0
+  shifted = np.pad(decodes[:, :-1], ((0, 0), (1, 0)))
+  logits = network.Transformer(target.config).apply(
+      {"params": target.params}, batch["encoder_input_tokens"], shifted,
+      np.where(generated, np.maximum(decodes, 1), 0))
+  np.testing.assert_array_equal(np.argmax(logits, -1)[generated], decodes[generated])
+  np.testing.assert_array_equal(np.asarray(aux["generated_tokens"]), generated.sum(1))
+
+
+def test_all_decodes_are_sorted_and_shaped(pair, vocabulary):
+  target, _ = pair
+  model = _model(pair, vocabulary, functools.partial(decoding.speculative_sample, temperature=1.0),
+                 gamma=2)
+  decodes, aux = model.predict_batch_with_aux(target.params, _batch(), rng=jax.random.PRNGKey(3),
+                                              return_all_decodes=True, num_decodes=2)
+  assert decodes.shape == (B, 2, L)
+  assert aux["scores"].shape == (B, 2) and aux["target_calls"].shape == (B, 2)
+  assert np.all(np.diff(np.asarray(aux["scores"]), axis=1) >= 0)  # ascending: best last
+  # A decode's score is its log-probability under the target: rescore it independently.
+  best = np.asarray(decodes[:, -1])
+  ends = np.where((best == 1).any(1), (best == 1).argmax(1) + 1, L)
+  targets = np.where(np.arange(L) < ends[:, None], best, 0)
+  rescored = model.score_batch(target.params, {
+      "encoder_input_tokens": _batch()["encoder_input_tokens"],
+      "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+      "decoder_target_tokens": targets})
+  np.testing.assert_allclose(rescored, aux["scores"][:, -1], rtol=1e-4, atol=1e-3)
+
+
+def test_prompt_with_targets_forces_the_prompt(pair, vocabulary):
+  target, _ = pair
+  model = models.EncoderDecoderModel(
+      network.Transformer(target.config), vocabulary, vocabulary,
+      decode_fn=functools.partial(decoding.temperature_sample, temperature=0.0))
+  batch = _batch()
+  prompt = np.zeros((B, L), np.int32)
+  prompt[:, 1:3] = [[11, 12], [13, 14], [15, 16]]  # BOS at 0, then two forced tokens
+  decodes = model.predict_batch(target.params, dict(batch, decoder_input_tokens=prompt))
+  assert decodes.shape == (B, L)
+  decodes_with_prompt, _ = model.predict_batch_with_aux(
+      target.params, dict(batch, decoder_input_tokens=prompt), prompt_with_targets=True)
+  np.testing.assert_array_equal(np.asarray(decodes_with_prompt)[:, :2], prompt[:, 1:3])
+
+
+def test_score_batch_is_the_weighted_target_log_likelihood(pair, vocabulary):
+  target, _ = pair
+  model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
+  batch = _batch(seed=1)
+  batch["decoder_loss_weights"][1, -2:] = 0  # weights, not targets, decide what counts
+  scores = model.score_batch(target.params, batch)
+  assert scores.shape == (B,) and scores.dtype == jnp.float32
+
+  logits = np.asarray(network.Transformer(target.config).apply(
+      {"params": target.params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+      batch["decoder_target_tokens"]), np.float64)
+  log_probs = scipy.special.log_softmax(logits, axis=-1)
+  token_log_probs = np.take_along_axis(log_probs, batch["decoder_target_tokens"][..., None],
+                                       axis=-1)[..., 0]
+  expected = (token_log_probs * batch["decoder_loss_weights"]).sum(-1)
+  np.testing.assert_allclose(scores, expected, rtol=1e-5)
+
+  scores_again, intermediates = model.score_batch(target.params, batch, return_intermediates=True)
+  np.testing.assert_allclose(scores_again, scores)
+  np.testing.assert_array_equal(intermediates["decoder"]["target_tokens"][0],
+                                batch["decoder_target_tokens"])
+
+  loss, (weight_sum, metrics) = model.loss_fn(target.params, batch, dropout_rng=None)
+  assert weight_sum == batch["decoder_loss_weights"].sum()
+  np.testing.assert_allclose(loss, -expected.sum(), rtol=1e-5)
+  assert set(metrics) >= {"loss", "z_loss", "accuracy"}
+
+
+def test_draft_params_load_once_from_either_format(pair, vocabulary):
+  target, draft = pair
+  model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
+  loaded = model.draft_params
+  assert model.draft_params is loaded  # kept, not re-read
+  for path in (draft.t5x_checkpoint, draft.hf_folder):
+    params = models.load_params(network.Transformer(draft.config), path)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, draft.params)
+  with pytest.raises(ValueError, match="emb_dim 8 .model: 16."):
+    models.load_params(network.Transformer(target.config), draft.hf_folder)
+  with pytest.raises(ValueError, match="has shape"):
+    models.load_params(network.Transformer(target.config), draft.t5x_checkpoint)
+  with pytest.raises(FileNotFoundError, match="checkpoint not found: /nonexistent"):
+    models.load_params(network.Transformer(target.config), "/nonexistent")
+
+
+def test_bad_configurations_fail_at_construction(pair, vocabulary):
+  target, draft = pair
+  module = network.Transformer(target.config)
+  other_vocab = tiny_t5.tiny_config(VOCAB_SIZE + 128, tiny_t5.DRAFT_SHRINK)
+  with pytest.raises(ValueError, match="target and draft vocabularies differ: the target has "
+                                       "8000 ids, the draft 8128"):
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
+                                          draft_module=network.Transformer(other_vocab), gamma=3)
+  with pytest.raises(ValueError, match="gamma is not set"):
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
+                                          draft_module=network.Transformer(draft.config))
+  with pytest.raises(ValueError, match="needs a draft_module"):
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, gamma=3)
+  with pytest.raises(FileNotFoundError, match="draft checkpoint not found"):
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, gamma=3,
+                                          draft_module=network.Transformer(draft.config),
+                                          draft_checkpoint_path="/nonexistent/draft")
+  with pytest.raises(ValueError, match="needs a draft: use models.SpeculativeEncoderDecoderModel"):
+    models.EncoderDecoderModel(module, vocabulary, vocabulary,
+                               decode_fn=decoding.speculative_sample)
+  small = network.Transformer(tiny_t5.tiny_config(4000, tiny_t5.SHRINK))
+  with pytest.raises(ValueError, match="input vocabulary has 8000 ids but the model's embedding "
+                                       "only 4000"):
+    models.EncoderDecoderModel(small, vocabulary, vocabulary)
+  # The baseline decode_fn needs no draft at all.
+  baseline = models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
+                                                   decode_fn=decoding.temperature_sample)
+  assert not baseline.is_speculative
+
+
+def test_gamma_and_sampling_settings_come_from_gin(pair, vocabulary):
+  target, draft = pair
+  gin.clear_config()
+  try:
+    gin.parse_config("decoding.speculative_sample.gamma = 4\n"
+                     "decoding.speculative_sample.temperature = 0.5\n"
+                     "decoding.speculative_sample.topk = 7\n")
+    model = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(target.config), vocabulary, vocabulary,
+        decode_fn=decoding.speculative_sample, draft_module=network.Transformer(draft.config))
+    assert model.decode_settings == {"temperature": 0.5, "topk": 7, "topp": 0.0,
+                                     "max_decode_steps": None, "gamma": 4, "verifier": "token"}
+    assert model.baseline().decode_settings == {"temperature": 0.5, "topk": 7, "topp": 0.0,
+                                                "max_decode_steps": None}
+  finally:
+    gin.clear_config()
+
+
+@pytest.mark.parametrize("gin_file", sorted(
+    str(p.relative_to(tiny_t5.REPO_ROOT))
+    for p in (tiny_t5.REPO_ROOT / "configs").glob("**/*.gin")
+    if p.parent.name in ("t5_1_0", "t5_1_1") or p.name in ("target.gin", "draft.gin")))
+def test_transformer_from_gin_file_reads_what_gin_binds(gin_file):
+  module = models.transformer_from_gin_file(gin_file, overrides={"dtype": "float32"})
+  gin.clear_config()
+  try:
+    gin.parse_config_file(str(tiny_t5.REPO_ROOT / gin_file))
+    expected = network.T5Config(dtype="float32")
+  finally:
+    gin.clear_config()
+  assert module.config == expected
+
+
+def test_transformer_from_gin_file_rejects_references(tmp_path):
+  gin_file = tmp_path / "model.gin"
+  gin_file.write_text("include 'configs/models/t5_1_1/small.gin'\n"
+                      "network.T5Config.emb_dim = %EMB\n")
+  with pytest.raises(ValueError, match="emb_dim is bound to %EMB"):
+    models.transformer_from_gin_file(str(gin_file))
+  with pytest.raises(FileNotFoundError, match="model gin file not found"):
+    models.transformer_from_gin_file(str(tmp_path / "missing.gin"))
+
+
+def test_models_import_without_tensorflow():
+  code = ("import sys, spec_decode.models, spec_decode.infer; "
+          "assert 'tensorflow' not in sys.modules and 'seqio' not in sys.modules")
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=pathlib.Path(__file__).parent)

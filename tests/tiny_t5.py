@@ -1,0 +1,73 @@
+"""Tiny random T5.1.1 target/draft pairs on disk, for the model, infer and config tests.
+
+`write_pair(directory, vocab_size)` writes, for a target and a smaller draft: a model gin file
+binding `network.T5Config` (like configs/models/*), a T5X checkpoint (`save_t5x`) and a Hugging
+Face folder (`save_hf`), and returns their paths and configs. `SHRINK` are the T5Config fields
+that shrink any T5.1.1 config to the tiny target (`DRAFT_SHRINK` to the draft).
+"""
+
+import dataclasses
+import pathlib
+
+import jax
+import jax.numpy as jnp
+
+from spec_decode import checkpoints
+from spec_decode import network
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHARED = REPO_ROOT.parent / "shared"
+T5_VOCAB_FILE = SHARED / "vocab" / "t5_cc_all_32000.model"
+DEMO_VOCAB_FILE = REPO_ROOT / "spec_decode" / "assets" / "demo" / "spm_ende_8k.model"
+T5_VOCAB_SIZE = 32128  # T5.1.1 checkpoints' padded embedding
+
+SHRINK = dict(dtype="float32", emb_dim=16, num_heads=2, head_dim=8, num_encoder_layers=1,
+              num_decoder_layers=2, mlp_dim=32)
+DRAFT_SHRINK = dict(SHRINK, emb_dim=8, num_decoder_layers=1, mlp_dim=16)
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModel:
+  config: network.T5Config
+  params: dict
+  gin_file: str
+  t5x_checkpoint: str
+  hf_folder: str
+
+
+def tiny_config(vocab_size: int, shrink: dict) -> network.T5Config:
+  return network.T5Config(vocab_size=vocab_size, mlp_activations=("gelu", "linear"),
+                          dropout_rate=0.0, logits_via_embedding=False, **shrink)
+
+
+def random_params(config: network.T5Config, seed: int) -> dict:
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = network.Transformer(config).init(jax.random.PRNGKey(seed), tokens, tokens,
+                                            tokens)["params"]
+  return jax.device_get(params)
+
+
+def _gin_text(config: network.T5Config) -> str:
+  lines = ["import spec_decode.network"]
+  for field in dataclasses.fields(config):
+    lines.append(f"network.T5Config.{field.name} = {getattr(config, field.name)!r}")
+  return "\n".join(lines) + "\n"
+
+
+def write_model(directory: pathlib.Path, name: str, config: network.T5Config,
+                seed: int) -> TinyModel:
+  params = random_params(config, seed)
+  directory.mkdir(parents=True, exist_ok=True)
+  gin_file = directory / f"{name}.gin"
+  gin_file.write_text(_gin_text(config))
+  t5x_checkpoint = checkpoints.save_t5x(params, str(directory / f"{name}_t5x"), step=1)
+  hf_folder = directory / f"{name}_hf"
+  checkpoints.save_hf(config, params, str(hf_folder))
+  return TinyModel(config, params, str(gin_file), t5x_checkpoint, str(hf_folder))
+
+
+def write_pair(directory: pathlib.Path, vocab_size: int = T5_VOCAB_SIZE
+               ) -> tuple[TinyModel, TinyModel]:
+  """(target, draft) with different random weights and shapes, same vocabulary size."""
+  return (write_model(directory, "target", tiny_config(vocab_size, SHRINK), seed=1),
+          write_model(directory, "draft", tiny_config(vocab_size, DRAFT_SHRINK), seed=2))
