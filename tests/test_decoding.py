@@ -129,10 +129,11 @@ def test_log_prob_is_the_models_own():
   decodes, log_probs, _ = toy_setup.speculative(target, draft, inputs, jax.random.PRNGKey(5), 3)
   for row in range(4):
     tokens = [t for t in np.asarray(decodes)[row, 0] if t != 0]
-    want = 0.0
-    for t, token in enumerate(tokens):
-      logits = target.next_token_logits(np.array([[0] + tokens[:t]]))[0]
-      want += float(jax.nn.log_softmax(logits)[token])
+    state = decoding.DecodingState(
+        cur_index=jnp.zeros((1,), jnp.int32), cur_token=jnp.array([[0] + tokens[:-1]]),
+        sequences=jnp.array([[0] + tokens]), cache=target.init_cache(1, len(tokens)))
+    all_log_probs = jax.nn.log_softmax(target.tokens_to_logits(state)[0][0])
+    want = float(sum(all_log_probs[t, token] for t, token in enumerate(tokens)))
     assert float(log_probs[row, 0]) == pytest.approx(want, abs=1e-4)
 
 
