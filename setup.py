@@ -6,6 +6,7 @@ setuptools.setup(
     version="0.1.0",
     description="Exact speculative decoding (Leviathan et al., 2023) for T5 in JAX/Flax, T5X-native.",
     packages=setuptools.find_packages(include=["spec_decode", "spec_decode.*"]),
+    package_data={"spec_decode": ["assets/demo/*"]},
     python_requires=">=3.11,<3.12",
     install_requires=[
         "jax[cpu]>=0.10,<0.11",
@@ -17,13 +18,17 @@ setuptools.setup(
         "tensorstore",
         "sentencepiece",
         "safetensors",
+        "sacrebleu",
     ],
     extras_require={
+        # seqio tasks (they pull in TensorFlow); the engine, network and models do not need them.
+        "tasks": ["seqio==0.0.20"],
         "test": [
             "pytest",
             "scipy",
             "torch==2.13.0",
             "transformers",
+            "seqio==0.0.20",
         ],
     },
 )

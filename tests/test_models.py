@@ -60,10 +60,40 @@ def _batch(seed=0):
 GREEDY_SPECULATIVE = functools.partial(decoding.speculative_sample, temperature=0.0)
 
 
+@pytest.fixture(scope="module")
+def jitted(pair, vocabulary):
+  """Jitted functions of the tiny target, one compilation each: greedy speculative and
+  baseline predict (all 2 decodes; the non-zero decoder_input_tokens are forced as a prompt, so
+  zeros mean no prompt), score_batch, and teacher-forced logits."""
+  target, _ = pair
+  model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
+  baseline = model.baseline()
+  options = dict(prompt_with_targets=True, return_all_decodes=True, num_decodes=2)
+  return {
+      "model": model,
+      "predict": jax.jit(lambda params, draft_params, batch: model.predict_batch_with_aux(
+          params, batch, draft_params=draft_params, **options)),
+      "predict_baseline": jax.jit(lambda params, batch: baseline.predict_batch_with_aux(
+          params, batch, **options)),
+      "score": jax.jit(model.score_batch),
+      "logits": jax.jit(network.Transformer(target.config).apply),
+  }
+
+
+def _as_targets(decodes: np.ndarray) -> dict[str, np.ndarray]:
+  """Teacher-forcing features of decodes [B, L]: targets up to and including EOS, PAD after."""
+  ends = np.where((decodes == 1).any(1), (decodes == 1).argmax(1) + 1, decodes.shape[1])
+  targets = np.where(np.arange(decodes.shape[1]) < ends[:, None], decodes, 0)
+  return {"decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+          "decoder_target_tokens": targets,
+          "decoder_loss_weights": (targets > 0).astype(np.int32)}
+
+
 def test_get_initial_variables_follows_t5x(pair, vocabulary):
   model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
-  variables = model.get_initial_variables(
-      jax.random.PRNGKey(0), {"encoder_input_tokens": (2, LE), "decoder_input_tokens": (2, L)})
+  shapes = {"encoder_input_tokens": (2, LE), "decoder_input_tokens": (2, L)}
+  variables = jax.eval_shape(functools.partial(model.get_initial_variables, input_shapes=shapes),
+                             jax.random.PRNGKey(0))
   assert set(variables) == {"params", "params_axes"}
   checkpoints.check_params(checkpoints.expected_param_shapes(pair[0].config),
                            variables["params"], "initial variables")
@@ -71,82 +101,61 @@ def test_get_initial_variables_follows_t5x(pair, vocabulary):
   assert tuple(kernel_axes.names) == ("embed", "vocab")
 
 
-def test_greedy_speculative_equals_baseline_and_is_greedy(pair, vocabulary):
+def test_greedy_speculative_equals_baseline_and_is_greedy(pair, jitted):
   target, _ = pair
-  model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
-  batch = _batch()
-  decodes, aux = model.predict_batch_with_aux(target.params, batch)
-  baseline = model.baseline()
-  assert not baseline.is_speculative
-  assert baseline.decode_settings["temperature"] == 0.0
-  baseline_decodes, baseline_aux = baseline.predict_batch_with_aux(target.params, batch)
+  model = jitted["model"]
+  batch = dict(_batch(), decoder_input_tokens=np.zeros((B, L), np.int32))
+  decodes, aux = jitted["predict"](target.params, model.draft_params, batch)
+  baseline_decodes, baseline_aux = jitted["predict_baseline"](target.params, batch)
 
-  assert decodes.shape == (B, L) and decodes.dtype == jnp.int32
+  assert decodes.shape == (B, 2, L) and decodes.dtype == jnp.int32
   np.testing.assert_array_equal(decodes, baseline_decodes)
   np.testing.assert_allclose(aux["scores"], baseline_aux["scores"], rtol=1e-5, atol=1e-4)
   assert set(baseline_aux) == {"scores"}
   for name in ("scores", "alpha", "target_calls", "draft_calls", "accepted_tokens",
                "generated_tokens", "drafted_tokens", "verified_positions", "acceptance_sum"):
-    assert aux[name].shape == (B,), name
-  assert np.all(np.asarray(aux["target_calls"]) >= 1)
-  assert np.all(np.asarray(aux["draft_calls"]) == 3 * np.asarray(aux["target_calls"]))
-
-  # Independently: each decoded token is the argmax of the target's teacher-forced logits.
-  decodes = np.asarray(decodes)
-  generated = np.concatenate([np.ones((B, 1), bool), decodes[:, :-1] != 1], axis=1)
-  generated &= np.cumsum(decodes == 1, axis=1) - (decodes == 1) == 0
-  shifted = np.pad(decodes[:, :-1], ((0, 0), (1, 0)))
-  logits = network.Transformer(target.config).apply(
-      {"params": target.params}, batch["encoder_input_tokens"], shifted,
-      np.where(generated, np.maximum(decodes, 1), 0))
-  np.testing.assert_array_equal(np.argmax(logits, -1)[generated], decodes[generated])
-  np.testing.assert_array_equal(np.asarray(aux["generated_tokens"]), generated.sum(1))
-
-
-def test_all_decodes_are_sorted_and_shaped(pair, vocabulary):
-  target, _ = pair
-  model = _model(pair, vocabulary, functools.partial(decoding.speculative_sample, temperature=1.0),
-                 gamma=2)
-  decodes, aux = model.predict_batch_with_aux(target.params, _batch(), rng=jax.random.PRNGKey(3),
-                                              return_all_decodes=True, num_decodes=2)
-  assert decodes.shape == (B, 2, L)
-  assert aux["scores"].shape == (B, 2) and aux["target_calls"].shape == (B, 2)
+    assert aux[name].shape == (B, 2), name
   assert np.all(np.diff(np.asarray(aux["scores"]), axis=1) >= 0)  # ascending: best last
-  # A decode's score is its log-probability under the target: rescore it independently.
+  assert np.all(np.asarray(aux["target_calls"]) >= 1)
+  assert np.all(np.asarray(aux["draft_calls"]) >= np.asarray(aux["target_calls"]))
+
+  # Independently: each decoded token is the argmax of the target's teacher-forced logits,
+  # and the decode's score is its log-likelihood.
   best = np.asarray(decodes[:, -1])
-  ends = np.where((best == 1).any(1), (best == 1).argmax(1) + 1, L)
-  targets = np.where(np.arange(L) < ends[:, None], best, 0)
-  rescored = model.score_batch(target.params, {
-      "encoder_input_tokens": _batch()["encoder_input_tokens"],
-      "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
-      "decoder_target_tokens": targets})
+  features = _as_targets(best)
+  logits = jitted["logits"]({"params": target.params}, batch["encoder_input_tokens"],
+                            features["decoder_input_tokens"], features["decoder_target_tokens"])
+  generated = features["decoder_target_tokens"] > 0
+  np.testing.assert_array_equal(np.argmax(logits, -1)[generated], best[generated])
+  np.testing.assert_array_equal(np.asarray(aux["generated_tokens"][:, -1]), generated.sum(1))
+  rescored = jitted["score"](target.params, dict(batch, **features))
   np.testing.assert_allclose(rescored, aux["scores"][:, -1], rtol=1e-4, atol=1e-3)
 
 
-def test_prompt_with_targets_forces_the_prompt(pair, vocabulary):
+def test_prompt_with_targets_forces_the_prompt(pair, jitted):
   target, _ = pair
-  model = models.EncoderDecoderModel(
-      network.Transformer(target.config), vocabulary, vocabulary,
-      decode_fn=functools.partial(decoding.temperature_sample, temperature=0.0))
-  batch = _batch()
+  model = jitted["model"]
   prompt = np.zeros((B, L), np.int32)
   prompt[:, 1:3] = [[11, 12], [13, 14], [15, 16]]  # BOS at 0, then two forced tokens
-  decodes = model.predict_batch(target.params, dict(batch, decoder_input_tokens=prompt))
-  assert decodes.shape == (B, L)
-  decodes_with_prompt, _ = model.predict_batch_with_aux(
-      target.params, dict(batch, decoder_input_tokens=prompt), prompt_with_targets=True)
-  np.testing.assert_array_equal(np.asarray(decodes_with_prompt)[:, :2], prompt[:, 1:3])
+  batch = dict(_batch(), decoder_input_tokens=prompt)
+  decodes, _ = jitted["predict"](target.params, model.draft_params, batch)
+  np.testing.assert_array_equal(np.asarray(decodes)[:, -1, :2], prompt[:, 1:3])
+  np.testing.assert_array_equal(decodes, jitted["predict_baseline"](target.params, batch)[0])
+  # Without return_all_decodes: the best decode and its aux, [B, L] and [B] (shapes only).
+  best, aux = jax.eval_shape(model.predict_batch_with_aux, target.params, batch)
+  assert best.shape == (B, L) and aux["scores"].shape == aux["alpha"].shape == (B,)
+  assert jax.eval_shape(model.predict_batch, target.params, batch).shape == (B, L)
 
 
-def test_score_batch_is_the_weighted_target_log_likelihood(pair, vocabulary):
+def test_score_batch_is_the_weighted_target_log_likelihood(pair, jitted):
   target, _ = pair
-  model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
+  model = jitted["model"]
   batch = _batch(seed=1)
   batch["decoder_loss_weights"][1, -2:] = 0  # weights, not targets, decide what counts
-  scores = model.score_batch(target.params, batch)
+  scores = jitted["score"](target.params, batch)
   assert scores.shape == (B,) and scores.dtype == jnp.float32
 
-  logits = np.asarray(network.Transformer(target.config).apply(
+  logits = np.asarray(jitted["logits"](
       {"params": target.params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
       batch["decoder_target_tokens"]), np.float64)
   log_probs = scipy.special.log_softmax(logits, axis=-1)
@@ -155,12 +164,11 @@ def test_score_batch_is_the_weighted_target_log_likelihood(pair, vocabulary):
   expected = (token_log_probs * batch["decoder_loss_weights"]).sum(-1)
   np.testing.assert_allclose(scores, expected, rtol=1e-5)
 
-  scores_again, intermediates = model.score_batch(target.params, batch, return_intermediates=True)
-  np.testing.assert_allclose(scores_again, scores)
-  np.testing.assert_array_equal(intermediates["decoder"]["target_tokens"][0],
-                                batch["decoder_target_tokens"])
+  _, intermediates = jax.eval_shape(
+      functools.partial(model.score_batch, return_intermediates=True), target.params, batch)
+  assert intermediates["decoder"]["target_tokens"][0].shape == (B, L)
 
-  loss, (weight_sum, metrics) = model.loss_fn(target.params, batch, dropout_rng=None)
+  loss, (weight_sum, metrics) = jax.jit(model.loss_fn)(target.params, batch, None)
   assert weight_sum == batch["decoder_loss_weights"].sum()
   np.testing.assert_allclose(loss, -expected.sum(), rtol=1e-5)
   assert set(metrics) >= {"loss", "z_loss", "accuracy"}
@@ -222,8 +230,9 @@ def test_gamma_and_sampling_settings_come_from_gin(pair, vocabulary):
     model = models.SpeculativeEncoderDecoderModel(
         network.Transformer(target.config), vocabulary, vocabulary,
         decode_fn=decoding.speculative_sample, draft_module=network.Transformer(draft.config))
-    assert model.decode_settings == {"temperature": 0.5, "topk": 7, "topp": 0.0,
-                                     "max_decode_steps": None, "gamma": 4, "verifier": "token"}
+    expected = {"temperature": 0.5, "topk": 7, "topp": 0.0, "max_decode_steps": None,
+                "gamma": 4, "verifier": "token"}
+    assert {name: model.decode_settings[name] for name in expected} == expected
     assert model.baseline().decode_settings == {"temperature": 0.5, "topk": 7, "topp": 0.0,
                                                 "max_decode_steps": None}
   finally:
@@ -233,7 +242,8 @@ def test_gamma_and_sampling_settings_come_from_gin(pair, vocabulary):
 @pytest.mark.parametrize("gin_file", sorted(
     str(p.relative_to(tiny_t5.REPO_ROOT))
     for p in (tiny_t5.REPO_ROOT / "configs").glob("**/*.gin")
-    if p.parent.name in ("t5_1_0", "t5_1_1") or p.name in ("target.gin", "draft.gin")))
+    if p.parent.name in ("t5_1_0", "t5_1_1")
+    or (p.parent.name == "demo" and p.name in ("target.gin", "draft.gin"))))
 def test_transformer_from_gin_file_reads_what_gin_binds(gin_file):
   module = models.transformer_from_gin_file(gin_file, overrides={"dtype": "float32"})
   gin.clear_config()
@@ -253,6 +263,11 @@ def test_transformer_from_gin_file_rejects_references(tmp_path):
     models.transformer_from_gin_file(str(gin_file))
   with pytest.raises(FileNotFoundError, match="model gin file not found"):
     models.transformer_from_gin_file(str(tmp_path / "missing.gin"))
+
+
+def test_feature_converter_is_seqio_s():
+  seqio = pytest.importorskip("seqio")
+  assert models.EncoderDecoderModel.FEATURE_CONVERTER_CLS is seqio.EncDecFeatureConverter
 
 
 def test_models_import_without_tensorflow():

@@ -10,7 +10,7 @@ import dataclasses
 import pathlib
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from spec_decode import checkpoints
 from spec_decode import network
@@ -22,8 +22,8 @@ DEMO_VOCAB_FILE = REPO_ROOT / "spec_decode" / "assets" / "demo" / "spm_ende_8k.m
 T5_VOCAB_SIZE = 32128  # T5.1.1 checkpoints' padded embedding
 
 SHRINK = dict(dtype="float32", emb_dim=16, num_heads=2, head_dim=8, num_encoder_layers=1,
-              num_decoder_layers=2, mlp_dim=32)
-DRAFT_SHRINK = dict(SHRINK, emb_dim=8, num_decoder_layers=1, mlp_dim=16)
+              num_decoder_layers=1, mlp_dim=32)
+DRAFT_SHRINK = dict(SHRINK, emb_dim=8, mlp_dim=16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +41,15 @@ def tiny_config(vocab_size: int, shrink: dict) -> network.T5Config:
 
 
 def random_params(config: network.T5Config, seed: int) -> dict:
-  tokens = jnp.ones((1, 4), jnp.int32)
-  params = network.Transformer(config).init(jax.random.PRNGKey(seed), tokens, tokens,
-                                            tokens)["params"]
-  return jax.device_get(params)
+  """Random float32 parameters of the network's shapes, drawn in numpy (nothing compiles)."""
+  rng = np.random.default_rng(seed)
+
+  def draw(shape: jax.ShapeDtypeStruct) -> np.ndarray:
+    scale = 1.0 if len(shape.shape) == 1 else 1.0 / np.sqrt(shape.shape[0])
+    center = 1.0 if len(shape.shape) == 1 else 0.0  # layer norm scales around 1
+    return (center + scale * rng.standard_normal(shape.shape)).astype(np.float32)
+
+  return jax.tree_util.tree_map(draw, checkpoints.expected_param_shapes(config))
 
 
 def _gin_text(config: network.T5Config) -> str:

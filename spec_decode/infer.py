@@ -1,0 +1,474 @@
+"""`python -m spec_decode.infer`: T5X-style inference from gin, speculative and baseline.
+
+Run: `python -m spec_decode.infer --gin_file=FILE [--gin.MACRO=VALUE ...] [--gin_bindings=B ...]
+[--text "sentence" ...] [--input_file FILE] [--data_dir DIR]`. Without --gin_file it runs
+`configs/demo/infer.gin` (the shipped demo pair on bundled English sentences). Run configs
+include `configs/runs/infer.gin`, whose macros are T5X's: MODEL (a `models.*Model`),
+CHECKPOINT_PATH (the target's: T5X checkpoint, Hugging Face folder or demo .safetensors),
+MIXTURE_OR_TASK_NAME (a seqio task of `spec_decode.tasks`), TASK_FEATURE_LENGTHS ({'inputs': Le,
+'targets': L}), BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT, NUM_EXAMPLES, INPUT_PREFIX and
+COMPARE_WITH_BASELINE. `--text` (repeatable) and `--input_file` (one input per line) replace
+the task by plain text, prefixed with INPUT_PREFIX.
+
+What `infer` does, in this order (every check before anything is compiled or written):
+  1. reads the inputs (task examples, trimmed to TASK_FEATURE_LENGTHS with EOS kept; or text,
+     tokenized with the model's input vocabulary) and checks the task's vocabulary is the
+     model's;
+  2. restores the target's parameters (`models.load_params`) and the draft's
+     (`model.draft_params`);
+  3. jits `model.predict_batch_with_aux` with the parameters as ARGUMENTS and compiles it once
+     for the one batch shape [BATCH_SIZE, Le] (the last batch is padded with copies of its last
+     example); with COMPARE_WITH_BASELINE, also `model.baseline()` (the target alone, same
+     sampling settings). A `partitioner` (`partitioning.PjitPartitioner`) replaces jax.jit by
+     its `partition` with parameter, batch and replicated shardings: the one place it plugs in;
+  4. decodes every batch, timing the compiled calls only;
+  5. writes INFER_OUTPUT_DIR/predictions.jsonl (one line per example: inputs, prediction,
+     target when known, score and the per-example stats; the baseline's prediction when
+     compared) and INFER_OUTPUT_DIR/summary.json (alpha = sum of acceptance_sum / sum of
+     verified_positions, tokens per target call = generated / target calls, wall time and
+     tokens/s, and with the baseline its time, the speedup and whether the outputs are
+     identical — meaningful at temperature 0; null otherwise), each written whole (temporary
+     file, then rename);
+  6. prints the first predictions and a short summary.
+A usage error (unset required macro, unknown task, missing checkpoint or data, different
+vocabularies, bad setting) prints one line `spec_decode.infer: error: ...` on stderr and exits
+with status 2, leaving no output file behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import pathlib
+import re
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from spec_decode import models
+
+if __name__ == "__main__":
+  # `python -m` runs this file as __main__, while gin configs `import spec_decode.infer`: defining
+  # the configurables here as well would register them twice. Run the importable module instead.
+  from spec_decode import infer as _infer  # pylint: disable=g-import-not-at-top
+  sys.exit(_infer.main())
+
+DEFAULT_GIN_FILE = "configs/demo/infer.gin"
+PREDICTIONS_FILE = "predictions.jsonl"
+SUMMARY_FILE = "summary.json"
+_STAT_NAMES = ("target_calls", "draft_calls", "drafted_tokens", "accepted_tokens",
+               "generated_tokens", "acceptance_sum", "verified_positions")
+
+
+class UsageError(Exception):
+  """A problem with the run's configuration or inputs, reported as one line."""
+
+
+@gin.configurable(module="infer")
+@dataclasses.dataclass(frozen=True)
+class DatasetConfig:
+  """Where inputs come from: exactly one of a seqio task, a text file or inline texts."""
+  mixture_or_task_name: str | None = None
+  task_feature_lengths: Mapping[str, int] | None = None
+  split: str = "test"
+  batch_size: int = 32
+  num_examples: int | None = None
+  input_file: str | None = None
+  texts: Sequence[str] | None = None
+  input_prefix: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  inputs: str  # the text the model reads (prefix included)
+  input_ids: list[int]  # EOS-terminated, at most task_feature_lengths['inputs'] long
+  target: str | None = None
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _check_dataset_config(cfg: DatasetConfig) -> tuple[int, int]:
+  """(input length, target length) after checking the config."""
+  sources = [name for name, value in (("mixture_or_task_name", cfg.mixture_or_task_name),
+                                      ("input_file", cfg.input_file), ("texts", cfg.texts))
+             if value is not None]
+  if len(sources) != 1:
+    raise UsageError("give exactly one input source: MIXTURE_OR_TASK_NAME, --input_file or "
+                     f"--text (got {', '.join(sources) or 'none'})")
+  lengths = cfg.task_feature_lengths
+  if (not isinstance(lengths, Mapping) or set(lengths) != {"inputs", "targets"}
+      or not all(isinstance(n, int) and n >= 2 for n in lengths.values())):
+    raise UsageError("TASK_FEATURE_LENGTHS must be {'inputs': int >= 2, 'targets': int >= 2}, "
+                     f"got {lengths!r}")
+  if not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
+    raise UsageError(f"BATCH_SIZE must be an integer >= 1, got {cfg.batch_size!r}")
+  if cfg.num_examples is not None and (not isinstance(cfg.num_examples, int)
+                                       or cfg.num_examples < 1):
+    raise UsageError(f"NUM_EXAMPLES must be an integer >= 1 or None, got {cfg.num_examples!r}")
+  return lengths["inputs"], lengths["targets"]
+
+
+def _vocabulary_signature(vocabulary: Any) -> tuple[int, int, bytes]:
+  """(vocab_size, extra_ids, model file bytes): equal for seqio's and spec_decode.vocab's
+  SentencePiece vocabularies exactly when they tokenize alike."""
+  with open(vocabulary.sentencepiece_model_file, "rb") as f:
+    return vocabulary.vocab_size, vocabulary.extra_ids, f.read()
+
+
+def _late_import(module: str) -> Any:
+  """Imports a spec_decode module that registers gin configurables once the config is locked:
+  `tasks` (which imports TensorFlow) and `partitioning` are only imported when used."""
+  with gin.unlock_config():
+    return importlib.import_module(f"spec_decode.{module}")
+
+
+def _task_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel) -> list[Example]:
+  tasks = _late_import("tasks")
+  vocabularies = tasks.output_vocabularies(cfg.mixture_or_task_name)
+  for feature, model_vocabulary in (("inputs", model.input_vocabulary),
+                                    ("targets", model.output_vocabulary)):
+    if _vocabulary_signature(vocabularies[feature]) != _vocabulary_signature(model_vocabulary):
+      raise UsageError(
+          f"task {cfg.mixture_or_task_name!r} and the model have different {feature} "
+          f"vocabularies ({vocabularies[feature].sentencepiece_model_file}, "
+          f"{vocabularies[feature].vocab_size} ids vs "
+          f"{model_vocabulary.sentencepiece_model_file}, {model_vocabulary.vocab_size} ids)")
+  rows = tasks.load_examples(cfg.mixture_or_task_name, cfg.split, cfg.task_feature_lengths,
+                             cfg.num_examples)
+  return [Example(row["inputs_pretokenized"], row["inputs"], row.get("targets_pretokenized"))
+          for row in rows]
+
+
+def _text_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel,
+                   input_length: int) -> list[Example]:
+  if cfg.texts is not None:
+    if isinstance(cfg.texts, str):
+      raise UsageError("texts must be a list of strings, got one string")
+    texts = list(cfg.texts)
+  else:
+    path = models.resolve_path(cfg.input_file)
+    if not os.path.isfile(path):
+      raise UsageError(f"input file not found: {cfg.input_file}")
+    with open(path, encoding="utf-8") as f:
+      texts = [line.rstrip("\n") for line in f if line.strip()]
+  texts = texts[:cfg.num_examples] if cfg.num_examples is not None else texts
+  vocabulary = model.input_vocabulary
+  examples = []
+  for text in texts:
+    inputs = cfg.input_prefix + text
+    # As seqio's append_eos_after_trim: keep room for EOS.
+    ids = vocabulary.encode(inputs)[:input_length - 1] + [vocabulary.eos_id]
+    examples.append(Example(inputs, ids))
+  return examples
+
+
+def read_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel) -> list[Example]:
+  """The run's inputs (see the module docstring); UsageError when there are none."""
+  input_length, _ = _check_dataset_config(cfg)
+  if cfg.mixture_or_task_name is not None:
+    examples = _task_examples(cfg, model)
+  else:
+    examples = _text_examples(cfg, model, input_length)
+  if not examples:
+    raise UsageError("no input examples")
+  return examples
+
+
+def make_batches(examples: Sequence[Example], batch_size: int, input_length: int,
+                 target_length: int) -> list[tuple[dict[str, np.ndarray], int]]:
+  """(batch, number of real rows) pairs of seqio encoder-decoder features, all one shape; the
+  last batch is completed with copies of its last example, which finish when it does."""
+  batches = []
+  for start in range(0, len(examples), batch_size):
+    rows = list(examples[start:start + batch_size])
+    num_real = len(rows)
+    rows += [rows[-1]] * (batch_size - num_real)
+    encoder_input_tokens = np.zeros((batch_size, input_length), np.int32)
+    for i, row in enumerate(rows):
+      encoder_input_tokens[i, :len(row.input_ids)] = row.input_ids
+    batches.append(({"encoder_input_tokens": encoder_input_tokens,
+                     "decoder_input_tokens": np.zeros((batch_size, target_length), np.int32)},
+                    num_real))
+  return batches
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+@dataclasses.dataclass
+class DecodeRun:
+  """Per-example outputs of one model over all batches, and the time of its compiled calls."""
+  decodes: list[np.ndarray]  # [L] each
+  aux: list[dict[str, Any]]
+  compile_seconds: float
+  seconds: float
+
+
+def _jit(fn: Callable, model: models.EncoderDecoderModel, partitioner: Any
+         ) -> tuple[Callable, Callable[[Any, Any], tuple[Any, Any]]]:
+  """(jitted fn(params, draft_params, batch, rng), place(params, draft_params) putting the
+  parameters where the jitted function expects them)."""
+  if partitioner is None:
+    return jax.jit(fn), lambda params, draft_params: jax.device_put((params, draft_params))
+  partitioning = _late_import("partitioning")
+  shapes, axes = partitioning.abstract_params(model.module.config)
+  params_shardings = partitioner.logical_shardings(axes, shapes, what="parameter")
+  draft_shardings = None
+  if isinstance(model, models.SpeculativeEncoderDecoderModel) and model.is_speculative:
+    # As partitioning.partition_decoders: a draft step is latency-bound, keep it local.
+    draft_shapes, draft_axes = partitioning.abstract_params(model.draft_module.config)
+    draft_shardings = partitioner.logical_shardings(
+        draft_axes, draft_shapes,
+        partitioning.replicated_parameter_rules(partitioner.logical_axis_rules),
+        what="parameter")
+  batch = partitioner.batch_sharding
+  jitted = partitioner.partition(
+      fn, (params_shardings, draft_shardings, batch, partitioner.replicated), batch)
+
+  def place(params: Any, draft_params: Any) -> tuple[Any, Any]:
+    return (jax.device_put(params, params_shardings),
+            None if draft_params is None else jax.device_put(draft_params, draft_shardings))
+
+  return jitted, place
+
+
+def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any,
+               batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
+               partitioner: Any = None) -> DecodeRun:
+  """Compiles model.predict_batch_with_aux once and runs it over `batches`."""
+
+  def predict(params, draft_params, batch, rng):
+    if draft_params is None:
+      return model.predict_batch_with_aux(params, batch, rng=rng)
+    return model.predict_batch_with_aux(params, batch, rng=rng, draft_params=draft_params)
+
+  jitted, place = _jit(predict, model, partitioner)
+  params, draft_params = place(params, draft_params)
+  rngs = [jax.random.fold_in(jax.random.PRNGKey(seed), i) for i in range(len(batches))]
+  start = time.perf_counter()
+  compiled = jitted.lower(params, draft_params, batches[0][0], rngs[0]).compile()
+  compile_seconds = time.perf_counter() - start
+  # One untimed call: the first execution of an executable pays one-off costs.
+  jax.block_until_ready(compiled(params, draft_params, batches[0][0], rngs[0]))
+  decodes, aux, seconds = [], [], 0.0
+  for (batch, num_real), rng in zip(batches, rngs):
+    start = time.perf_counter()
+    outputs = jax.block_until_ready(compiled(params, draft_params, batch, rng))
+    seconds += time.perf_counter() - start
+    batch_decodes, batch_aux = jax.device_get(outputs)
+    for i in range(num_real):
+      decodes.append(batch_decodes[i])
+      aux.append({name: value[i].item() for name, value in batch_aux.items()})
+  return DecodeRun(decodes, aux, compile_seconds, seconds)
+
+
+def _until_eos(tokens: np.ndarray, eos_id: int) -> list[int]:
+  """The generated tokens, EOS included (a decode holds PAD 0 after its end)."""
+  tokens = tokens.tolist()
+  return tokens[:tokens.index(eos_id) + 1] if eos_id in tokens else tokens
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _write_atomically(path: pathlib.Path, text: str) -> None:
+  with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False,
+                                   prefix=f".{path.name}.") as f:
+    f.write(text)
+  os.replace(f.name, path)
+
+
+def _summarize(model: models.EncoderDecoderModel, source: str, cfg: DatasetConfig,
+               examples: Sequence[Example], run: DecodeRun, baseline: DecodeRun | None,
+               eos_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+  """(summary, per-example records)."""
+  settings = model.decode_settings
+  greedy = settings.get("temperature") is not None and settings["temperature"] <= 1e-4
+  records = []
+  for i, example in enumerate(examples):
+    tokens = _until_eos(run.decodes[i], eos_id)
+    record = {"inputs": example.inputs,
+              "prediction": model.output_vocabulary.decode(tokens)}
+    if example.target is not None:
+      record["target"] = example.target
+    record["score"] = run.aux[i]["scores"]
+    record["stats"] = {name: value for name, value in run.aux[i].items() if name != "scores"}
+    record["stats"].setdefault("generated_tokens", len(tokens))
+    if baseline is not None:
+      baseline_tokens = _until_eos(baseline.decodes[i], eos_id)
+      record["baseline_prediction"] = model.output_vocabulary.decode(baseline_tokens)
+      if greedy:
+        record["identical"] = bool(np.array_equal(run.decodes[i], baseline.decodes[i]))
+    records.append(record)
+
+  generated = sum(r["stats"]["generated_tokens"] for r in records)
+  summary: dict[str, Any] = {
+      "source": source, "split": cfg.split if cfg.mixture_or_task_name else None,
+      "num_examples": len(examples), "batch_size": cfg.batch_size,
+      "task_feature_lengths": dict(cfg.task_feature_lengths),
+      "speculative": model.is_speculative, "decode_settings": settings,
+      "generated_tokens": generated, "compile_seconds": run.compile_seconds,
+      "wall_seconds": run.seconds, "tokens_per_second": generated / max(run.seconds, 1e-9)}
+  if model.is_speculative:
+    totals = {name: sum(r["stats"][name] for r in records) for name in _STAT_NAMES}
+    summary.update(totals)
+    summary["alpha"] = totals["acceptance_sum"] / max(totals["verified_positions"], 1)
+    summary["tokens_per_target_call"] = totals["generated_tokens"] / max(totals["target_calls"], 1)
+  if baseline is not None:
+    summary["baseline"] = {
+        "compile_seconds": baseline.compile_seconds, "wall_seconds": baseline.seconds,
+        "tokens_per_second": sum(len(_until_eos(d, eos_id)) for d in baseline.decodes)
+                             / max(baseline.seconds, 1e-9)}
+    summary["speedup"] = baseline.seconds / max(run.seconds, 1e-9)
+    summary["identical_outputs"] = (all(r["identical"] for r in records) if greedy else None)
+    if greedy:
+      summary["num_identical"] = sum(r["identical"] for r in records)
+  return summary, records
+
+
+def _print_report(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
+                  num_printed: int, output_dir: pathlib.Path) -> None:
+  for record in records[:num_printed]:
+    print(f"> {record['inputs']}\n  {record['prediction']}")
+  if len(records) > num_printed:
+    print(f"  ... ({len(records) - num_printed} more in {output_dir / PREDICTIONS_FILE})")
+  line = (f"{summary['num_examples']} examples, {summary['generated_tokens']} tokens in "
+          f"{summary['wall_seconds']:.2f}s ({summary['tokens_per_second']:.0f} tokens/s)")
+  if summary["speculative"]:
+    line += (f"; alpha {summary['alpha']:.2f}, {summary['tokens_per_target_call']:.2f} tokens "
+             f"per target call (gamma {summary['decode_settings']['gamma']})")
+  print(line)
+  if "baseline" in summary:
+    identical = {True: "yes", False: "no", None: "n/a (temperature > 0)"}[
+        summary["identical_outputs"]]
+    print(f"baseline (target alone): {summary['baseline']['wall_seconds']:.2f}s; speedup "
+          f"{summary['speedup']:.2f}x; identical output: {identical}")
+  print(f"wrote {output_dir / PREDICTIONS_FILE} and {output_dir / SUMMARY_FILE}")
+
+
+@gin.configurable(module="infer")
+def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
+          dataset_cfg: DatasetConfig = gin.REQUIRED, checkpoint_path: str = gin.REQUIRED,
+          output_dir: str = gin.REQUIRED, compare_with_baseline: bool = False,
+          partitioner: Any = None, seed: int = 0, num_printed: int = 10) -> dict[str, Any]:
+  """Runs inference as described in the module docstring; returns the summary."""
+  if not isinstance(model, models.EncoderDecoderModel):
+    raise UsageError(f"MODEL must be a models.EncoderDecoderModel, got {type(model).__name__}")
+  if compare_with_baseline and not model.is_speculative:
+    raise UsageError("COMPARE_WITH_BASELINE needs a speculative decode_fn "
+                     "(decoding.speculative_sample)")
+  start = time.perf_counter()
+  examples = read_examples(dataset_cfg, model)
+  # On the device once: the baseline run then reuses the same arrays.
+  params = jax.device_put(models.load_params(model.module, checkpoint_path))
+  draft_params = model.draft_params if model.is_speculative else None
+  input_length, target_length = _check_dataset_config(dataset_cfg)
+  batches = make_batches(examples, dataset_cfg.batch_size, input_length, target_length)
+
+  run = decode_all(model, params, draft_params, batches, seed, partitioner)
+  baseline = (decode_all(model.baseline(), params, None, batches, seed, partitioner)
+              if compare_with_baseline else None)
+  source = dataset_cfg.mixture_or_task_name or dataset_cfg.input_file or "--text"
+  summary, records = _summarize(model, source, dataset_cfg, examples, run, baseline,
+                                model.output_vocabulary.eos_id)
+  summary["run_seconds"] = time.perf_counter() - start  # inputs, restore, compile and decode
+
+  out = pathlib.Path(output_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  _write_atomically(out / PREDICTIONS_FILE, "".join(
+      json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+  _write_atomically(out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+  _print_report(summary, records, num_printed, out)
+  return summary
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _gin_error_message(error: Exception) -> str:
+  """One line for a gin error: gin appends the config location on further lines."""
+  message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  macro = re.match(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", message)
+  if macro:
+    return (f"required gin macro {macro.group(1)} is not set (e.g. "
+            f"--gin.{macro.group(1)}=...)")
+  return message
+
+
+def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+  """Flags, and the gin bindings given as --gin.NAME=VALUE (T5X's form)."""
+  parser = argparse.ArgumentParser(
+      prog="python -m spec_decode.infer",
+      description="T5X-style inference with speculative decoding (see the module docstring).")
+  parser.add_argument("--gin_file", action="append", default=[],
+                      help=f"gin config file (repeatable; default {DEFAULT_GIN_FILE})")
+  parser.add_argument("--gin_bindings", action="append", default=[],
+                      help="gin binding, e.g. \"BATCH_SIZE = 8\" (repeatable)")
+  parser.add_argument("--gin_search_paths", action="append", default=[],
+                      help="extra directories where gin files are looked up")
+  parser.add_argument("--text", action="append", default=None,
+                      help="an input to decode instead of the config's (repeatable)")
+  parser.add_argument("--input_file", default=None,
+                      help="decode this file's lines instead of the config's inputs")
+  parser.add_argument("--data_dir", default=None,
+                      help="data root of the seqio tasks (binds tasks.data_dir.path)")
+  known, rest = parser.parse_known_args(argv)
+  bindings = []
+  for arg in rest:
+    match = re.fullmatch(r"--gin\.([\w.%/]+)=(.*)", arg, re.DOTALL)
+    if not match:
+      parser.error(f"unrecognized argument {arg!r}")
+    bindings.append(f"{match.group(1)} = {match.group(2)}")
+  return known, bindings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args, flag_bindings = _parse_args(sys.argv[1:] if argv is None else argv)
+  bindings = list(args.gin_bindings) + flag_bindings
+  if args.text is not None and args.input_file is not None:
+    print("spec_decode.infer: error: give --text or --input_file, not both", file=sys.stderr)
+    return 2
+  # The flags replace the config's input source, so they come after every other binding.
+  if args.text is not None:
+    bindings += ["MIXTURE_OR_TASK_NAME = None", "infer.DatasetConfig.input_file = None",
+                 f"infer.DatasetConfig.texts = {args.text!r}"]
+  if args.input_file is not None:
+    bindings += ["MIXTURE_OR_TASK_NAME = None", "infer.DatasetConfig.texts = None",
+                 f"infer.DatasetConfig.input_file = {args.input_file!r}"]
+  if args.data_dir is not None:
+    importlib.import_module("spec_decode.tasks")  # registers tasks.data_dir for the binding
+    bindings.append(f"tasks.data_dir.path = {args.data_dir!r}")
+  gin.clear_config()
+  for path in [str(models.REPO_ROOT)] + list(args.gin_search_paths):
+    gin.add_config_file_search_path(path)
+  try:
+    gin_files = [models.resolve_path(f) for f in args.gin_file or [DEFAULT_GIN_FILE]]
+    # gin logs an ERROR for every search path an include is not found in, even when a later
+    # one has it; a file found nowhere still raises IOError.
+    logging.disable(logging.ERROR)
+    try:
+      gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
+    finally:
+      logging.disable(logging.NOTSET)
+    gin.finalize()
+    infer()
+  except (UsageError, ValueError, FileNotFoundError, IOError, SyntaxError) as e:
+    print(f"spec_decode.infer: error: {_gin_error_message(e)}", file=sys.stderr)
+    return 2
+  except RuntimeError as e:  # gin's "Required bindings for ... not provided"
+    if "Required bindings" not in str(e):
+      raise
+    print(f"spec_decode.infer: error: {_gin_error_message(e)}", file=sys.stderr)
+    return 2
+  return 0
+
