@@ -181,8 +181,9 @@ def _gather(buffer: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 def _scatter(buffer: jax.Array, positions: jax.Array, values: jax.Array) -> jax.Array:
-  rows = jnp.arange(buffer.shape[0])[:, None]
-  return buffer.at[rows, positions].set(values)
+  """buffer[n, positions[n, j]] = values[n, j]. Written per row (vmap) so that a batch-sharded
+  buffer is updated where its rows live, with no cross-device traffic."""
+  return jax.vmap(lambda row, where, new: row.at[where].set(new))(buffer, positions, values)
 
 
 def _target_probs(problem: _Problem, logits: jax.Array, positions: jax.Array) -> jax.Array:

@@ -326,8 +326,9 @@ class Encoder(nn.Module):
 
 def _overwrite(buffer: Array, entries: Array, positions: Array) -> Array:
   """buffer [B,L,...] with entries [B,q,...] set at positions [B,q]; positions >= L are dropped."""
-  rows = jnp.arange(buffer.shape[0])[:, None]
-  return buffer.at[rows, positions].set(entries.astype(buffer.dtype), mode="drop")
+  # Per row (vmap), so a batch-sharded cache is written where its rows live.
+  return jax.vmap(lambda row, new, where: row.at[where].set(new, mode="drop"))(
+      buffer, entries.astype(buffer.dtype), positions)
 
 
 class DecoderLayer(nn.Module):

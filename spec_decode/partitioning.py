@@ -1,0 +1,584 @@
+"""Sharded decoding on a ('data', 'model') device mesh, in T5X's partitioning vocabulary.
+
+Contract
+--------
+Mesh (`make_mesh`): two axes, ('data', 'model'). `num_partitions` (T5X's name) is the size of
+'model' and 'data' takes the remaining devices (devices // num_partitions); or an explicit
+`mesh_shape=(data, model)` uses the first data * model devices. Too many partitions for the
+devices, or a count that does not divide them, is a ValueError.
+
+Logical axis rules (`standard_logical_axis_rules`, T5X's defaults): batch->data, vocab->model,
+mlp->model, heads->model, joined_kv->model, kv->None, embed->None (embed->data in the 2-D
+parameter-partitioning variant), length->None, relpos_buckets->None. A logical name without a
+rule is an error, never silently replicated.
+
+Shardings (all `NamedSharding`s on the mesh):
+  * parameters, from the flax `params_axes` collection `Transformer.init` returns
+    (e.g. `mlp/wi_0/kernel [E, mlp]` is ('embed', 'mlp') -> P(None, 'model'));
+  * decode caches, from `network.cache_logical_axes`: K/V [B, L, H, D] are
+    ('batch', 'length', 'heads', 'kv') -> P('data', None, 'model', None);
+  * batches: the leading axis is 'batch' -> P('data').
+Before anything is traced or compiled, every split dimension is checked: a mesh axis that does
+not divide it (heads, mlp_dim, the vocabulary, the batch, ...) is a ValueError naming the logical
+axis, its size, the mesh axis and its size.
+
+Decoders (`partition_decoders`): the baseline and the speculative decoder of
+`spec_decode.decoding`, jitted with explicit in/out shardings. Target parameters follow the
+rules; draft parameters are replicated on every device by default (`replicated_parameter_rules`:
+a draft step is latency-bound and must not wait on collectives) or follow their own rules. Each
+cache is pinned to its sharding where it is created and after every call, so the
+`lax.while_loop` carries both caches in one layout. Per-row writes (the caches' and the engine's
+token buffer) are vmapped scatters, which GSPMD keeps on the devices holding the rows: inside the
+loop a model call's only collectives are the all-reduces of its 'model'-split matmuls, and nothing
+is permuted or resharded per step (checked on the compiled HLO by tests/sharding).
+
+Restoring (`restore_sharded`): T5X checkpoint arrays go straight into their shards: every array
+stored as a TensorStore (zarr) array is read slice by slice, each process reading only the
+slices its own devices hold. Arrays stored inline in a msgpack file cannot be read partially:
+each process reads the whole file, then keeps its slices.
+
+Multi-host: `initialize_distributed` (called by `PjitPartitioner`) runs
+`jax.distributed.initialize()` when the environment says this process is one of several (see
+its docstring); it must happen before anything else touches JAX's devices. Each process then
+builds the same global mesh, reads only its own shards, and gets its own shards of the outputs
+(gather them with `jax.experimental.multihost_utils.process_allgather`). Multi-host runs are not
+tested here: the tests simulate 8 devices in one process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorstore as ts
+from flax import serialization
+from flax.core import unfreeze
+from flax.linen import partitioning as nn_partitioning
+from jax.experimental import mesh_utils
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+
+from spec_decode import checkpoints
+from spec_decode import decoding
+from spec_decode import network
+
+MESH_AXES = ("data", "model")
+LogicalAxisRules = Sequence[tuple[str, str | Sequence[str] | None]]
+Params = Any
+AnyMesh = Mesh | AbstractMesh
+
+# Decoder inputs and encoder inputs are both [batch, length].
+_BATCH_AXES = PartitionSpec("batch", "length")
+
+
+# --------------------------------------------------------------------------- rules
+
+
+@gin.configurable(module="partitioning")
+def standard_logical_axis_rules(
+    parameter_partitioning_dims: int = 1,
+    additional_rules: LogicalAxisRules | None = None) -> list[tuple[str, Any]]:
+  """T5X's standard rules for a T5 model: logical axis name -> mesh axis (or None).
+
+  `parameter_partitioning_dims=2` also splits parameters' 'embed' axis over 'data' (T5X's 2-D
+  parameter partitioning, for models whose parameters do not fit the 'model' axis alone).
+  `additional_rules` are appended (lower priority), as in T5X.
+  """
+  if parameter_partitioning_dims not in (1, 2):
+    raise ValueError(f"parameter_partitioning_dims must be 1 or 2, got "
+                     f"{parameter_partitioning_dims!r}")
+  rules = [
+      ("batch", "data"),
+      ("vocab", "model"),
+      ("mlp", "model"),
+      ("heads", "model"),
+      ("joined_kv", "model"),
+      ("kv", None),
+      ("embed", "data" if parameter_partitioning_dims == 2 else None),
+      ("length", None),
+      ("relpos_buckets", None),
+  ]
+  return rules + list(additional_rules or ())
+
+
+def replicated_parameter_rules(rules: LogicalAxisRules) -> list[tuple[str, Any]]:
+  """`rules` with every logical axis but 'batch' unsplit: parameters replicated on every device,
+  caches and activations still split over the batch (the default for a draft model)."""
+  return [(name, mesh_axes if name == "batch" else None) for name, mesh_axes in rules]
+
+
+def _check_rules(rules: LogicalAxisRules) -> None:
+  for rule in rules:
+    if len(rule) != 2 or not isinstance(rule[0], str):
+      raise ValueError(f"a logical axis rule is (logical name, mesh axis or None), got {rule!r}")
+    mesh_axes = rule[1]
+    names = () if mesh_axes is None else (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes
+    unknown = [name for name in names if name not in MESH_AXES]
+    if unknown:
+      raise ValueError(f"rule {rule!r} names mesh axes {unknown}; the mesh axes are {MESH_AXES}")
+
+
+def logical_to_mesh_spec(logical_axes: PartitionSpec | Sequence[str | None],
+                         rules: LogicalAxisRules) -> PartitionSpec:
+  """A PartitionSpec of logical names -> one of mesh axes (flax's priority-ordered lookup)."""
+  known = {name for name, _ in rules}
+  unknown = [name for name in logical_axes if name is not None and name not in known]
+  if unknown:
+    raise ValueError(f"logical axes {unknown} have no partitioning rule (rules: {list(rules)})")
+  return nn_partitioning.logical_to_mesh_axes(tuple(logical_axes), list(rules))
+
+
+# --------------------------------------------------------------------------- mesh
+
+
+def _positive_int(name: str, value: Any) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+  return int(value)
+
+
+def mesh_shape_for(num_devices: int, num_partitions: int | None = None,
+                   mesh_shape: Sequence[int] | None = None) -> tuple[int, int]:
+  """The (data, model) shape that `num_partitions` or `mesh_shape` asks of `num_devices`."""
+  if (num_partitions is None) == (mesh_shape is None):
+    raise ValueError(f"give exactly one of num_partitions or mesh_shape, got "
+                     f"num_partitions={num_partitions!r}, mesh_shape={mesh_shape!r}")
+  if num_partitions is not None:
+    model = _positive_int("num_partitions", num_partitions)
+    if model > num_devices:
+      raise ValueError(f"num_partitions={model} needs at least {model} devices, but only "
+                       f"{num_devices} are available")
+    if num_devices % model:
+      raise ValueError(f"num_partitions={model} does not divide the {num_devices} devices "
+                       "into equal model-parallel groups")
+    return num_devices // model, model
+  if len(mesh_shape) != 2:
+    raise ValueError(f"mesh_shape is (data, model), got {tuple(mesh_shape)!r}")
+  data, model = (_positive_int(f"mesh_shape[{i}]", n) for i, n in enumerate(mesh_shape))
+  if data * model > num_devices:
+    raise ValueError(f"mesh_shape ({data}, {model}) needs {data * model} devices, but only "
+                     f"{num_devices} are available")
+  return data, model
+
+
+def make_mesh(num_partitions: int | None = None, mesh_shape: Sequence[int] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """The ('data', 'model') mesh over `devices` (default: all of JAX's devices, every process)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape_for(len(devices), num_partitions, mesh_shape)
+  # create_device_mesh lays 'model' along the fastest interconnect of the physical topology.
+  return Mesh(mesh_utils.create_device_mesh(shape, devices[:math.prod(shape)]), MESH_AXES)
+
+
+# --------------------------------------------------------------------------- shardings
+
+
+def _is_spec(x: Any) -> bool:
+  return isinstance(x, PartitionSpec)
+
+
+@dataclasses.dataclass(frozen=True)
+class Indivisible:
+  """A logical axis whose size the mesh axes it is split over do not divide."""
+  logical_axis: str
+  size: int
+  mesh_axes: tuple[str, ...]
+  parts: int
+  example: str  # one leaf with this axis: its path and shape
+
+  def __str__(self) -> str:
+    return (f"logical axis '{self.logical_axis}' of size {self.size} is split over mesh axis "
+            f"{'x'.join(self.mesh_axes)} of size {self.parts}, which does not divide it "
+            f"(e.g. {self.example})")
+
+
+def indivisible_axes(shapes: Any, logical_axes: Any, rules: LogicalAxisRules,
+                     mesh: AnyMesh) -> list[Indivisible]:
+  """Every (logical axis, size) of `shapes` that the mesh cannot split evenly, once each.
+
+  `shapes`: a pytree of leaves with `.shape`; `logical_axes`: the same tree with PartitionSpecs
+  of logical names.
+  """
+  flat_shapes, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  flat_axes = treedef.flatten_up_to(logical_axes)
+  problems: dict[tuple, Indivisible] = {}
+  for (path, leaf), axes in zip(flat_shapes, flat_axes):
+    shape = tuple(leaf.shape)
+    name = f"{jax.tree_util.keystr(path)} {list(shape)}"
+    if len(axes) != len(shape):
+      raise ValueError(f"{name}: logical axes {axes} do not match the shape")
+    for size, logical, mesh_axes in zip(shape, axes, logical_to_mesh_spec(axes, rules)):
+      if mesh_axes is None:
+        continue
+      mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+      parts = math.prod(mesh.shape[axis] for axis in mesh_axes)
+      if size % parts:
+        key = (logical, size, mesh_axes)
+        problems.setdefault(key, Indivisible(logical, size, mesh_axes, parts, name))
+  return list(problems.values())
+
+
+def check_divisible(shapes: Any, logical_axes: Any, rules: LogicalAxisRules,
+                    mesh: AnyMesh, what: str) -> None:
+  """Raises ValueError listing every `indivisible_axes` problem; `what` names the tree in the
+  message (a plural: "parameters")."""
+  problems = indivisible_axes(shapes, logical_axes, rules, mesh)
+  if problems:
+    raise ValueError(f"mesh {dict(mesh.shape)} does not fit the {what}:\n  "
+                     + "\n  ".join(map(str, problems)))
+
+
+def logical_shardings(mesh: AnyMesh, logical_axes: Any, rules: LogicalAxisRules,
+                      shapes: Any = None, what: str = "arrays") -> Any:
+  """Tree of PartitionSpecs of logical names -> tree of NamedShardings; checks `shapes` first."""
+  if shapes is not None:
+    check_divisible(shapes, logical_axes, rules, mesh, what)
+  return jax.tree_util.tree_map(
+      lambda axes: NamedSharding(mesh, logical_to_mesh_spec(axes, rules)), logical_axes,
+      is_leaf=_is_spec)
+
+
+def params_logical_axes(params_axes: Mapping[str, Any]) -> Params:
+  """The flax `params_axes` collection -> the params tree of logical PartitionSpecs."""
+  return unfreeze(nn_partitioning.get_axis_names(params_axes))
+
+
+def abstract_params(config: network.T5Config) -> tuple[Params, Params]:
+  """(parameter ShapeDtypeStructs, parameter logical axes) of `config`; nothing is allocated."""
+  tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+  variables = jax.eval_shape(
+      lambda t: network.Transformer(config).init(jax.random.PRNGKey(0), t, t, t), tokens)
+  return unfreeze(variables["params"]), params_logical_axes(variables["params_axes"])
+
+
+def abstract_decode_cache(config: network.T5Config, batch_size: int, input_length: int,
+                          max_decode_len: int, params: Params | None = None
+                          ) -> network.DecodeCache:
+  """ShapeDtypeStructs of `network.init_decode_cache` for [batch_size, input_length] inputs
+  (`params`: the abstract parameters of `config`, when already at hand)."""
+  if params is None:
+    params, _ = abstract_params(config)
+  init = functools.partial(network.init_decode_cache, config, max_decode_len=max_decode_len)
+  return jax.eval_shape(init, params,
+                        jax.ShapeDtypeStruct((batch_size, input_length), jnp.int32))
+
+
+# --------------------------------------------------------------------------- multi-host
+
+
+def _env_int(name: str) -> int | None:
+  value = os.environ.get(name)
+  return int(value) if value else None
+
+
+def initialize_distributed() -> bool:
+  """Calls `jax.distributed.initialize()` when this process is one of several; returns whether
+  it did (False when single-process or already initialized).
+
+  Several processes are detected from the environment:
+    * JAX_COORDINATOR_ADDRESS (host:port of process 0, read by JAX itself) with
+      JAX_NUM_PROCESSES and JAX_PROCESS_ID (read here; JAX auto-detects them when unset);
+    * SLURM_NTASKS > 1 (srun), OMPI_COMM_WORLD_SIZE > 1 (mpirun), or a comma-separated
+      TPU_WORKER_HOSTNAMES (multi-host Cloud TPU on GKE): JAX's own cluster detection fills in
+      the coordinator, process count and id.
+  Elsewhere (e.g. a multi-host TPU VM without these variables) call
+  `jax.distributed.initialize()` yourself before building a partitioner.
+  """
+  if jax.distributed.is_initialized():
+    return False
+  if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+    jax.distributed.initialize(num_processes=_env_int("JAX_NUM_PROCESSES"),
+                               process_id=_env_int("JAX_PROCESS_ID"))
+    return True
+  several = ((_env_int("SLURM_NTASKS") or 1) > 1 or (_env_int("OMPI_COMM_WORLD_SIZE") or 1) > 1
+             or "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""))
+  if several:
+    jax.distributed.initialize()
+  return several
+
+
+# --------------------------------------------------------------------------- partitioner
+
+
+@gin.configurable(module="partitioning")
+class PjitPartitioner:
+  """T5X-style partitioner: a ('data', 'model') mesh, logical axis rules, and `partition`.
+
+  Give `num_partitions` (the 'model' size; 'data' takes the remaining devices) or
+  `mesh_shape=(data, model)`; `logical_axis_rules` defaults to `standard_logical_axis_rules()`.
+  """
+
+  def __init__(self, num_partitions: int | None = None, mesh_shape: Sequence[int] | None = None,
+               logical_axis_rules: LogicalAxisRules | None = None,
+               devices: Sequence[jax.Device] | None = None):
+    rules = standard_logical_axis_rules() if logical_axis_rules is None else logical_axis_rules
+    rules = tuple(tuple(rule) for rule in rules)
+    _check_rules(rules)
+    initialize_distributed()
+    self._mesh = make_mesh(num_partitions, mesh_shape, devices)
+    self._rules = rules
+
+  @property
+  def mesh(self) -> Mesh:
+    return self._mesh
+
+  @property
+  def logical_axis_rules(self) -> tuple[tuple[str, Any], ...]:
+    return self._rules
+
+  def sharding(self, logical_axes: PartitionSpec | Sequence[str | None],
+               rules: LogicalAxisRules | None = None) -> NamedSharding:
+    """The NamedSharding of one array with these logical axes."""
+    return NamedSharding(self._mesh, logical_to_mesh_spec(logical_axes, rules or self._rules))
+
+  @property
+  def batch_sharding(self) -> NamedSharding:
+    """Leading axis split over 'batch' (a prefix: fits a batch of any rank, or a tree of them)."""
+    return self.sharding(PartitionSpec("batch"))
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self._mesh, PartitionSpec())
+
+  def logical_shardings(self, logical_axes: Any, shapes: Any = None,
+                        rules: LogicalAxisRules | None = None, what: str = "arrays") -> Any:
+    """See the module-level `logical_shardings`; `rules` default to the partitioner's."""
+    return logical_shardings(self._mesh, logical_axes, rules or self._rules, shapes, what)
+
+  def params_shardings(self, params_axes: Mapping[str, Any], params_shapes: Any = None,
+                       rules: LogicalAxisRules | None = None) -> Params:
+    """Shardings of a params tree from its flax `params_axes` collection (checked against
+    `params_shapes` when given)."""
+    return self.logical_shardings(params_logical_axes(params_axes), params_shapes, rules,
+                                  what="parameters")
+
+  def cache_shardings(self, cache: network.DecodeCache,
+                      rules: LogicalAxisRules | None = None) -> network.DecodeCache:
+    """Shardings of a decode cache (arrays or ShapeDtypeStructs), checked against its shapes."""
+    return self.logical_shardings(network.cache_logical_axes(cache), cache, rules,
+                                  what="decode cache")
+
+  def partition(self, fn: Callable, in_shardings: Any, out_shardings: Any,
+                static_argnums: int | Sequence[int] = (),
+                donate_argnums: int | Sequence[int] = ()) -> Callable:
+    """`jax.jit(fn)` with explicit shardings on this mesh (T5X's `partition`, under jit's names).
+
+    Shardings inside `fn` must be NamedShardings (e.g. from `sharding`): no mesh context is set.
+    """
+    return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
+                   static_argnums=static_argnums, donate_argnums=donate_argnums)
+
+
+# --------------------------------------------------------------------------- decoders
+
+
+class _InputsChecked:
+  """A jitted decoder whose batch is checked against the mesh before jit sees it (jit's own
+  check would name no logical axis)."""
+
+  def __init__(self, jitted: Callable, check: Callable[[jax.Array, jax.Array], None]):
+    self._jitted = jitted
+    self._check = check
+
+  def __call__(self, *args: Any) -> Any:
+    self._check(*args[-3:-1])  # (..., encoder_input_tokens, decoder_inputs, rng)
+    return self._jitted(*args)
+
+  def lower(self, *args: Any) -> jax.stages.Lowered:
+    self._check(*args[-3:-1])
+    return self._jitted.lower(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedDecoders:
+  """Jitted decoders and the parameter layouts they expect (place parameters accordingly).
+
+  baseline(params, encoder_input_tokens [B, Le], decoder_inputs [B, L], rng)
+      -> (decodes [B, num_decodes, L], log_probs [B, num_decodes])
+  speculative(params, draft_params, encoder_input_tokens, decoder_inputs, rng)
+      -> (decodes, log_probs, decoding.SpeculativeStats)   (None without a draft)
+  `decoder_inputs` follow `decoding`'s conventions (BOS 0, forced prompt tokens); B must be a
+  multiple of the 'data' axis size (a ValueError before tracing otherwise). Outputs are split
+  over 'data' like the inputs. Both decoders also have jit's `.lower(*args)`.
+  """
+  params_shardings: Params
+  draft_params_shardings: Params | None
+  baseline: Callable
+  speculative: Callable | None
+
+
+def partition_decoders(partitioner: PjitPartitioner, target: network.T5Config,
+                       draft: network.T5Config | None = None, *, eos_id: int,
+                       gamma: int | None = None,
+                       draft_logical_axis_rules: LogicalAxisRules | None = None,
+                       num_decodes: int = 1, temperature: float = 1.0, topk: int = 0,
+                       topp: float = 0.0, max_decode_steps: int | None = None,
+                       verifier: str = "token") -> ShardedDecoders:
+  """Jits `decoding.temperature_sample` (target alone) and `decoding.speculative_sample`
+  (target + draft, `gamma` drafts per iteration) for `partitioner`'s mesh.
+
+  Target parameters follow the partitioner's rules; draft parameters follow
+  `draft_logical_axis_rules` (default: `replicated_parameter_rules` of the partitioner's).
+  Both models' parameter shapes are checked against the mesh here, the batch at each call.
+  """
+  if (draft is None) != (gamma is None):
+    raise ValueError("give both draft and gamma for speculative decoding, or neither")
+  rules = partitioner.logical_axis_rules
+  draft_rules = tuple(draft_logical_axis_rules or replicated_parameter_rules(rules))
+  _check_rules(draft_rules)
+  options = dict(eos_id=eos_id, num_decodes=num_decodes, temperature=temperature, topk=topk,
+                 topp=topp, max_decode_steps=max_decode_steps)
+
+  def layout(config: network.T5Config, model_rules: LogicalAxisRules) -> Params:
+    shapes, axes = abstract_params(config)
+    return partitioner.logical_shardings(axes, shapes, model_rules, what="parameters")
+
+  def pinned(cache: network.DecodeCache, model_rules: LogicalAxisRules) -> network.DecodeCache:
+    return jax.lax.with_sharding_constraint(cache, partitioner.cache_shardings(cache, model_rules))
+
+  def model(config: network.T5Config, params: Params, model_rules: LogicalAxisRules,
+            encoder_input_tokens: jax.Array, max_decode_len: int):
+    """(initial cache, tokens_to_logits) of one model, both keeping the cache in its layout."""
+    cache = network.init_decode_cache(config, params, encoder_input_tokens, max_decode_len)
+    tokens_to_logits = network.make_tokens_to_logits(config, params)
+
+    def pinned_tokens_to_logits(state: decoding.DecodingState):
+      logits, new_cache = tokens_to_logits(state)
+      return logits, pinned(new_cache, model_rules)
+
+    return pinned(cache, model_rules), pinned_tokens_to_logits
+
+  def check_batch(encoder_input_tokens: jax.Array, decoder_inputs: jax.Array) -> None:
+    inputs = {"encoder_input_tokens": encoder_input_tokens, "decoder_inputs": decoder_inputs}
+    check_divisible(inputs, {name: _BATCH_AXES for name in inputs}, rules, partitioner.mesh,
+                    what="inputs")
+
+  def baseline(params, encoder_input_tokens, decoder_inputs, rng):
+    cache, tokens_to_logits = model(target, params, rules, encoder_input_tokens,
+                                    decoder_inputs.shape[1])
+    return decoding.temperature_sample(decoder_inputs, cache, tokens_to_logits,
+                                       decode_rng=rng, **options)
+
+  def speculative(params, draft_params, encoder_input_tokens, decoder_inputs, rng):
+    max_decode_len = decoder_inputs.shape[1]
+    cache, tokens_to_logits = model(target, params, rules, encoder_input_tokens, max_decode_len)
+    draft_cache, draft_tokens_to_logits = model(draft, draft_params, draft_rules,
+                                                encoder_input_tokens, max_decode_len)
+    return decoding.speculative_sample(
+        decoder_inputs, cache, tokens_to_logits, draft_cache=draft_cache,
+        draft_tokens_to_logits=draft_tokens_to_logits, gamma=gamma, decode_rng=rng,
+        verifier=verifier, **options)
+
+  params_shardings = layout(target, rules)
+  batch = partitioner.batch_sharding
+  jitted_baseline = _InputsChecked(partitioner.partition(
+      baseline, (params_shardings, batch, batch, partitioner.replicated), batch), check_batch)
+  if draft is None:
+    return ShardedDecoders(params_shardings, None, jitted_baseline, None)
+  draft_params_shardings = layout(draft, draft_rules)
+  jitted_speculative = _InputsChecked(partitioner.partition(
+      speculative,
+      (params_shardings, draft_params_shardings, batch, batch, partitioner.replicated), batch),
+      check_batch)
+  return ShardedDecoders(params_shardings, draft_params_shardings, jitted_baseline,
+                         jitted_speculative)
+
+
+# --------------------------------------------------------------------------- restore
+
+
+# The checkpoint layouts are `spec_decode.checkpoints`' business; this section reuses its
+# locating and parsing helpers and replaces only the final whole-array read by sliced reads.
+
+
+def _open_zarr(spec: dict, where: str, template: Any) -> ts.TensorStore | np.ndarray:
+  """The zarr array of `spec`, opened (nothing read yet) by its stored metadata. An array stored
+  without metadata (see `checkpoints`) is read whole by `checkpoints`' reader instead."""
+  kvstore = ts.KvStore.open(spec["kvstore"]).result()
+  if any(kvstore.read(key).result().state == "value" for key in checkpoints._ZARR_METADATA_KEYS):
+    # As in T5X, the stored metadata is authoritative over the spec's chunking and compressor.
+    return ts.open({"driver": spec["driver"], "kvstore": spec["kvstore"]}, open=True).result()
+  return checkpoints._read_zarr(spec, where, template)
+
+
+def _open_t5x_params(path: str, template: Params) -> Params:
+  """The parameters of a T5X checkpoint (any layout `checkpoints.load_t5x` reads), each an
+  opened TensorStore, or a numpy array where only a whole read is possible (inline msgpack
+  arrays, zarr arrays stored without metadata)."""
+  where = os.fspath(path)
+  directory, msgpack_bytes, metadata_bytes = checkpoints._locate_t5x(path)
+  if msgpack_bytes is None:
+    contents = checkpoints._orbax_metadata_tree(metadata_bytes, directory)
+  else:
+    try:
+      contents = serialization.msgpack_restore(msgpack_bytes)
+    except Exception as e:  # msgpack raises a zoo of exception types on garbage
+      raise ValueError(f"{where}: not a msgpack T5X checkpoint ({e})") from e
+  if not isinstance(contents, Mapping):
+    raise ValueError(f"{where}: not a T5X checkpoint")
+  params = checkpoints._optimizer_state(contents, where).get("target")
+  if not isinstance(params, Mapping) or not params:
+    raise ValueError(f"{where}: the checkpoint has no parameters (optimizer.target)")
+  templates = dict(checkpoints._flatten(template))
+
+  def open_leaf(leaf_path: tuple[str, ...], leaf: Any) -> Any:
+    leaf_where = f"{where}: {'/'.join(leaf_path)}"
+    leaf_template = templates.get(leaf_path)
+    if isinstance(leaf, str) and leaf.startswith(checkpoints._ORBAX_PLACEHOLDER):
+      name = leaf[len(checkpoints._ORBAX_PLACEHOLDER):]
+      spec = {"driver": "zarr", "metadata": {}, "kvstore": checkpoints._kvstore(directory, name)}
+      return _open_zarr(spec, leaf_where, leaf_template)
+    if checkpoints._is_tensorstore_spec(leaf):
+      if "value_type" in leaf:  # from an Orbax _METADATA tree
+        spec = {k: v for k, v in leaf.items() if k != "value_type"}
+      else:
+        spec = checkpoints._legacy_array_spec(leaf, directory, leaf_where)
+      return _open_zarr(spec, leaf_where, leaf_template)
+    return np.asarray(leaf)
+
+  return checkpoints._unflatten(
+      {p: open_leaf(p, leaf) for p, leaf in checkpoints._flatten(params)})
+
+
+def _read_slice(array: ts.TensorStore | np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
+  if isinstance(array, ts.TensorStore):
+    return np.asarray(array[index].read().result())
+  return array[index]
+
+
+def restore_sharded(path: str, shardings: Params, template: Params, dtype: Any = None) -> Params:
+  """The parameters of a T5X checkpoint as jax.Arrays laid out by `shardings`.
+
+  `template`: the params tree of ShapeDtypeStructs (e.g. `abstract_params(config)[0]`); the
+  checkpoint must match it exactly (`checkpoints.check_params`). `shardings`: the same tree of
+  Shardings (e.g. `PjitPartitioner.params_shardings`). `dtype`: floating parameters are cast to
+  it slice by slice (T5X's inference restores in bfloat16). Each process reads only the slices
+  its own devices hold, each distinct slice once; see the module docstring for the layouts that
+  force a whole read.
+  """
+  arrays = _open_t5x_params(path, template)
+  checkpoints.check_params(template, arrays, os.fspath(path))
+
+  def place(array: ts.TensorStore | np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    stored = jnp.dtype(array.dtype.numpy_dtype if isinstance(array, ts.TensorStore)
+                       else array.dtype)
+    wanted = dtype if dtype is not None and jnp.issubdtype(stored, jnp.floating) else stored
+    slices: dict[tuple, np.ndarray] = {}
+
+    def read(index: tuple[slice, ...]) -> np.ndarray:
+      # Devices that replicate a slice share one read (slices are unhashable before 3.12).
+      key = tuple((s.start, s.stop, s.step) for s in index)
+      if key not in slices:
+        slices[key] = _read_slice(array, index).astype(wanted)
+      return slices[key]
+
+    return jax.make_array_from_callback(tuple(array.shape), sharding, read)
+
+  return jax.tree_util.tree_map(place, arrays, unfreeze(shardings))

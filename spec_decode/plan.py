@@ -1,0 +1,344 @@
+"""`python -m spec_decode.plan`: per-device memory of a sharded decode, before running one.
+
+Run: `python -m spec_decode.plan --gin_file=configs/paper/table2/ende_small_t0.gin
+[--device_kind=tpu_v4|h200|cpu] [--num_devices=N] [--batch_size=B] [--input_length=Le]
+[--target_length=L] [--num_decodes=n] [--param_dtype=D] [--draft_gin_file=F]
+[--parameter_partitioning_dims=1|2] [--gin_bindings=B ...]`.
+
+What it reads (the gin config is parsed, nothing is built or allocated):
+  * the target: the `network.T5Config` the config binds;
+  * the draft: the config's `models.SpeculativeEncoderDecoderModel.draft_module` (in the Table 2
+    configs `models.transformer_from_gin_file(DRAFT_MODEL_GIN)`), or `--draft_gin_file` (a model
+    gin file); without either, the target alone is planned;
+  * batch size and lengths: the BATCH_SIZE and TASK_FEATURE_LENGTHS macros ({'inputs': Le,
+    'targets': L}), each overridden by its flag.
+Parsing skips the dataset module `spec_decode.tasks` (seqio and TensorFlow: slow to import and
+irrelevant to memory), and with it the bindings of its configurables.
+
+What it prints, for num_partitions P in 1, 2, 4, 8, 16 on a ('data', 'model') mesh of
+(num_devices / P, P) devices (num_devices defaults to P: one model-parallel group), per device:
+  * parameters, every floating one counted in `param_dtype` (default: the target config's dtype,
+    bfloat16 for the T5X configs: T5X's inference dtype), split by T5X's standard logical axis
+    rules (`partitioning.standard_logical_axis_rules`);
+  * decode caches: exactly the leaves of `network.init_decode_cache` for B * num_decodes rows
+    (per decoder layer self-attention K/V [B, L, H, D] and cross-attention K/V [B, Le, H, D],
+    plus the encoder mask [B, Le] and cache index [B]), from `jax.eval_shape`, split alike;
+  * the totals of the target alone (the baseline) and of target + draft (speculative decoding),
+    and whether each fits one device of `device_kind` (tpu_v4: 32 GiB HBM per chip; h200: 141 GB;
+    cpu: this machine's RAM). The draft is replicated on every device, as
+    `partitioning.partition_decoders` places it by default.
+A mesh that does not divide a split dimension (heads, mlp_dim, vocabulary, batch) is shown as
+such instead of numbers. Not counted: activations, logits, the engine's small [B, L] buffers and
+XLA's temporaries, so leave headroom.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import importlib.abc
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import gin
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh
+
+from spec_decode import models
+from spec_decode import network
+from spec_decode import partitioning
+
+NUM_PARTITIONS = (1, 2, 4, 8, 16)
+DEVICE_KINDS = ("tpu_v4", "h200", "cpu")
+# Modules a config may import that planning does not need (see the module docstring).
+_SKIPPED_MODULES = ("spec_decode.tasks",)
+_DRAFT_BINDING = "models.SpeculativeEncoderDecoderModel.draft_module"
+
+
+def device_memory_bytes(device_kind: str) -> int:
+  """Memory of one device of `device_kind`."""
+  if device_kind == "tpu_v4":
+    return 32 * 2**30
+  if device_kind == "h200":
+    return 141 * 10**9
+  if device_kind == "cpu":
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  raise ValueError(f"unknown device kind {device_kind!r}; known: {', '.join(DEVICE_KINDS)}")
+
+
+# --------------------------------------------------------------------------- memory
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShapes:
+  """Everything about one model's memory that does not depend on the mesh."""
+  config: network.T5Config
+  params: Any  # ShapeDtypeStructs
+  params_axes: Any  # logical PartitionSpecs
+  cache: Any  # ShapeDtypeStructs of network.init_decode_cache
+
+
+def model_shapes(config: network.T5Config, batch_rows: int, input_length: int,
+                 max_decode_len: int) -> ModelShapes:
+  params, axes = partitioning.abstract_params(config)
+  cache = partitioning.abstract_decode_cache(config, batch_rows, input_length, max_decode_len,
+                                             params)
+  return ModelShapes(config, params, axes, cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceBytes:
+  """One model's bytes per device on one mesh, or why the mesh does not fit it."""
+  params: int = 0
+  cache: int = 0
+  problems: tuple[partitioning.Indivisible, ...] = ()
+
+  @property
+  def total(self) -> int:
+    return self.params + self.cache
+
+
+def _per_device(shapes: Any, logical_axes: Any, rules: partitioning.LogicalAxisRules,
+                mesh: AbstractMesh, dtype_of: Any) -> int:
+  shardings = partitioning.logical_shardings(mesh, logical_axes, rules)
+  return sum(math.prod(sharding.shard_shape(leaf.shape)) * jnp.dtype(dtype_of(leaf)).itemsize
+             for leaf, sharding in zip(jax.tree_util.tree_leaves(shapes),
+                                       jax.tree_util.tree_leaves(shardings)))
+
+
+def device_bytes(model: ModelShapes, mesh_shape: tuple[int, int],
+                 rules: partitioning.LogicalAxisRules, param_dtype: Any) -> DeviceBytes:
+  """Per-device bytes of `model`'s parameters (floating ones in `param_dtype`) and caches."""
+  mesh = AbstractMesh(mesh_shape, partitioning.MESH_AXES)
+  cache_axes = network.cache_logical_axes(model.cache)
+  problems = partitioning.indivisible_axes({"params": model.params, "cache": model.cache},
+                                          {"params": model.params_axes, "cache": cache_axes},
+                                          rules, mesh)
+  if problems:
+    return DeviceBytes(problems=tuple(problems))
+
+  def param_dtype_of(leaf: jax.ShapeDtypeStruct) -> Any:
+    return param_dtype if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf.dtype
+
+  return DeviceBytes(
+      params=_per_device(model.params, model.params_axes, rules, mesh, param_dtype_of),
+      cache=_per_device(model.cache, cache_axes, rules, mesh, lambda leaf: leaf.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+  num_partitions: int
+  mesh_shape: tuple[int, int] | None  # None: the devices cannot form this mesh (see `unavailable`)
+  target: DeviceBytes | None = None
+  draft: DeviceBytes | None = None
+  unavailable: str = ""
+
+
+def plan(target: ModelShapes, draft: ModelShapes | None, param_dtype: Any,
+         num_devices: int | None = None, parameter_partitioning_dims: int = 1,
+         num_partitions: Sequence[int] = NUM_PARTITIONS) -> list[PlanRow]:
+  """One row per num_partitions: the mesh and each model's per-device bytes."""
+  rules = partitioning.standard_logical_axis_rules(parameter_partitioning_dims)
+  draft_rules = partitioning.replicated_parameter_rules(rules)
+  rows = []
+  for model_size in num_partitions:
+    try:
+      mesh_shape = partitioning.mesh_shape_for(num_devices or model_size, model_size)
+    except ValueError as e:
+      rows.append(PlanRow(model_size, None, unavailable=str(e)))
+      continue
+    rows.append(PlanRow(
+        model_size, mesh_shape, device_bytes(target, mesh_shape, rules, param_dtype),
+        None if draft is None else device_bytes(draft, mesh_shape, draft_rules, param_dtype)))
+  return rows
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def format_bytes(n: int) -> str:
+  for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= size:
+      return f"{n / size:.2f} {unit}"
+  return f"{n} B"
+
+
+def _describe(name: str, model: ModelShapes, param_dtype: Any) -> str:
+  cfg = model.config
+  count = sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(model.params))
+  return (f"{name}: {count / 1e9:.3f}B parameters (emb {cfg.emb_dim}, {cfg.num_encoder_layers}+"
+          f"{cfg.num_decoder_layers} layers, {cfg.num_heads} heads x {cfg.head_dim}, mlp "
+          f"{cfg.mlp_dim}, vocab {cfg.vocab_size}) in {jnp.dtype(param_dtype).name}; cache "
+          f"{jnp.dtype(cfg.dtype).name}")
+
+
+def format_plan(rows: Sequence[PlanRow], target: ModelShapes, draft: ModelShapes | None,
+                param_dtype: Any, device_kind: str, batch_rows: int, input_length: int,
+                max_decode_len: int) -> str:
+  capacity = device_memory_bytes(device_kind)
+  lines = [_describe("target", target, param_dtype)]
+  if draft is not None:
+    lines.append(_describe("draft ", draft, param_dtype) + "; replicated on every device")
+  lines.append(f"batch rows {batch_rows}, inputs {input_length}, targets {max_decode_len}; "
+               f"per device, {device_kind} = {format_bytes(capacity)}")
+  header = ["P", "mesh", "target params", "target cache", "target total", "fits"]
+  if draft is not None:
+    header += ["draft params", "draft cache", "target+draft", "fits"]
+  table = [header]
+  notes = []
+
+  def fits(n: int) -> str:
+    return "yes" if n <= capacity else "NO"
+
+  for row in rows:
+    cells = [str(row.num_partitions)]
+    if row.mesh_shape is None:
+      notes.append(f"P={row.num_partitions}: {row.unavailable}")
+      table.append(cells + ["-"] * (len(header) - 1))
+      continue
+    cells.append(f"{row.mesh_shape}")
+    problems = row.target.problems + (row.draft.problems if row.draft is not None else ())
+    if problems:
+      # The draft's batch problem is the target's: name each (axis, size) once.
+      unique = {(p.logical_axis, p.size, p.mesh_axes): p for p in problems}
+      notes += [f"P={row.num_partitions}: {problem}" for problem in unique.values()]
+      table.append(cells + ["indivisible"] + ["-"] * (len(header) - 3))
+      continue
+    cells += [format_bytes(row.target.params), format_bytes(row.target.cache),
+              format_bytes(row.target.total), fits(row.target.total)]
+    if row.draft is not None:
+      total = row.target.total + row.draft.total
+      cells += [format_bytes(row.draft.params), format_bytes(row.draft.cache),
+                format_bytes(total), fits(total)]
+    table.append(cells)
+  widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+  lines += ["  ".join(cell.rjust(width) for cell, width in zip(r, widths)) for r in table]
+  lines += notes
+  lines.append("Not counted: activations, logits, small engine buffers, XLA temporaries.")
+  return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- config
+
+
+class _SkipModules(importlib.abc.MetaPathFinder):
+  """Fails the import of `_SKIPPED_MODULES`, so that gin (with skip_unknown) passes over it."""
+
+  def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+    if fullname in _SKIPPED_MODULES:
+      raise ImportError(f"{fullname} is not needed to plan memory", name=fullname)
+
+
+@contextlib.contextmanager
+def _skipping_dataset_modules() -> Iterator[None]:
+  finder = _SkipModules()
+  sys.meta_path.insert(0, finder)
+  try:
+    yield
+  finally:
+    sys.meta_path.remove(finder)
+
+
+def _macro(name: str) -> Any:
+  """The value of gin macro `name`, or None when the config does not define it."""
+  try:
+    return gin.query_parameter(f"%{name}")
+  except ValueError:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  target: network.T5Config
+  draft: network.T5Config | None
+  batch_size: int | None
+  input_length: int | None
+  target_length: int | None
+
+
+def read_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
+                draft_gin_file: str | None = None) -> RunConfig:
+  """The target, draft, batch size and lengths a gin config describes (see the docstring)."""
+  gin.clear_config()
+  gin.add_config_file_search_path(str(models.REPO_ROOT))
+  with _skipping_dataset_modules():
+    gin.parse_config_files_and_bindings([models.resolve_path(f) for f in gin_files], bindings,
+                                        skip_unknown=True)
+  target = network.T5Config()
+  if draft_gin_file is not None:
+    draft = models.transformer_from_gin_file(draft_gin_file).config
+  else:
+    try:
+      reference = gin.query_parameter(_DRAFT_BINDING)
+    except ValueError:  # not bound: the target alone
+      reference = None
+    draft = None if reference is None else reference.scoped_configurable_fn().config
+  lengths = _macro("TASK_FEATURE_LENGTHS") or {}
+  return RunConfig(target, draft, _macro("BATCH_SIZE"), lengths.get("inputs"),
+                   lengths.get("targets"))
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+      prog="python -m spec_decode.plan",
+      description="Per-device memory of a sharded decode (see the module docstring).")
+  parser.add_argument("--gin_file", action="append", required=True,
+                      help="gin config (repeatable), e.g. a configs/paper/table2 file")
+  parser.add_argument("--gin_bindings", action="append", default=[],
+                      help="gin binding, e.g. \"BATCH_SIZE = 8\" (repeatable)")
+  parser.add_argument("--draft_gin_file", default=None,
+                      help="model gin file of the draft (default: the config's draft_module)")
+  parser.add_argument("--device_kind", default="tpu_v4", choices=DEVICE_KINDS)
+  parser.add_argument("--num_devices", type=int, default=None,
+                      help="devices in the mesh (default: P for each num_partitions P)")
+  parser.add_argument("--batch_size", type=int, default=None, help="default: BATCH_SIZE")
+  parser.add_argument("--input_length", type=int, default=None,
+                      help="default: TASK_FEATURE_LENGTHS['inputs']")
+  parser.add_argument("--target_length", type=int, default=None,
+                      help="decode length; default: TASK_FEATURE_LENGTHS['targets']")
+  parser.add_argument("--num_decodes", type=int, default=1)
+  parser.add_argument("--param_dtype", default=None,
+                      help="dtype of floating parameters (default: the target config's dtype)")
+  parser.add_argument("--parameter_partitioning_dims", type=int, default=1, choices=(1, 2))
+  return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = _parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    config = read_config(args.gin_file, args.gin_bindings, args.draft_gin_file)
+    sizes = {"batch size": args.batch_size or config.batch_size,
+             "input length": args.input_length or config.input_length,
+             "target length": args.target_length or config.target_length,
+             "num_decodes": args.num_decodes, "num_devices": args.num_devices or 1}
+    for name, value in sizes.items():
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer (set it in the config or by its "
+                         f"flag), got {value!r}")
+    batch_rows = sizes["batch size"] * args.num_decodes
+    shapes = functools.partial(model_shapes, batch_rows=batch_rows,
+                               input_length=sizes["input length"],
+                               max_decode_len=sizes["target length"])
+    param_dtype = jnp.dtype(args.param_dtype or config.target.dtype)
+    target = shapes(config.target)
+    draft = None if config.draft is None else shapes(config.draft)
+    rows = plan(target, draft, param_dtype, args.num_devices, args.parameter_partitioning_dims)
+  except (ValueError, FileNotFoundError, TypeError) as e:
+    print(f"spec_decode.plan: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+    return 2
+  print(format_plan(rows, target, draft, param_dtype, args.device_kind, batch_rows,
+                    sizes["input length"], sizes["target length"]))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
