@@ -1,0 +1,156 @@
+"""`spec_decode.bench`: the smoke run of every suite, the report's fields, the goals' bookkeeping
+and the SIMULATED coin rule (its law, and that no decoding config can reach it)."""
+
+import json
+
+import gin
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_decode import bench
+from spec_decode import decoding
+from spec_decode import demo_pair
+from spec_decode import verify
+from spec_decode import vocab
+
+TINY = dict(dtype="float32", emb_dim=16, num_heads=2, head_dim=8, num_encoder_layers=1,
+            num_decoder_layers=1, mlp_dim=32)
+
+
+@pytest.fixture
+def clean_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def _has_rates(summary):
+  return all(summary[key] > 0 for key in ("tokens_per_s", "tokens_per_s_min", "tokens_per_s_max"))
+
+
+def test_smoke_runs_every_suite(tmp_path, clean_gin):
+  assert bench.main(["--smoke", "--output_dir", str(tmp_path)]) == 0
+  report = json.loads((tmp_path / bench.JSON_FILE).read_text())
+  markdown = (tmp_path / bench.MARKDOWN_FILE).read_text()
+
+  machine = report["machine"]
+  for key in ("cpu_model", "usable_cores", "jax_version", "jax_backend"):
+    assert machine[key], key
+  assert set(report["suites"]) == set(bench.SUITES)
+
+  own = report["suites"]["own_baseline"]
+  (group,) = own["groups"]
+  assert _has_rates(group["baseline"]) and _has_rates(group["speculative"])
+  for key in ("alpha", "c", "v", "predicted_speedup", "measured_over_predicted", "speedup",
+              "accepted_per_target_call", "tokens_per_target_call", "model_call_share"):
+    assert np.isfinite(group["speculative"][key]), key
+  assert group["baseline"]["model_call_share"] > 0
+  labels = set(group["variants"])
+  assert {"token fixed gamma=2", "block fixed gamma=2", "token expected_speedup gamma<=2",
+          "token confidence gamma<=2"} <= labels
+  assert group["best_fixed"] in labels
+  bound = dict(group["variants"]["token expected_speedup gamma<=2"]["variant"]["policy_bindings"])
+  assert bound["cost_ratio"] == pytest.approx(group["speculative"]["c"])
+
+  peer = report["suites"]["peer"]
+  (entry,) = peer["temperatures"]
+  assert "error" not in entry, entry.get("error")
+  for label in ("ours baseline", "ours speculative", "hf generate", "hf assisted"):
+    assert _has_rates(entry[label]), label
+  agreement = entry["greedy_agreement_with_ours_baseline"]
+  assert agreement["ours speculative"]["all_identical"]  # exact speculative decoding
+  assert set(agreement) == {"ours speculative", "hf generate", "hf assisted"}
+
+  table2 = report["suites"]["simulated_table2"]
+  (row,) = table2["rows"]
+  assert table2["simulated"] and row["simulated"] and row["label"].startswith(bench.SIMULATED)
+  assert (row["forced_alpha"], row["gamma"]) == (0.75, 7)
+  for key in ("speedup", "predicted_speedup", "measured_over_predicted", "c", "v"):
+    assert np.isfinite(row[key]), key
+  # The coin (alpha 0.75) accepts drafts although this random draft and target rarely agree.
+  assert row["speculative"]["accepted_per_target_call"] > 0
+
+  limit = report["suites"]["physical_limit"]
+  assert limit["copy"]["bytes_per_s"] > 0
+  assert {t["model"] for t in limit["targets"]} == {"random target",
+                                                    f"{bench.SIMULATED} T5.1.1 target"}
+  assert all(0 < t["fraction_of_copy_bandwidth"] for t in limit["targets"])
+
+  assert report["goals"] and all("status" in goal for goal in report["goals"])
+  assert "PairConfig" in report["gin_config"]
+  for heading in ("own_baseline", "peer", "simulated_table2 (SIMULATED)", "physical_limit",
+                  "Goals"):
+    assert heading in markdown, heading
+
+
+def test_demo_pair_decodes_the_bundled_sentences(tmp_path, monkeypatch):
+  for seed, name in enumerate(("target", "draft")):
+    model = bench.random_model(name, "configs/demo/target.gin", TINY, seed)
+    demo_pair.save_model(model.params, model.config, tmp_path / f"{name}.safetensors")
+  (tmp_path / "examples.en").write_text("Hello.\nWhere is the train station?\n")
+  monkeypatch.setattr(demo_pair, "ASSET_DIR", tmp_path)
+
+  pair = bench.build_pair(bench.PairConfig(source="auto", input_length=6, max_decode_len=8))
+  assert (pair.name, pair.has_eos, pair.max_decode_len) == ("demo", True, 8)
+  vocabulary = vocab.SentencePieceVocabulary(str(demo_pair.VOCAB_PATH))
+  for row, text in zip(pair.inputs, ("Hello.", "Where is the train station?")):
+    ids = vocabulary.encode("translate English to German: " + text)[:5] + [vocabulary.eos_id]
+    np.testing.assert_array_equal(row[:len(ids)], ids)
+  np.testing.assert_array_equal(pair.batch(1, 3)[:, 0], pair.inputs[[1, 0, 1], 0])
+
+
+def test_goals_say_by_how_much_they_are_missed():
+  suites = {
+      "own_baseline": {"pair": {"name": "demo"}, "groups": [
+          {"temperature": 0.0, "batch_size": 1, "speculative": {"measured_over_predicted": 0.45}},
+          {"temperature": 1.0, "batch_size": 8, "speculative": {"speedup": 1.0}}]},
+      "peer": {"temperatures": [{"temperature": 0.0, "ours_speculative_over_hf_assisted": 3.0},
+                                {"temperature": 1.0, "error": "RuntimeError: cache"}]},
+      "physical_limit": {"targets": [{"model": "small", "num_params": 10}]},
+  }
+  by_status = [(goal["met"], goal["status"]) for goal in bench.goals(suites)]
+  assert by_status == [(False, "missed by 0.45 (50% of the target)"),
+                       (False, "missed by 0 (100% of the target)"),  # must be strictly faster
+                       (True, "met"), (None, "not measured (RuntimeError: cache)"),
+                       (None, "not measured (no target of that size was measured in this run)")]
+
+
+def test_generated_lengths_count_through_the_first_eos():
+  decodes = np.array([[5, 1, 0, 0], [5, 6, 7, 8], [1, 0, 0, 0]])
+  np.testing.assert_array_equal(bench.generated_lengths(decodes, 1), [2, 4, 1])
+  np.testing.assert_array_equal(bench.generated_lengths(decodes, None), [4, 4, 4])
+
+
+def test_simulated_rule_is_a_geometric_coin_with_the_targets_next_token():
+  alpha, gamma, vocab = 0.6, 3, 5
+  target_probs = jnp.asarray(np.random.default_rng(0).dirichlet(np.ones(vocab), (2, gamma + 1)),
+                             jnp.float32)
+  verdict = bench.simulated_acceptance_rule(alpha)(
+      jnp.zeros((2, gamma), jnp.int32), jnp.full((2, gamma, vocab), 1.0 / vocab), target_probs,
+      jnp.array([gamma, 1]))
+  assert isinstance(verdict, verify.Verdict)
+  expected = [[0.4, 0.6 * 0.4, 0.36 * 0.4, 0.216], [0.4, 0.6, 0.0, 0.0]]
+  np.testing.assert_allclose(verdict.num_accepted_probs, expected, rtol=1e-6)
+  np.testing.assert_allclose(verdict.next_token_probs, target_probs)
+  with pytest.raises(ValueError, match="alpha"):
+    bench.simulated_acceptance_rule(1.0)
+
+
+def test_simulated_rule_is_unreachable_from_decoding_configs(clean_gin):
+  registered = {**verify.EXACT_RULES, **verify.LOSSY_RULES}
+  assert not any("simulated_acceptance_rule" in rule.__qualname__ for rule in registered.values())
+  for name in ("simulated_acceptance_rule", "simulated", "coin"):
+    with pytest.raises(ValueError, match="verifier must be one of"):
+      verify.get_rule(name)
+  # Not a gin configurable, so no config can reference it...
+  for reference in ("@simulated_acceptance_rule", "@bench.simulated_acceptance_rule",
+                    "@spec_decode.bench.simulated_acceptance_rule"):
+    with pytest.raises(ValueError):
+      gin.parse_config(f"decoding.speculative_sample.verifier = {reference}")
+  # ...and binding its name as the verifier (what spec_decode.infer's configs do) fails before
+  # anything is compiled.
+  gin.parse_config("decoding.speculative_sample.verifier = 'simulated_acceptance_rule'")
+  with pytest.raises(ValueError, match="verifier must be one of"):
+    decoding.speculative_sample(jnp.zeros((1, 4), jnp.int32), None, None, 1, draft_cache=None,
+                                draft_tokens_to_logits=None, gamma=2)
