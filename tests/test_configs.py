@@ -1,0 +1,142 @@
+"""Every gin file under configs/ parses and binds.
+
+Run configs (those defining MODEL: the demo and the Table 2 rows) are bound for real: their
+network configs are shrunk by gin bindings added after parsing, their checkpoint paths are
+pointed at tiny random checkpoints of those shrunk configs, and `infer.infer`'s arguments are
+built (the model, its vocabularies and draft, the dataset config), the checkpoints restored.
+Model files build their network.T5Config, training files their `train` arguments, and run
+fragments (included by the others) parse.
+"""
+
+import importlib
+import re
+
+import gin
+import pytest
+
+import tiny_t5
+from spec_decode import infer
+from spec_decode import models
+from spec_decode import network
+
+importlib.import_module("spec_decode.train")  # registers `train` for the training configs
+
+CONFIGS = tiny_t5.REPO_ROOT / "configs"
+ALL = sorted(str(p.relative_to(tiny_t5.REPO_ROOT)) for p in CONFIGS.glob("**/*.gin"))
+TABLE2 = [f for f in ALL if re.fullmatch(r"configs/paper/table2/\w+_t[01]\.gin", f)]
+RUNS = ["configs/demo/infer.gin"] + TABLE2
+MODEL_FILES = [f for f in ALL if f.startswith("configs/models/")
+               or f in ("configs/demo/target.gin", "configs/demo/draft.gin")]
+TRAIN_FILES = [f for f in ALL if f.startswith("configs/train/")]
+FRAGMENTS = [f for f in ALL if f not in RUNS + MODEL_FILES + TRAIN_FILES]
+
+# Leviathan et al. (2023), Table 2: (task, draft, temperature) -> (gamma, alpha, speedup).
+PAPER = {
+    ("ende", "small", 0): (7, 0.75, 3.4), ("ende", "small", 1): (7, 0.62, 2.6),
+    ("ende", "base", 0): (7, 0.80, 2.8), ("ende", "base", 1): (5, 0.68, 2.4),
+    ("ende", "large", 0): (7, 0.82, 1.7), ("ende", "large", 1): (3, 0.71, 1.4),
+    ("cnndm", "small", 0): (5, 0.65, 3.1), ("cnndm", "small", 1): (5, 0.53, 2.3),
+    ("cnndm", "base", 0): (5, 0.73, 3.0), ("cnndm", "base", 1): (3, 0.55, 2.2),
+    ("cnndm", "large", 0): (3, 0.74, 2.2), ("cnndm", "large", 1): (3, 0.56, 1.7),
+}
+DRAFT_FILES = {"small": "configs/models/t5_1_1/small.gin", "base": "configs/models/t5_1_1/base.gin",
+               "large": "configs/models/t5_1_1/large.gin"}
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+  gin.clear_config()
+  gin.add_config_file_search_path(str(tiny_t5.REPO_ROOT))
+  yield
+  gin.clear_config()
+
+
+def test_every_config_is_tested():
+  assert len(TABLE2) == 12
+  assert set(RUNS + MODEL_FILES + TRAIN_FILES + FRAGMENTS) == set(ALL)
+
+
+@pytest.mark.parametrize("gin_file", MODEL_FILES)
+def test_model_file_binds_a_network(gin_file):
+  gin.parse_config_file(gin_file)
+  config = network.T5Config()
+  assert network.Transformer(config).config.vocab_size in (8000, 32128)
+
+
+@pytest.mark.parametrize("gin_file", TRAIN_FILES)
+def test_train_file_binds_the_trainer(gin_file):
+  # Training files leave the model to a model file (the demo trains configs/demo/*.gin).
+  gin.parse_config_files_and_bindings(["configs/demo/target.gin", gin_file], [])
+  arguments = gin.get_bindings("train")
+  assert isinstance(arguments["config"], network.T5Config)
+  assert arguments["optimizer"] is not None
+
+
+@pytest.mark.parametrize("gin_file", FRAGMENTS)
+def test_fragment_parses(gin_file):
+  if "table2" in gin_file and not tiny_t5.T5_VOCAB_FILE.is_file():
+    pytest.skip("../shared is absent")
+  gin.parse_config_file(gin_file)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+  """Tiny checkpoints by config, written once each."""
+  directory = tmp_path_factory.mktemp("checkpoints")
+  written = {}
+
+  def checkpoint_for(config: network.T5Config) -> str:
+    if config not in written:
+      model = tiny_t5.write_model(directory / str(len(written)), "model", config, len(written))
+      written[config] = model.t5x_checkpoint
+    return written[config]
+
+  return checkpoint_for
+
+
+@pytest.mark.parametrize("gin_file", RUNS)
+def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
+  if "table2" in gin_file and not tiny_t5.T5_VOCAB_FILE.is_file():
+    pytest.skip("../shared is absent")
+  shrink = [f"network.T5Config.{name} = {value!r}" for name, value in tiny_t5.SHRINK.items()]
+  shrink.append(f"models.transformer_from_gin_file.overrides = {tiny_t5.DRAFT_SHRINK!r}")
+  gin.parse_config_files_and_bindings([gin_file], shrink, finalize_config=False)
+  target_config = network.T5Config()
+  draft_config = models.transformer_from_gin_file().config
+  target_checkpoint = checkpoint_dir(target_config)
+  gin.parse_config([
+      f"CHECKPOINT_PATH = '{target_checkpoint}'",
+      f"models.SpeculativeEncoderDecoderModel.draft_checkpoint_path = "
+      f"'{checkpoint_dir(draft_config)}'",
+      f"INFER_OUTPUT_DIR = '{tmp_path}'"])
+  gin.finalize()  # every %gin.REQUIRED macro is set
+
+  arguments = gin.get_bindings(infer.infer)
+  model, dataset_cfg = arguments["model"], arguments["dataset_cfg"]
+  assert isinstance(model, models.SpeculativeEncoderDecoderModel) and model.is_speculative
+  assert model.module.config == target_config
+  assert model.input_vocabulary.vocab_size <= target_config.vocab_size
+  models.load_params(model.module, arguments["checkpoint_path"])
+  assert model.draft_params is not None  # restored and checked against the draft module
+  assert arguments["compare_with_baseline"] is True
+  assert dataset_cfg.batch_size >= 1 and set(dataset_cfg.task_feature_lengths) == {
+      "inputs", "targets"}
+
+  if gin_file in TABLE2:
+    task, draft, temperature = re.fullmatch(r"configs/paper/table2/(\w+)_(\w+)_t([01])\.gin",
+                                            gin_file).groups()
+    gamma, alpha, speedup = PAPER[(task, draft, int(temperature))]
+    expected = {"temperature": float(temperature), "topk": 0, "topp": 0.0,
+                "max_decode_steps": None, "gamma": gamma, "verifier": "token"}
+    assert {name: model.decode_settings[name] for name in expected} == expected
+    assert dataset_cfg.batch_size == 1
+    assert dataset_cfg.mixture_or_task_name == {"ende": "wmt_ende", "cnndm": "cnn_dailymail"}[task]
+    assert draft_config == models.transformer_from_gin_file(
+        DRAFT_FILES[draft], tiny_t5.DRAFT_SHRINK).config
+    text = (tiny_t5.REPO_ROOT / gin_file).read_text()
+    assert f"alpha {alpha:.2f}, walltime speedup {speedup}x" in text
+    assert model.input_vocabulary.vocab_size == 32100
+  else:
+    assert dataset_cfg.input_file is not None and dataset_cfg.mixture_or_task_name is None
+    assert model.decode_settings["temperature"] == 0.0
+    assert len(infer.read_examples(dataset_cfg, model)) >= 20
