@@ -10,6 +10,10 @@ from spec_decode import data
 from spec_decode import demo_pair
 from spec_decode import network
 
+# Greedy translation of the first bundled example, as printed by `python -m spec_decode.infer`
+# (models.py / infer.py's own tokenization and batching) when the step-570 target was shipped.
+RECORDED_FIRST_TRANSLATION = "Die Kinder ist ein paar."
+
 TINY = network.T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8,
                         num_encoder_layers=1, num_decoder_layers=1, mlp_dim=32,
                         mlp_activations=("gelu", "linear"), dropout_rate=0.0)
@@ -41,3 +45,47 @@ def test_shipped_model_matches_gin(name):
   assert jax.tree_util.tree_structure(expected) == jax.tree_util.tree_structure(params)
   for want, got in zip(jax.tree_util.tree_leaves(expected), jax.tree_util.tree_leaves(params)):
     assert want.shape == got.shape and got.dtype == np.float32
+
+
+def _decode_shipped_pair(sentences, gamma=2):
+  """Greedy baseline and speculative decodes of the shipped pair: ([B, L], [B, L])."""
+  from spec_decode import decoding, vocab
+  target_config, target_params = demo_pair.load_model("target")
+  draft_config, draft_params = demo_pair.load_model("draft")
+  vocabulary = vocab.SentencePieceVocabulary(str(demo_pair.VOCAB_PATH))
+  length = 48
+  encoder_tokens = np.zeros((len(sentences), length), np.int32)
+  for row, sentence in enumerate(sentences):
+    ids = vocabulary.encode(data.TASK_PREFIX + sentence)[:length - 1] + [vocabulary.eos_id]
+    encoder_tokens[row, :len(ids)] = ids
+
+  @jax.jit
+  def run(target_params, draft_params, encoder_tokens):
+    inputs = jnp.zeros((encoder_tokens.shape[0], length), jnp.int32)
+    cache = network.init_decode_cache(target_config, target_params, encoder_tokens, length)
+    target = network.make_tokens_to_logits(target_config, target_params)
+    baseline, _ = decoding.temperature_sample(inputs, cache, target, vocabulary.eos_id,
+                                              temperature=0.0)
+    speculative, _, _ = decoding.speculative_sample(
+        inputs, cache, target, vocabulary.eos_id,
+        draft_cache=network.init_decode_cache(draft_config, draft_params, encoder_tokens, length),
+        draft_tokens_to_logits=network.make_tokens_to_logits(draft_config, draft_params),
+        gamma=gamma, temperature=0.0)
+    return baseline[:, 0], speculative[:, 0]
+
+  baseline, speculative = run(target_params, draft_params, jnp.asarray(encoder_tokens))
+  return vocabulary, np.asarray(baseline), np.asarray(speculative)
+
+
+def test_shipped_pair_translates_and_speculation_is_identical():
+  """The bundled examples: speculative == baseline token for token, and a fixed sentence gives
+  the output recorded when the weights were exported (a pin on the shipped files: it changes
+  only if the weights, the vocabulary or the decoding path change)."""
+  if not (demo_pair.ASSET_DIR / "target.safetensors").exists():
+    pytest.skip("the demo pair is not shipped")
+  sentences = (demo_pair.ASSET_DIR / "examples.en").read_text().splitlines()
+  vocabulary, baseline, speculative = _decode_shipped_pair(sentences)
+  np.testing.assert_array_equal(speculative, baseline)
+  first = baseline[0].tolist()
+  first = first[:first.index(vocabulary.eos_id)] if vocabulary.eos_id in first else first
+  assert vocabulary.decode(first) == RECORDED_FIRST_TRANSLATION
