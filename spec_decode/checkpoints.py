@@ -120,7 +120,11 @@ def check_params(expected: Mapping[str, Any], params: Mapping[str, Any], source:
                        f"expected {want[path]}")
 
 
-def _cast_floats(tree: Params, dtype: Any) -> Params:
+def cast_floats(tree: Params, dtype: Any) -> Params:
+  """Casts the floating-point leaves of `tree` to `dtype` (e.g. 'bfloat16', as T5X's infer does
+  on restore); integer leaves are kept."""
+  dtype = jnp.dtype(dtype)
+
   def cast(leaf: np.ndarray) -> np.ndarray:
     return leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
   return _unflatten({path: cast(leaf) for path, leaf in _flatten(tree)})
@@ -369,7 +373,7 @@ def load_t5x(path: str, dtype: Any = None, template: Mapping[str, Any] | None = 
   """
   params = _restore(path, {"target": template} if template is not None else None,
                     only_target=True)["target"]
-  return _cast_floats(params, dtype) if dtype is not None else params
+  return cast_floats(params, dtype) if dtype is not None else params
 
 
 # --------------------------------------------------------------------------- T5X save
@@ -598,7 +602,7 @@ def load_hf(path: str, dtype: Any = None) -> tuple[T5Config, Params]:
     raise ValueError(f"{source}: unexpected weights {sorted(unused)[:5]} for a T5 model")
   params = _unflatten(params)
   check_params(expected_param_shapes(config), params, source)
-  return config, (_cast_floats(params, dtype) if dtype is not None else params)
+  return config, (cast_floats(params, dtype) if dtype is not None else params)
 
 
 def save_hf(config: T5Config, params: Mapping[str, Any], path: str) -> None:

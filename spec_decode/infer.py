@@ -360,8 +360,13 @@ def _print_report(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any
 def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
           dataset_cfg: DatasetConfig = gin.REQUIRED, checkpoint_path: str = gin.REQUIRED,
           output_dir: str = gin.REQUIRED, compare_with_baseline: bool = False,
-          partitioner: Any = None, seed: int = 0, num_printed: int = 10) -> dict[str, Any]:
-  """Runs inference as described in the module docstring; returns the summary."""
+          partitioner: Any = None, seed: int = 0, num_printed: int = 10,
+          checkpoint_dtype: str | None = None) -> dict[str, Any]:
+  """Runs inference as described in the module docstring; returns the summary.
+
+  `checkpoint_dtype`: the target's parameters are cast to it on restore (T5X's infer restores
+  in 'bfloat16'); None keeps the checkpoint's dtype.
+  """
   if not isinstance(model, models.EncoderDecoderModel):
     raise UsageError(f"MODEL must be a models.EncoderDecoderModel, got {type(model).__name__}")
   if compare_with_baseline and not model.is_speculative:
@@ -370,7 +375,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   start = time.perf_counter()
   examples = read_examples(dataset_cfg, model)
   # On the device once: the baseline run then reuses the same arrays.
-  params = jax.device_put(models.load_params(model.module, checkpoint_path))
+  params = jax.device_put(models.load_params(model.module, checkpoint_path, checkpoint_dtype))
   draft_params = model.draft_params if model.is_speculative else None
   input_length, target_length = _check_dataset_config(dataset_cfg)
   batches = make_batches(examples, dataset_cfg.batch_size, input_length, target_length)

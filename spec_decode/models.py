@@ -159,8 +159,9 @@ def _check_same_architecture(expected: network.T5Config, found: network.T5Config
                      + ", ".join(differences))
 
 
-def load_params(module: network.Transformer, path: str) -> Params:
-  """Parameters for `module` from a checkpoint, checked against it (every path and shape).
+def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Params:
+  """Parameters for `module` from a checkpoint, checked against it (every path and shape), with
+  floating-point leaves cast to `dtype` when given.
 
   `path`: a T5X checkpoint (directory, its `checkpoint` file, or a msgpack file; local or
   gs://), a Hugging Face T5 folder (with config.json), or a `.safetensors` file of the shipped
@@ -179,7 +180,7 @@ def load_params(module: network.Transformer, path: str) -> Params:
   else:
     params = checkpoints.load_t5x(resolved)
   checkpoints.check_params(checkpoints.expected_param_shapes(module.config), params, path)
-  return params
+  return params if dtype is None else checkpoints.cast_floats(params, dtype)
 
 
 # --------------------------------------------------------------------------- decode functions

@@ -169,7 +169,7 @@ def _t5x_style_read(checkpoint_dir: Path, spec: dict) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_save_t5x_round_trip_in_t5x_layout(small_params, tmp_path, dtype):
-  params = checkpoints._cast_floats(small_params, dtype)
+  params = checkpoints.cast_floats(small_params, dtype)
   written = Path(checkpoints.save_t5x(params, str(tmp_path), 12))
   assert written == tmp_path / "checkpoint_12"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_12"]  # no temp dir left
@@ -190,7 +190,7 @@ def test_save_t5x_inline_and_missing_zarray(small_params, tmp_path):
   inline = Path(checkpoints.save_t5x(small_params, str(tmp_path), 1, inline=True))
   assert [p.name for p in inline.iterdir()] == ["checkpoint"]
   _assert_trees_equal(checkpoints.load_t5x(str(inline)), small_params)
-  bf16 = checkpoints._cast_floats(small_params, jnp.bfloat16)
+  bf16 = checkpoints.cast_floats(small_params, jnp.bfloat16)
   inline_bf16 = checkpoints.save_t5x(bf16, str(tmp_path), 4, inline=True)
   _assert_trees_equal(checkpoints.load_t5x(inline_bf16), bf16)
 

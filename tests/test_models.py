@@ -182,6 +182,11 @@ def test_draft_params_load_once_from_either_format(pair, vocabulary):
   for path in (draft.t5x_checkpoint, draft.hf_folder):
     params = models.load_params(network.Transformer(draft.config), path)
     jax.tree_util.tree_map(np.testing.assert_array_equal, params, draft.params)
+  cast = models.load_params(network.Transformer(draft.config), draft.t5x_checkpoint, "bfloat16")
+  assert {leaf.dtype for leaf in jax.tree_util.tree_leaves(cast)} == {jnp.dtype("bfloat16")}
+  jax.tree_util.tree_map(
+      lambda got, want: np.testing.assert_array_equal(got, want.astype(jnp.bfloat16)), cast,
+      draft.params)
   with pytest.raises(ValueError, match="emb_dim 8 .model: 16."):
     models.load_params(network.Transformer(target.config), draft.hf_folder)
   with pytest.raises(ValueError, match="has shape"):
