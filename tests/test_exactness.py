@@ -8,7 +8,6 @@ Every exact rule registered in `spec_decode.verify` runs through the whole suite
 drafting policy of `spec_decode.drafting` through a representative part of it.
 """
 
-import itertools
 
 import jax
 import jax.numpy as jnp
