@@ -23,7 +23,10 @@ setuptools.setup(
     extras_require={
         # seqio tasks (they pull in TensorFlow); the engine, network and models do not need them.
         "tasks": ["seqio==0.0.20"],
+        # scripts/reproduce_table2.py's plot.
+        "plot": ["matplotlib"],
         "test": [
+            "matplotlib",
             "pytest",
             "scipy",
             "torch==2.13.0",

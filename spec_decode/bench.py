@@ -368,27 +368,34 @@ def _demo_files_exist() -> bool:
              for name in ("target", "draft"))
 
 
-def _demo_pair(config: PairConfig) -> Pair:
+def shipped_pair(texts: Sequence[str], input_prefix: str, input_length: int,
+                 max_decode_len: int, description: str) -> Pair:
+  """The shipped demo pair decoding `texts` (English; prefixed, encoded and 0-padded to
+  input_length with room kept for EOS, as seqio's append_eos_after_trim and `spec_decode.infer`
+  do)."""
   from spec_decode import demo_pair  # pylint: disable=g-import-not-at-top
   from spec_decode import vocab  # pylint: disable=g-import-not-at-top
   if not _demo_files_exist():
-    raise FileNotFoundError(f"PairConfig.source = 'demo', but {demo_pair.ASSET_DIR} lacks "
-                            "target.safetensors or draft.safetensors")
+    raise FileNotFoundError(f"{demo_pair.ASSET_DIR} lacks target.safetensors or draft.safetensors")
   loaded = {}
   for name in ("target", "draft"):
     model_config, params = demo_pair.load_model(name)
     loaded[name] = Model(f"demo {name}", network.Transformer(model_config),
                          jax.device_put(params))
   vocabulary = vocab.SentencePieceVocabulary(str(demo_pair.VOCAB_PATH))
-  texts = (demo_pair.ASSET_DIR / "examples.en").read_text().splitlines()
-  inputs = np.zeros((len(texts), config.input_length), np.int32)
+  inputs = np.zeros((len(texts), input_length), np.int32)
   for row, text in zip(inputs, texts):
-    # As seqio's append_eos_after_trim (and spec_decode.infer): keep room for EOS.
-    ids = vocabulary.encode(config.input_prefix + text)[:config.input_length - 1]
+    ids = vocabulary.encode(input_prefix + text)[:input_length - 1]
     row[:len(ids) + 1] = ids + [vocabulary.eos_id]
   return Pair("demo", loaded["target"], loaded["draft"], inputs, vocabulary.eos_id,
-              config.max_decode_len,
-              "the shipped demo pair (spec_decode/assets/demo), bundled English sentences")
+              max_decode_len, description)
+
+
+def _demo_pair(config: PairConfig) -> Pair:
+  from spec_decode import demo_pair  # pylint: disable=g-import-not-at-top
+  texts = (demo_pair.ASSET_DIR / "examples.en").read_text().splitlines()
+  return shipped_pair(texts, config.input_prefix, config.input_length, config.max_decode_len,
+                   "the shipped demo pair (spec_decode/assets/demo), bundled English sentences")
 
 
 def random_pair(name: str, config: PairConfig | SimulatedTable2Config, num_inputs: int

@@ -54,9 +54,20 @@ def logits_to_probs(logits: jax.Array, temperature: float = 1.0, topk: int = 0,
 
 
 def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
-  """Draws one token id per row of `probs [..., V]` (rows may be unnormalized)."""
-  # Clipped: a rounding error below zero would be a NaN logit, which categorical always picks.
-  return jax.random.categorical(rng, jnp.log(jnp.maximum(probs, 0.0)), axis=-1).astype(jnp.int32)
+  """Draws one id per row of `probs [..., V]` -> [...] int32 (rows may be unnormalized).
+
+  Inverse CDF with one uniform per row: drawing V Gumbels per row (`jax.random.categorical`)
+  costs more than a small model's whole decoder call on a CPU. An id with probability 0 is
+  never drawn, whatever the rounding of the cumulative sum.
+  """
+  # Clipped: rounding can leave entries slightly below zero.
+  probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
+  cdf = jnp.cumsum(probs, axis=-1)
+  threshold = jax.random.uniform(rng, probs.shape[:-1] + (1,)) * cdf[..., -1:]
+  drawn = (cdf > threshold) & (probs > 0)
+  # u * total may round up to total, leaving nothing drawn; that case takes the likeliest id.
+  token = jnp.where(jnp.any(drawn, axis=-1), jnp.argmax(drawn, axis=-1), jnp.argmax(probs, axis=-1))
+  return token.astype(jnp.int32)
 
 
 def log_softmax_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:

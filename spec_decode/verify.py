@@ -154,12 +154,10 @@ def get_rule(name: str) -> Rule:
 def sample_verdict(rng: jax.Array, verdict: Verdict) -> tuple[jax.Array, jax.Array]:
   """Draws (num_accepted [B] in 0..G, next_token [B]) from the verdict's law."""
   length_rng, token_rng = jax.random.split(rng)
-  # Clipped: a rounding error below zero would be a NaN logit, which categorical always picks.
-  num_accepted_probs = jnp.maximum(verdict.num_accepted_probs, 0.0)
-  num_accepted = jax.random.categorical(length_rng, jnp.log(num_accepted_probs), axis=-1)
+  num_accepted = sampling.sample(length_rng, verdict.num_accepted_probs)
   next_token_probs = jnp.take_along_axis(
       verdict.next_token_probs, num_accepted[:, None, None], axis=1)[:, 0]
-  return num_accepted.astype(jnp.int32), sampling.sample(token_rng, next_token_probs)
+  return num_accepted, sampling.sample(token_rng, next_token_probs)
 
 
 def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,

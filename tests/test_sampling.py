@@ -62,3 +62,26 @@ def test_top_p_keeps_the_smallest_set_reaching_topp():
 def test_bad_arguments_are_named(kwargs, name):
   with pytest.raises(ValueError, match=name):
     sampling.validate_sampling_args(**kwargs)
+
+
+def test_sample_draws_each_row_from_its_own_unnormalized_law():
+  from scipy import stats
+  # Two rows with zeros in different places, unnormalized, one entry rounded below zero.
+  probs = np.array([[0.0, 3.0, 1.0, 0.0, 4.0, -1e-8],
+                    [2.0, 0.0, 0.0, 0.5, 0.5, 1.0]], np.float32)
+  num_samples = 100_000
+  tokens = np.asarray(sampling.sample(jax.random.PRNGKey(0),
+                                      jnp.broadcast_to(probs, (num_samples, 2, 6))))
+  assert tokens.shape == (num_samples, 2) and tokens.dtype == np.int32
+  for row in range(2):
+    law = np.maximum(probs[row], 0.0) / np.maximum(probs[row], 0.0).sum()
+    counts = np.bincount(tokens[:, row], minlength=6)
+    assert np.all(counts[law == 0] == 0), counts
+    kept = law > 0
+    assert stats.chisquare(counts[kept], num_samples * law[kept]).pvalue > 1e-3
+
+
+def test_sample_of_a_one_hot_row_is_its_token():
+  one_hot = jax.nn.one_hot(jnp.array([0, 7, 4095]), 4096)
+  for seed in range(20):
+    np.testing.assert_array_equal(sampling.sample(jax.random.PRNGKey(seed), one_hot), [0, 7, 4095])
