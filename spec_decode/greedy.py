@@ -7,9 +7,12 @@ Contract:
   step through `decoding.temperature_sample(temperature=0)`.
 - `translate(config, params, sp, sources, ...)` -> detokenized strings in input order
   (task prefix added, sources truncated to `max_input_len` tokens incl. EOS).
+- `add_corpus_arguments(parser, ...)` / `translate_corpora(args)`: the command-line half shared
+  by the programs that translate corpora with a demo model (`spec_decode.bleu`, `distill`).
 """
 from __future__ import annotations
 
+import argparse
 import functools
 from typing import Any, Sequence
 
@@ -20,6 +23,7 @@ import sentencepiece as spm
 
 from spec_decode import data
 from spec_decode import decoding
+from spec_decode import demo_pair
 from spec_decode import network
 
 
@@ -55,3 +59,28 @@ def translate(config: network.T5Config, params: Any, sp: spm.SentencePieceProces
         tokens = tokens[:tokens.index(data.EOS_ID)]
       outputs[i] = sp.decode(tokens)
   return outputs
+
+
+def add_corpus_arguments(parser: argparse.ArgumentParser, max_len: int, batch_size: int) -> None:
+  """--model, --corpus (repeatable), --data_root, --max_input_len, --max_decode_len, --batch_size."""
+  parser.add_argument("--model", default="target", help='"target", "draft" or a .safetensors path')
+  parser.add_argument("--corpus", action="append", required=True, help="e.g. multi30k/test")
+  parser.add_argument("--data_root", default=None, help="default: ../shared/data")
+  parser.add_argument("--max_input_len", type=int, default=max_len)
+  parser.add_argument("--max_decode_len", type=int, default=max_len)
+  parser.add_argument("--batch_size", type=int, default=batch_size)
+
+
+def translate_corpora(args: argparse.Namespace, limit: int | None = None
+                      ) -> list[tuple[str, list[str], list[str], list[str]]]:
+  """For each --corpus: (name, sources, references, greedy translations by --model)."""
+  config, params = demo_pair.load_model(args.model)
+  sp = spm.SentencePieceProcessor(model_file=str(demo_pair.VOCAB_PATH))
+  results = []
+  for corpus in args.corpus:
+    sources, references = data.read_parallel([corpus], data_root=args.data_root)
+    sources, references = sources[:limit], references[:limit]
+    results.append((corpus, sources, references,
+                    translate(config, params, sp, sources, args.max_input_len,
+                              args.max_decode_len, args.batch_size)))
+  return results
