@@ -57,17 +57,27 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   """Draws one id per row of `probs [..., V]` -> [...] int32 (rows may be unnormalized).
 
   Inverse CDF with one uniform per row: drawing V Gumbels per row (`jax.random.categorical`)
-  costs more than a small model's whole decoder call on a CPU. An id with probability 0 is
-  never drawn, whatever the rounding of the cumulative sum.
+  costs more than a small model's whole decoder call on a CPU. The id is found by bisection on
+  masked sums rather than a cumulative sum, whose scan would make a vocabulary-sharded array
+  exchange halos between devices (a masked sum is an all-reduce). An id with probability 0 is
+  never drawn, whatever the rounding.
   """
   # Clipped: rounding can leave entries slightly below zero.
   probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
-  cdf = jnp.cumsum(probs, axis=-1)
-  threshold = jax.random.uniform(rng, probs.shape[:-1] + (1,)) * cdf[..., -1:]
-  drawn = (cdf > threshold) & (probs > 0)
-  # u * total may round up to total, leaving nothing drawn; that case takes the likeliest id.
-  token = jnp.where(jnp.any(drawn, axis=-1), jnp.argmax(drawn, axis=-1), jnp.argmax(probs, axis=-1))
-  return token.astype(jnp.int32)
+  vocab_size = probs.shape[-1]
+  ids = jnp.arange(vocab_size)
+  threshold = jax.random.uniform(rng, probs.shape[:-1]) * jnp.sum(probs, axis=-1)
+  mass_below = lambda m: jnp.sum(jnp.where(ids < m[..., None], probs, 0.0), axis=-1)
+  # Invariant: mass_below(low) <= threshold < mass_below(high); ends with high = low + 1.
+  low = jnp.zeros(probs.shape[:-1], jnp.int32)
+  high = jnp.full(probs.shape[:-1], vocab_size, jnp.int32)
+  for _ in range(max(vocab_size - 1, 1).bit_length()):
+    middle = (low + high) // 2
+    below = mass_below(middle) <= threshold
+    low, high = jnp.where(below, middle, low), jnp.where(below, high, middle)
+  # A rounding tie can land on an id of probability 0; the likeliest id stands in for it.
+  drawn = jnp.take_along_axis(probs, low[..., None], axis=-1)[..., 0] > 0
+  return jnp.where(drawn, low, jnp.argmax(probs, axis=-1)).astype(jnp.int32)
 
 
 def log_softmax_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
