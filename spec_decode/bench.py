@@ -464,12 +464,14 @@ class Variant:
 
 @dataclasses.dataclass
 class RunOutput:
-  """One timed decode: seconds, tokens generated, decodes [B, L] and speculative counters
-  summed over rows (None for the baseline)."""
+  """One timed decode: seconds of the whole call (encoders included), tokens generated,
+  decodes [B, L], speculative counters summed over rows (None for the baseline) and, for our
+  decoders, the seconds of the decoding loop alone (what Theorem 3.8 models)."""
   seconds: float
   tokens: int
   decodes: np.ndarray
   stats: dict[str, float] | None = None
+  decode_seconds: float | None = None
 
 
 def generated_lengths(decodes: np.ndarray, eos_id: int | None) -> np.ndarray:
@@ -481,32 +483,41 @@ def generated_lengths(decodes: np.ndarray, eos_id: int | None) -> np.ndarray:
   return np.where(is_eos.any(axis=1), is_eos.argmax(axis=1) + 1, decodes.shape[1])
 
 
-def _jitted_decoder(pair: Pair, variant: Variant,
-                    compiler_options: Mapping[str, Any]) -> Callable:
-  """jit(fn(target_params, draft_params, encoder_tokens [B, Le], rng) -> (decodes [B, L],
-  stats or None)): both encoders, the caches and the whole decode in one compiled call."""
+def _jitted_decoder(pair: Pair, variant: Variant, compiler_options: Mapping[str, Any]
+                    ) -> tuple[Callable, Callable]:
+  """The two compiled halves of one decode, timed apart:
+  prefill(target_params, draft_params, encoder_tokens [B, Le]) -> caches: the encoders and the
+    decode caches (the draft's only for a speculative variant);
+  decode(target_params, draft_params, caches, rng) -> (decodes [B, L], stats or None): the
+    decoding loop alone."""
   target, draft, max_decode_len = pair.target, pair.draft, pair.max_decode_len
 
-  def decode(target_params, draft_params, encoder_tokens, rng):
-    inputs = jnp.zeros((encoder_tokens.shape[0], max_decode_len), jnp.int32)
-    cache = network.init_decode_cache(target.module, target_params, encoder_tokens,
-                                      max_decode_len)
+  def prefill(target_params, draft_params, encoder_tokens):
+    caches = [network.init_decode_cache(target.module, target_params, encoder_tokens,
+                                        max_decode_len)]
+    if not variant.is_baseline:
+      caches.append(network.init_decode_cache(draft.module, draft_params, encoder_tokens,
+                                              max_decode_len))
+    return caches
+
+  def decode(target_params, draft_params, caches, rng):
+    inputs = jnp.zeros((caches[0]["encoder_mask"].shape[0], max_decode_len), jnp.int32)
     tokens_to_logits = network.make_tokens_to_logits(target.module, target_params)
     if variant.is_baseline:
       decodes, _ = decoding.temperature_sample(
-          inputs, cache, tokens_to_logits, pair.eos_id, decode_rng=rng,
+          inputs, caches[0], tokens_to_logits, pair.eos_id, decode_rng=rng,
           temperature=variant.temperature)
       return decodes[:, 0], None
     decodes, _, stats = decoding.speculative_sample(
-        inputs, cache, tokens_to_logits, pair.eos_id,
-        draft_cache=network.init_decode_cache(draft.module, draft_params, encoder_tokens,
-                                              max_decode_len),
+        inputs, caches[0], tokens_to_logits, pair.eos_id, draft_cache=caches[1],
         draft_tokens_to_logits=network.make_tokens_to_logits(draft.module, draft_params),
         gamma=variant.gamma, decode_rng=rng, temperature=variant.temperature,
         verifier=variant.verifier_rule(), draft_policy=variant.policy())
     return decodes[:, 0], stats
 
-  return jax.jit(decode, compiler_options=dict(compiler_options))
+  options = dict(compiler_options)
+  return (jax.jit(prefill, compiler_options=options),
+          jax.jit(decode, compiler_options=options))
 
 
 _STAT_FIELDS = ("target_calls", "draft_calls", "drafted_tokens", "accepted_tokens",
@@ -526,18 +537,22 @@ class PairDecoders:
     if variant not in self._decoders:
       self._decoders[variant] = _jitted_decoder(self.pair, variant,
                                                   self.compiler_options)
+    prefill, decode = self._decoders[variant]
+    params = (self.pair.target.params, self.pair.draft.params)
     encoder_tokens = jnp.asarray(self.pair.batch(repetition, batch_size))
     rng = jax.random.PRNGKey(repetition)
     start = time.perf_counter()
-    decodes, stats = jax.block_until_ready(self._decoders[variant](
-        self.pair.target.params, self.pair.draft.params, encoder_tokens, rng))
-    seconds = time.perf_counter() - start
+    caches = jax.block_until_ready(prefill(*params, encoder_tokens))
+    loop_start = time.perf_counter()
+    decodes, stats = jax.block_until_ready(decode(*params, caches, rng))
+    end = time.perf_counter()
     decodes = np.asarray(decodes)
     eos = self.pair.eos_id if self.pair.has_eos else None
     summed = None
     if stats is not None:
       summed = {name: float(np.sum(getattr(stats, name))) for name in _STAT_FIELDS}
-    return RunOutput(seconds, int(generated_lengths(decodes, eos).sum()), decodes, summed)
+    return RunOutput(end - start, int(generated_lengths(decodes, eos).sum()), decodes, summed,
+                     decode_seconds=end - loop_start)
 
 
 def interleave(runs: Mapping[str, Callable[[int], RunOutput]], repetitions: int
@@ -554,8 +569,9 @@ def interleave(runs: Mapping[str, Callable[[int], RunOutput]], repetitions: int
 
 
 def summarize(outputs: Sequence[RunOutput]) -> dict[str, Any]:
-  """tokens/s (median, min, max, relative spread), total tokens and seconds; for a speculative
-  decoder also alpha, accepted and generated tokens per target call."""
+  """tokens/s of whole calls (median, min, max, relative spread), total tokens and seconds; for
+  our decoders also the total seconds of the decoding loops alone and total tokens / those; for
+  a speculative decoder also alpha, accepted and generated tokens per target call."""
   rates = [out.tokens / out.seconds for out in outputs]
   median = statistics.median(rates)
   summary: dict[str, Any] = {
@@ -567,6 +583,10 @@ def summarize(outputs: Sequence[RunOutput]) -> dict[str, Any]:
       "tokens": sum(out.tokens for out in outputs),
       "seconds": sum(out.seconds for out in outputs),
   }
+  if all(out.decode_seconds is not None for out in outputs):
+    # Totals, not a median: the counters the predictions use are totals too.
+    summary["decode_seconds"] = sum(out.decode_seconds for out in outputs)
+    summary["decode_tokens_per_s"] = summary["tokens"] / summary["decode_seconds"]
   if outputs[0].stats is not None:
     total = {name: sum(out.stats[name] for out in outputs) for name in _STAT_FIELDS}
     calls = max(total["target_calls"], 1.0)
@@ -585,10 +605,47 @@ def predicted_speedup(alpha: float, gamma: int, cost_ratio: float, verify_cost: 
   return float(drafting.expected_tokens_per_cost(alpha, gamma, cost_ratio, verify_cost))
 
 
+def realized_speedup(summary: Mapping[str, Any], costs: Mapping[str, float]) -> float:
+  """Theorem 3.8's cost model fed with what the run realized instead of an i.i.d. alpha:
+  tokens per target call / (draft calls per target call * c + v).
+
+  The formula's alpha assumes independent acceptances and unbounded outputs; an output ending
+  (EOS or the length limit cuts the last block) and positions harder than others give fewer
+  tokens per call than (1 - alpha^(gamma+1)) / (1 - alpha). Measured / this isolates the
+  implementation's own cost from the formula's assumptions.
+  """
+  return summary["tokens_per_target_call"] / (
+      summary["draft_calls_per_target_call"] * costs["c"] + costs["v"])
+
+
+def compare_with_theory(speculative: Mapping[str, Any], baseline: Mapping[str, Any],
+                        costs: Mapping[str, float], alpha: float, gamma: int,
+                        batch_size: int) -> dict[str, Any]:
+  """The decoding-loop speedup of `speculative` (a fixed-gamma decoder) over `baseline`
+  (summaries) beside three predictions, each dropping one more assumption of Theorem 3.8:
+  from alpha (`predicted_speedup`); from the realized tokens and draft calls per target call
+  (`realized_speedup`); and from the realized tokens per call priced with an iteration's model
+  calls timed together (`costs['iteration_calls_s']`). What separates the measured speedup from
+  the last is the engine's own work outside the networks."""
+  decode_speedup = speculative["decode_tokens_per_s"] / baseline["decode_tokens_per_s"]
+  predicted = predicted_speedup(alpha, gamma, costs["c"], costs["v"])
+  realized = realized_speedup(speculative, costs)
+  # The realized counts priced with one iteration's model calls timed together (fixed gamma).
+  interleaved = (speculative["tokens_per_target_call"] * costs["target_step_s"]
+                 / costs["iteration_calls_s"])
+  return {**costs, "decode_speedup": decode_speedup, "predicted_speedup": predicted,
+          "measured_over_predicted": decode_speedup / predicted,
+          "predicted_speedup_realized": realized,
+          "measured_over_realized": decode_speedup / realized,
+          "predicted_speedup_interleaved": interleaved,
+          "measured_over_interleaved": decode_speedup / interleaved,
+          "model_call_share": model_call_share(speculative, costs, batch_size)}
+
+
 def model_call_share(summary: Mapping[str, Any], costs: Mapping[str, float],
                      batch_size: int) -> float:
-  """The share of a decoder's measured time that its model calls alone take, priced with the
-  measured step times: 1 means no time outside the networks, lower values show what the
+  """The share of a decoder's decoding-loop time that its model calls alone take, priced with
+  the measured step times: 1 means no time outside the networks, lower values show what the
   formula (which counts only model calls) leaves out. Rows' mean call counts stand for the
   loop's iterations (exact at batch 1, approximate when rows stop at different lengths)."""
   if "counters" in summary:
@@ -597,54 +654,73 @@ def model_call_share(summary: Mapping[str, Any], costs: Mapping[str, float],
                + counters["draft_calls"] * costs["draft_step_s"])
   else:
     seconds = summary["tokens"] * costs["target_step_s"]
-  return seconds / batch_size / summary["seconds"]
+  return seconds / batch_size / summary["decode_seconds"]
 
 
 # --------------------------------------------------------------------------- step timing
 
 
-def step_seconds(model: Model, batch_size: int, num_tokens: int, input_length: int,
-                 cache_length: int, calls: int, repetitions: int,
-                 compiler_options: Mapping[str, Any]) -> float:
-  """Median seconds of one cached decoder call feeding `num_tokens` tokens per row.
+def call_sequence_seconds(calls: Sequence[tuple[Model, int]], batch_size: int,
+                          input_length: int, cache_length: int, loops: int, repetitions: int,
+                          compiler_options: Mapping[str, Any]) -> float:
+  """Median seconds of one pass through `calls`: cached decoder calls, each (model, number of
+  tokens fed per row), made in that order.
 
-  Timed as one jitted `fori_loop` of `calls` calls, divided by `calls`: the engine makes its
-  calls inside a `while_loop` too, so no per-call dispatch is counted. Each call's logits feed
-  a running max, so none is optimized away. The cache has `init_decode_cache`'s shapes but
-  zero keys and values (every input position unmasked): the cost of a call does not depend on
-  them, and running the encoder would cost one more compilation per timing.
+  Timed as one jitted `fori_loop` of `loops` passes, divided by `loops`: the engine makes its
+  calls inside a `while_loop` too, so no per-call dispatch is counted. Every call's logits feed
+  a running max, so none is optimized away. Each model's cache has `init_decode_cache`'s shapes
+  but zero keys and values (every input position unmasked): the cost of a call does not depend
+  on them, and running the encoder would cost one more compilation per timing.
   """
   encoder_tokens = jnp.ones((batch_size, input_length), jnp.int32)
-  shapes = jax.eval_shape(
-      functools.partial(network.init_decode_cache, model.module, max_decode_len=cache_length),
-      model.params, encoder_tokens)
-  cache = jax.tree_util.tree_map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes)
-  cache["encoder_mask"] = jnp.ones_like(cache["encoder_mask"])
+  models = list({id(model): model for model, _ in calls}.values())
+  caches = []
+  for model in models:
+    shapes = jax.eval_shape(
+        functools.partial(network.init_decode_cache, model.module, max_decode_len=cache_length),
+        model.params, encoder_tokens)
+    cache = jax.tree_util.tree_map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes)
+    cache["encoder_mask"] = jnp.ones_like(cache["encoder_mask"])
+    caches.append(cache)
+  slot = {id(model): i for i, model in enumerate(models)}
   sequences = jnp.zeros((batch_size, cache_length), jnp.int32)
-  num_starts = max(cache_length - num_tokens, 1)
+  num_starts = max(cache_length - max(num_tokens for _, num_tokens in calls), 1)
 
   @functools.partial(jax.jit, compiler_options=dict(compiler_options))
-  def run_calls(params, cache):
-    tokens_to_logits = network.make_tokens_to_logits(model.module, params)
+  def run_calls(params, caches):
+    tokens_to_logits = [network.make_tokens_to_logits(model.module, model_params)
+                        for model, model_params in zip(models, params)]
 
-    def call(i, carry):
-      cache, running_max = carry
-      state = decoding.DecodingState(
-          cur_index=jnp.full((batch_size,), i % num_starts, jnp.int32),
-          cur_token=jnp.full((batch_size, num_tokens), 3 + i % 5, jnp.int32),
-          sequences=sequences, cache=cache)
-      logits, cache = tokens_to_logits(state)
-      return cache, jnp.maximum(running_max, jnp.max(logits))
+    def one_pass(i, carry):
+      caches, running_max = list(carry[0]), carry[1]
+      for model, num_tokens in calls:
+        state = decoding.DecodingState(
+            cur_index=jnp.full((batch_size,), i % num_starts, jnp.int32),
+            cur_token=jnp.full((batch_size, num_tokens), 3 + i % 5, jnp.int32),
+            sequences=sequences, cache=caches[slot[id(model)]])
+        logits, caches[slot[id(model)]] = tokens_to_logits[slot[id(model)]](state)
+        running_max = jnp.maximum(running_max, jnp.max(logits))
+      return caches, running_max
 
-    return jax.lax.fori_loop(0, calls, call, (cache, jnp.float32(-jnp.inf)))[1]
+    return jax.lax.fori_loop(0, loops, one_pass, (caches, jnp.float32(-jnp.inf)))[1]
 
-  jax.block_until_ready(run_calls(model.params, cache))
+  params = [model.params for model in models]
+  jax.block_until_ready(run_calls(params, caches))
   timings = []
   for _ in range(repetitions):
     start = time.perf_counter()
-    jax.block_until_ready(run_calls(model.params, cache))
-    timings.append((time.perf_counter() - start) / calls)
+    jax.block_until_ready(run_calls(params, caches))
+    timings.append((time.perf_counter() - start) / loops)
   return statistics.median(timings)
+
+
+def step_seconds(model: Model, batch_size: int, num_tokens: int, input_length: int,
+                 cache_length: int, calls: int, repetitions: int,
+                 compiler_options: Mapping[str, Any]) -> float:
+  """Median seconds of one cached decoder call feeding `num_tokens` tokens per row, alone
+  (`call_sequence_seconds` of `calls` repeated calls)."""
+  return call_sequence_seconds([(model, num_tokens)], batch_size, input_length, cache_length,
+                               calls, repetitions, compiler_options)
 
 
 def copy_bandwidth(mib: int, repetitions: int, compiler_options: Mapping[str, Any]
@@ -711,26 +787,38 @@ class Workspace:
       self._decoders[which] = PairDecoders(self.pair(which), self.compiler_options)
     return self._decoders[which]
 
-  def step(self, which: str, model: str, batch_size: int, num_tokens: int) -> float:
-    """`step_seconds` of the pair's 'target' or 'draft' at its decode shapes, measured once."""
-    key = (which, model, batch_size, num_tokens)
+  def calls(self, which: str, batch_size: int, calls: tuple[tuple[str, int], ...]) -> float:
+    """`call_sequence_seconds` of the pair's ('target' | 'draft', tokens fed) calls at its
+    decode shapes, measured once."""
+    key = (which, batch_size, calls)
     if key not in self._steps:
       pair, config = self.pair(which), self.configs[which]
-      self._steps[key] = step_seconds(getattr(pair, model), batch_size, num_tokens,
-                                      pair.inputs.shape[1], pair.max_decode_len,
-                                      config.step_calls, config.step_repetitions,
-                                      self.compiler_options)
+      self._steps[key] = call_sequence_seconds(
+          [(getattr(pair, model), num_tokens) for model, num_tokens in calls], batch_size,
+          pair.inputs.shape[1], pair.max_decode_len, config.step_calls,
+          config.step_repetitions, self.compiler_options)
     return self._steps[key]
+
+  def step(self, which: str, model: str, batch_size: int, num_tokens: int) -> float:
+    """Seconds of one call of the pair's 'target' or 'draft' alone."""
+    return self.calls(which, batch_size, ((model, num_tokens),))
 
   def costs(self, which: str, batch_size: int, gamma: int) -> dict[str, float]:
     """c = draft 1-token call / target 1-token call, v = target (gamma+1)-token call / target
-    1-token call, and the step times they come from."""
+    1-token call (each model timed alone), the step times they come from, and the seconds of
+    one fixed-gamma iteration's model calls made in the engine's order (draft: the 2-token
+    catch-up and gamma - 1 one-token calls; target: the (gamma+1)-token call) in one loop —
+    on a CPU whose cache holds the target alone but not both models, more than the sum."""
     target_step = self.step(which, "target", batch_size, 1)
     draft_step = self.step(which, "draft", batch_size, 1)
     verify_step = self.step(which, "target", batch_size, gamma + 1)
+    iteration = self.calls(which, batch_size,
+                           (("draft", 2),) + (("draft", 1),) * (gamma - 1)
+                           + (("target", gamma + 1),))
     return {"c": draft_step / target_step, "v": verify_step / target_step,
             "target_step_s": target_step, "draft_step_s": draft_step,
-            "verify_step_s": verify_step}
+            "verify_step_s": verify_step, "iteration_calls_s": iteration,
+            "interleaved_over_isolated": iteration / (verify_step + gamma * draft_step)}
 
 
 def _describe_pair(pair: Pair) -> dict[str, Any]:
@@ -789,12 +877,9 @@ def own_baseline_suite(workspace: Workspace, config: OwnBaselineConfig) -> dict[
         row["variant"] = dataclasses.asdict(variant)
         row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         if _is_paper_setting(variant):
-          costs = workspace.costs("pair", batch_size, variant.gamma)
-          row.update(costs)
-          row["model_call_share"] = model_call_share(row, costs, batch_size)
-          row["predicted_speedup"] = predicted_speedup(row["alpha"], variant.gamma, row["c"],
-                                                       row["v"])
-          row["measured_over_predicted"] = row["speedup"] / row["predicted_speedup"]
+          row.update(compare_with_theory(
+              row, baseline, workspace.costs("pair", batch_size, variant.gamma), row["alpha"],
+              variant.gamma, batch_size))
         rows[variant.label] = row
       baseline["model_call_share"] = model_call_share(
           baseline, workspace.costs("pair", batch_size, gamma), batch_size)
@@ -963,18 +1048,16 @@ def simulated_table2_suite(workspace: Workspace, config: SimulatedTable2Config
          for label, variant in (("baseline", baseline), ("coin", coin))}, config.repetitions)
     base, spec = summarize(outputs["baseline"]), summarize(outputs["coin"])
     base["model_call_share"] = model_call_share(base, costs, config.batch_size)
-    spec["model_call_share"] = model_call_share(spec, costs, config.batch_size)
-    speedup = spec["tokens_per_s"] / base["tokens_per_s"]
-    predicted = predicted_speedup(alpha, gamma, costs["c"], costs["v"])
+    theory = compare_with_theory(spec, base, costs, alpha, gamma, config.batch_size)
+    spec["model_call_share"] = theory.pop("model_call_share")
     rows.append({
         "row": name, "label": f"{SIMULATED} {task} M_q={paper_draft} T={temperature:g}",
         "simulated": True, "task": task, "paper_draft": paper_draft,
         "temperature": temperature, "gamma": gamma, "forced_alpha": alpha,
         "paper_speedup": paper_speedup, "batch_size": config.batch_size,
-        "baseline": base, "speculative": spec, **costs,
+        "baseline": base, "speculative": spec, **theory,
         "expected_tokens_per_target_call": (1 - alpha ** (gamma + 1)) / (1 - alpha),
-        "speedup": speedup, "predicted_speedup": predicted,
-        "measured_over_predicted": speedup / predicted})
+        "speedup": spec["tokens_per_s"] / base["tokens_per_s"]})
   return {"simulated": True,
           "note": (f"{SIMULATED}: random weights; every draft is accepted by an i.i.d. coin of "
                    "probability alpha (bench.simulated_acceptance_rule), not by p and q; the "
@@ -1035,6 +1118,18 @@ def _goal(name: str, measured: float | None, target: float, note: str = "",
   return goal
 
 
+def _theory_goals(where: str, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+  """Decoding-loop speedup >= 0.9x each prediction of `compare_with_theory`: from alpha (the
+  issue's goal), from the realized counts, and from those priced with interleaved calls."""
+  predictions = (("Theorem 3.8 with alpha", "measured_over_predicted"),
+                 ("the realized tokens per target call", "measured_over_realized"),
+                 ("the realized tokens per call and interleaved model calls",
+                  "measured_over_interleaved"))
+  return [_goal(f"{where}: measured decoding-loop speedup >= {GOAL_MEASURED_OVER_PREDICTED}x "
+                f"predicted from {name}", row[key], GOAL_MEASURED_OVER_PREDICTED)
+          for name, key in predictions]
+
+
 def goals(suites: Mapping[str, Any]) -> list[dict[str, Any]]:
   """The issue's speed goals, each with its measured value and how far it is from the target."""
   result = []
@@ -1043,10 +1138,8 @@ def goals(suites: Mapping[str, Any]) -> list[dict[str, Any]]:
     for group in own["groups"]:
       where = f"T={group['temperature']:g} batch {group['batch_size']}"
       if group["batch_size"] == 1:
-        result.append(_goal(f"own pair ({own['pair']['name']}) {where}: measured speedup >= "
-                            f"{GOAL_MEASURED_OVER_PREDICTED}x predicted",
-                            group["speculative"]["measured_over_predicted"],
-                            GOAL_MEASURED_OVER_PREDICTED))
+        result += _theory_goals(f"own pair ({own['pair']['name']}) {where}",
+                                group["speculative"])
       else:
         result.append(_goal(f"own pair {where}: speculative tokens/s > baseline tokens/s "
                             "(speedup > 1)", group["speculative"]["speedup"], 1.0,
@@ -1054,9 +1147,7 @@ def goals(suites: Mapping[str, Any]) -> list[dict[str, Any]]:
   table2 = suites.get("simulated_table2")
   if table2:
     for row in table2["rows"]:
-      result.append(_goal(f"{row['label']} gamma={row['gamma']}: measured speedup >= "
-                          f"{GOAL_MEASURED_OVER_PREDICTED}x predicted",
-                          row["measured_over_predicted"], GOAL_MEASURED_OVER_PREDICTED))
+      result += _theory_goals(f"{row['label']} gamma={row['gamma']}", row)
   peer = suites.get("peer")
   if peer:
     for entry in peer["temperatures"]:
@@ -1096,10 +1187,29 @@ def _rate(summary: Mapping[str, Any]) -> str:
           f"{summary['tokens_per_s_max']:.1f}]")
 
 
+def _predictions(row: Mapping[str, Any]) -> str:
+  return (f"{row['predicted_speedup']:.2f} / {row['predicted_speedup_realized']:.2f} / "
+          f"{row['predicted_speedup_interleaved']:.2f}")
+
+
+def _over_predictions(row: Mapping[str, Any]) -> str:
+  return (f"{row['measured_over_predicted']:.2f} / {row['measured_over_realized']:.2f} / "
+          f"{row['measured_over_interleaved']:.2f}")
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(_number(cell) for cell in row) + " |" for row in rows]
   return lines + [""]
+
+
+_THEORY_NOTE = (
+    "tok/s and speedup: whole calls (encoders included). Loop speedup: the decoding loops "
+    "alone, which Theorem 3.8 predicts. Predictions (`bench.compare_with_theory`), each "
+    "dropping one assumption: from alpha (the paper's formula, i.i.d. acceptance, endless "
+    "output); from the realized tokens per target call; and the same priced with one "
+    "iteration's model calls timed together (interleaved) rather than each model alone. Loop "
+    "speedup / the last = the engine's own overhead.")
 
 
 def to_markdown(report: Mapping[str, Any]) -> str:
@@ -1123,14 +1233,17 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     for group in own["groups"]:
       spec = group["speculative"]
       rows.append([group["temperature"], group["batch_size"], group["gamma"],
-                   _rate(group["baseline"]), _rate(spec), spec["speedup"], spec["alpha"],
-                   spec["c"], spec["v"], spec["predicted_speedup"],
-                   spec["measured_over_predicted"],
+                   _rate(group["baseline"]), _rate(spec), spec["speedup"],
+                   spec["decode_speedup"], spec["alpha"], spec["tokens_per_target_call"],
+                   spec["c"], spec["v"], spec["interleaved_over_isolated"], _predictions(spec),
+                   _over_predictions(spec),
                    f"{group['baseline']['model_call_share']:.2f} / "
                    f"{spec['model_call_share']:.2f}"])
+    lines += [_THEORY_NOTE, ""]
     lines += _table(["T", "batch", "gamma", "baseline tok/s", "speculative tok/s", "speedup",
-                     "alpha", "c", "v", "predicted", "measured/predicted",
-                     "model-call share base / spec"], rows)
+                     "loop speedup", "alpha", "tokens/target call", "c", "v",
+                     "interleaved / isolated calls", "predicted: alpha / realized / interleaved",
+                     "loop speedup / each prediction", "model-call share base / spec"], rows)
     rows = []
     for group in own["groups"]:
       if "best_fixed" not in group:
@@ -1171,17 +1284,19 @@ def to_markdown(report: Mapping[str, Any]) -> str:
   if table2:
     lines += [f"## simulated_table2 ({SIMULATED})", "", table2["note"] + "; target "
               f"{table2['pair']['target']['num_params'] / 1e6:.3g}M params, draft "
-              f"{table2['pair']['draft']['num_params'] / 1e6:.3g}M params.", ""]
+              f"{table2['pair']['draft']['num_params'] / 1e6:.3g}M params.", "", _THEORY_NOTE, ""]
     rows = [[row["label"], row["gamma"], row["forced_alpha"], row["paper_speedup"],
              f"{row['speculative']['tokens_per_target_call']:.2f} / "
              f"{row['expected_tokens_per_target_call']:.2f}", row["c"], row["v"],
-             row["predicted_speedup"], row["speedup"], row["measured_over_predicted"],
+             row["interleaved_over_isolated"], _predictions(row), row["decode_speedup"],
+             _over_predictions(row),
              f"{row['baseline']['model_call_share']:.2f} / "
              f"{row['speculative']['model_call_share']:.2f}"]
             for row in table2["rows"]]
     lines += _table(["row", "gamma", "alpha (forced)", "paper speedup (T5-XXL, TPU)",
-                     "tokens/call measured / expected", "c", "v", "predicted", "measured",
-                     "measured/predicted", "model-call share base / spec"], rows)
+                     "tokens/call realized / expected", "c", "v", "interleaved / isolated calls",
+                     "predicted: alpha / realized / interleaved", "measured loop speedup",
+                     "loop speedup / each prediction", "model-call share base / spec"], rows)
   limit = suites.get("physical_limit")
   if limit:
     copy = limit["copy"]

@@ -112,6 +112,11 @@ class _Problem:
   eos_id: int = flax.struct.field(pytree_node=False)
   sampling_args: tuple[float, int, float] = flax.struct.field(pytree_node=False)
 
+  @property
+  def greedy(self) -> bool:
+    """Every distribution sampled is a point mass (see `sampling.sample`'s point_masses)."""
+    return sampling.is_greedy(self.sampling_args[0])
+
 
 @flax.struct.dataclass
 class SamplingLoopState:
@@ -260,7 +265,7 @@ def temperature_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
         cur_index=index, cur_token=_gather(state.rows.sequences, index[:, None]),
         sequences=state.rows.sequences, cache=state.cache))
     probs = _target_probs(problem, logits, index[:, None] + 1)
-    token = sampling.sample(step_rng, probs)
+    token = sampling.sample(step_rng, probs, point_masses=problem.greedy)
     rows, _ = _commit(problem, state.rows, token, jnp.ones_like(index), logits)
     return SamplingLoopState(rows, cache, rng)
 
@@ -349,7 +354,7 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
     rng, sample_rng = jax.random.split(rng)
     position = index + 1 + offset
     q = _target_probs(problem, logits[:, None], position[:, None])[:, 0]
-    token = sampling.sample(sample_rng, q)
+    token = sampling.sample(sample_rng, q, point_masses=problem.greedy)
     sequences = _scatter(sequences, position[:, None], token[:, None])
     num_drafted = num_drafted + still_drafting
     still_drafting &= policy(offset, q, stats) & (offset + 1 < gamma)
@@ -386,6 +391,7 @@ def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
   logits, cache = tokens_to_logits(DecodingState(
       rows.index, _gather(sequences, block), sequences, state.cache))
   target_probs = _target_probs(problem, logits, block + 1)
+  # Sampled even when greedy: a rule may randomize its verdict (the bench's SIMULATED coin does).
   num_accepted, next_token = verify.sample_verdict(
       verify_rng, rule(draft_tokens, draft_probs, target_probs, num_drafted))
 

@@ -43,9 +43,15 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
   (group,) = own["groups"]
   assert _has_rates(group["baseline"]) and _has_rates(group["speculative"])
   for key in ("alpha", "c", "v", "predicted_speedup", "measured_over_predicted", "speedup",
-              "accepted_per_target_call", "tokens_per_target_call", "model_call_share"):
+              "decode_speedup", "predicted_speedup_realized", "measured_over_realized",
+              "predicted_speedup_interleaved", "measured_over_interleaved",
+              "interleaved_over_isolated", "accepted_per_target_call", "tokens_per_target_call", "model_call_share"):
     assert np.isfinite(group["speculative"][key]), key
   assert group["baseline"]["model_call_share"] > 0
+  for summary in (group["baseline"], group["speculative"]):
+    # The decoding loop is part of the whole call.
+    assert 0 < summary["decode_seconds"] < summary["seconds"]
+    assert summary["decode_tokens_per_s"] > summary["tokens_per_s"]
   labels = set(group["variants"])
   assert {"token fixed gamma=2", "block fixed gamma=2", "token expected_speedup gamma<=2",
           "token confidence gamma<=2"} <= labels
@@ -66,7 +72,9 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
   (row,) = table2["rows"]
   assert table2["simulated"] and row["simulated"] and row["label"].startswith(bench.SIMULATED)
   assert (row["forced_alpha"], row["gamma"]) == (0.75, 7)
-  for key in ("speedup", "predicted_speedup", "measured_over_predicted", "c", "v"):
+  for key in ("speedup", "decode_speedup", "predicted_speedup", "measured_over_predicted",
+              "predicted_speedup_realized", "measured_over_realized",
+              "predicted_speedup_interleaved", "measured_over_interleaved", "c", "v"):
     assert np.isfinite(row[key]), key
   # The coin (alpha 0.75) accepts drafts although this random draft and target rarely agree.
   assert row["speculative"]["accepted_per_target_call"] > 0
@@ -103,17 +111,42 @@ def test_demo_pair_decodes_the_bundled_sentences(tmp_path, monkeypatch):
 def test_goals_say_by_how_much_they_are_missed():
   suites = {
       "own_baseline": {"pair": {"name": "demo"}, "groups": [
-          {"temperature": 0.0, "batch_size": 1, "speculative": {"measured_over_predicted": 0.45}},
+          {"temperature": 0.0, "batch_size": 1, "speculative": {"measured_over_predicted": 0.45,
+                                                                "measured_over_realized": 0.95,
+                                                                "measured_over_interleaved": 0.9}},
           {"temperature": 1.0, "batch_size": 8, "speculative": {"speedup": 1.0}}]},
       "peer": {"temperatures": [{"temperature": 0.0, "ours_speculative_over_hf_assisted": 3.0},
                                 {"temperature": 1.0, "error": "RuntimeError: cache"}]},
       "physical_limit": {"targets": [{"model": "small", "num_params": 10}]},
   }
   by_status = [(goal["met"], goal["status"]) for goal in bench.goals(suites)]
-  assert by_status == [(False, "missed by 0.45 (50% of the target)"),
+  assert by_status == [(False, "missed by 0.45 (50% of the target)"), (True, "met"), (True, "met"),
                        (False, "missed by 0 (100% of the target)"),  # must be strictly faster
                        (True, "met"), (None, "not measured (RuntimeError: cache)"),
                        (None, "not measured (no target of that size was measured in this run)")]
+
+
+def test_theory_comparison_uses_the_decoding_loops():
+  costs = {"c": 0.1, "v": 2.0}
+  baseline = {"decode_tokens_per_s": 100.0}
+  # 3 tokens per target call at 5 draft calls per target call cost 5 * 0.1 + 2 = 2.5 steps.
+  speculative = {"decode_tokens_per_s": 108.0, "tokens_per_target_call": 3.0,
+                 "draft_calls_per_target_call": 5.0, "counters": {
+                     "target_calls": 4, "draft_calls": 20}, "decode_seconds": 1.0}
+  costs.update(target_step_s=0.01, draft_step_s=0.001, verify_step_s=0.02,
+               iteration_calls_s=0.03)
+  theory = bench.compare_with_theory(speculative, baseline, costs, alpha=0.8, gamma=5,
+                                     batch_size=1)
+  assert theory["decode_speedup"] == pytest.approx(1.08)
+  assert theory["predicted_speedup_realized"] == pytest.approx(3.0 / 2.5)
+  assert theory["measured_over_realized"] == pytest.approx(1.08 / 1.2)
+  expected = (1 - 0.8 ** 6) / ((1 - 0.8) * (5 * 0.1 + 2.0))
+  assert theory["predicted_speedup"] == pytest.approx(expected, rel=1e-5)
+  assert theory["measured_over_predicted"] == pytest.approx(1.08 / expected, rel=1e-5)
+  # 3 tokens per iteration of 0.03 s against one token per 0.01 s target step.
+  assert theory["predicted_speedup_interleaved"] == pytest.approx(1.0)
+  assert theory["measured_over_interleaved"] == pytest.approx(1.08)
+  assert theory["model_call_share"] == pytest.approx(4 * 0.02 + 20 * 0.001)
 
 
 def test_generated_lengths_count_through_the_first_eos():

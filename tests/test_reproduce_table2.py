@@ -46,6 +46,9 @@ def test_reports_measured_and_predicted_speedups(tmp_path, script):
   assert row["predicted_measured_v"] == pytest.approx(expected_tokens / (gamma * c + v), rel=1e-5)
   assert row["speedup"] == pytest.approx(
       row["speculative_tokens_per_s"] / row["baseline_tokens_per_s"])
+  assert row["predicted_realized"] == pytest.approx(
+      row["tokens_per_target_call"] / (gamma * c + v), rel=1e-5)
+  assert row["loop_speedup"] > 0
   # Greedy speculative decoding reproduces the baseline's translations, hence its BLEU.
   assert row["identical_to_baseline"]
   assert row["bleu_speculative"] == row["bleu_baseline"]

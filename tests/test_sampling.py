@@ -81,7 +81,10 @@ def test_sample_draws_each_row_from_its_own_unnormalized_law():
     assert stats.chisquare(counts[kept], num_samples * law[kept]).pvalue > 1e-3
 
 
-def test_sample_of_a_one_hot_row_is_its_token():
+@pytest.mark.parametrize("point_masses", [False, True])
+def test_sample_of_a_one_hot_row_is_its_token(point_masses):
   one_hot = jax.nn.one_hot(jnp.array([0, 7, 4095]), 4096)
   for seed in range(20):
-    np.testing.assert_array_equal(sampling.sample(jax.random.PRNGKey(seed), one_hot), [0, 7, 4095])
+    np.testing.assert_array_equal(
+        sampling.sample(jax.random.PRNGKey(seed), one_hot, point_masses=point_masses),
+        [0, 7, 4095])
