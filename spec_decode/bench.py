@@ -11,11 +11,12 @@ are the gin-configurable dataclasses below, bound in configs/bench/*.gin):
   own_baseline     the pair of `PairConfig` (the shipped demo pair when its files exist, else
                    random weights): `decoding.temperature_sample` vs `decoding.speculative_sample`
                    per temperature and batch size, timed in interleaved repetitions on the same
-                   inputs; alpha; c and v from single cached decoder calls; the paper's
-                   predicted speedup (`drafting.expected_tokens_per_cost`) and measured /
-                   predicted. At the comparison batch sizes it also times a fixed-gamma sweep,
-                   the block verifier and the adaptive drafting policies ('expected_speedup'
-                   with the measured c and v bound, 'confidence').
+                   inputs; alpha; c and v from single cached decoder calls; the decoding loops'
+                   speedup against the paper's prediction (`drafting.expected_tokens_per_cost`)
+                   and two refinements of it (`compare_with_theory`). At the comparison batch
+                   sizes it also times a fixed-gamma sweep, the block verifier and the adaptive
+                   drafting policies ('expected_speedup' with the measured c and v bound,
+                   'confidence').
   peer             the same weights exported with `checkpoints.save_hf`, decoded by Hugging
                    Face `T5ForConditionalGeneration.generate` (PyTorch, CPU) without and with
                    `assistant_model`, interleaved with ours, batch 1; greedy agreement token for
@@ -29,7 +30,9 @@ are the gin-configurable dataclasses below, bound in configs/bench/*.gin):
 Goals are recorded in the output with how far each is from its target; nothing is asserted.
 
 Timing: every decoder and every timed step is compiled (and run once) before it is timed; a
-timed call ends at `jax.block_until_ready`. Decoders take the parameters as jit arguments.
+timed call ends at `jax.block_until_ready`. Decoders take the parameters as jit arguments and
+run as two compiled calls, the prefill (encoders, caches) and the decoding loop, timed apart:
+tokens/s count both, the comparisons with Theorem 3.8 the loop alone.
 Token counts follow one rule for every decoder, ours and Hugging Face's: a row's tokens run up to
 and including its first EOS, else to the length limit.
 """
@@ -110,8 +113,9 @@ class PairConfig:
   random inputs), or 'auto' (demo when its files exist, else random). A random pair decodes
   with no EOS (every row runs to `max_decode_len`), so its timings do not depend on where a
   random model happens to stop. `gamma` is the speculative decoders' (own_baseline's main one and
-  the peer comparison's). `step_calls` decoder calls make one timed loop of `step_seconds`
-  (c, v, physical_limit), the median of `step_repetitions` loops counts.
+  the peer comparison's). `step_calls` decoder calls (or iterations' worth of calls) make one
+  timed loop of `call_sequence_seconds` (c, v, the interleaved iteration, physical_limit); the
+  median of `step_repetitions` loops counts.
   """
   source: str = "auto"
   target_gin: str = "configs/demo/target.gin"
