@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -72,15 +72,16 @@ def add_corpus_arguments(parser: argparse.ArgumentParser, max_len: int, batch_si
 
 
 def translate_corpora(args: argparse.Namespace, limit: int | None = None
-                      ) -> list[tuple[str, list[str], list[str], list[str]]]:
-  """For each --corpus: (name, sources, references, greedy translations by --model)."""
+                      ) -> Iterator[tuple[str, list[str], list[str], list[str]]]:
+  """For each --corpus, once it is translated: (name, sources, references, greedy translations
+  by --model). Every corpus and the model are read before anything is translated, so a missing
+  file fails first."""
+  corpora = [(corpus, *data.read_parallel([corpus], data_root=args.data_root))
+             for corpus in args.corpus]
   config, params = demo_pair.load_model(args.model)
   sp = spm.SentencePieceProcessor(model_file=str(demo_pair.VOCAB_PATH))
-  results = []
-  for corpus in args.corpus:
-    sources, references = data.read_parallel([corpus], data_root=args.data_root)
+  for corpus, sources, references in corpora:
     sources, references = sources[:limit], references[:limit]
-    results.append((corpus, sources, references,
-                    translate(config, params, sp, sources, args.max_input_len,
-                              args.max_decode_len, args.batch_size)))
-  return results
+    yield (corpus, sources, references,
+           translate(config, params, sp, sources, args.max_input_len, args.max_decode_len,
+                     args.batch_size))

@@ -64,7 +64,7 @@ def sample(rng: jax.Array, probs: jax.Array, point_masses: bool = False) -> jax.
   `point_masses=True` (static) promises that every row puts all its mass on one id, as at a
   greedy temperature; that id is then read by argmax instead of searched for, which is the same
   draw without the search's ~40 small kernels (the decoders' draws from `logits_to_probs` at a
-  greedy temperature: a tenth of a greedy speculative iteration on a CPU).
+  greedy temperature: about 5% of a greedy speculative iteration of the demo pair on a CPU).
 
   Inverse CDF with one uniform per row: drawing V Gumbels per row (`jax.random.categorical`)
   costs more than a small model's whole decoder call on a CPU. The id is found by bisection on
