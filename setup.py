@@ -6,7 +6,8 @@ setuptools.setup(
     version="0.1.0",
     description="Exact speculative decoding (Leviathan et al., 2023) for T5 in JAX/Flax, T5X-native.",
     packages=setuptools.find_packages(include=["spec_decode", "spec_decode.*"]),
-    package_data={"spec_decode": ["assets/demo/*"]},
+    # Configs and the demo pair ship inside the package: a plain `pip install .` finds them.
+    package_data={"spec_decode": ["assets/demo/*", "configs/**/*.gin"]},
     python_requires=">=3.11,<3.12",
     install_requires=[
         "jax[cpu]>=0.10,<0.11",

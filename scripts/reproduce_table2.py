@@ -32,10 +32,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from spec_decode import bench
-from spec_decode import bleu
-from spec_decode import data
-from spec_decode import demo_pair
-from spec_decode import vocab
+from spec_decode.training import bleu
+from spec_decode.training import data
+from spec_decode.t5 import demo_pair
+from spec_decode.t5 import vocab
 
 # The paper's Table 2 rows for the same task (EnDe, T5-XXL target, T5-small draft, TPU-v4).
 PAPER_ROWS = {0.0: "alpha 0.75, gamma 7: 3.4x", 1.0: "alpha 0.62, gamma 7: 2.6x"}

@@ -2,12 +2,12 @@
 
 Run: `python -m spec_decode.bench [--gin_file=FILE ...] [--gin_bindings=B ...] [--smoke]
 [--suites=own_baseline,peer,simulated_table2,physical_limit] [--output_dir=DIR]`.
-Without --gin_file it reads `configs/bench/default.gin`; `--smoke` adds `configs/bench/smoke.gin`
+Without --gin_file it reads `spec_decode/configs/bench/default.gin`; `--smoke` adds `spec_decode/configs/bench/smoke.gin`
 (tiny random models, one repetition). It writes `DIR/bench.json` (every number, the machine and
 the operative gin config) and `DIR/bench.md` (the same as markdown tables), and prints the tables.
 
 Suites (each `<suite>_suite(workspace, config, ...) -> dict` of plain JSON data; the configs
-are the gin-configurable dataclasses below, bound in configs/bench/*.gin):
+are the gin-configurable dataclasses below, bound in spec_decode/configs/bench/*.gin):
   own_baseline     the pair of `PairConfig` (the shipped demo pair when its files exist, else
                    random weights): `decoding.temperature_sample` vs `decoding.speculative_sample`
                    per temperature and batch size, timed in interleaved repetitions on the same
@@ -56,12 +56,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import checkpoints
-from spec_decode import decoding
-from spec_decode import drafting
+from spec_decode import paths
+from spec_decode.t5 import checkpoints
+from spec_decode.engine import decoding
+from spec_decode.engine import drafting
 from spec_decode import models
-from spec_decode import network
-from spec_decode import verify
+from spec_decode.t5 import network
+from spec_decode.engine import verify
 
 if __name__ == "__main__":
   # `python -m` runs this file as __main__; configs bind `bench.*` configurables of the importable
@@ -69,8 +70,8 @@ if __name__ == "__main__":
   from spec_decode import bench as _bench  # pylint: disable=g-import-not-at-top
   sys.exit(_bench.main())
 
-DEFAULT_GIN_FILE = "configs/bench/default.gin"
-SMOKE_GIN_FILE = "configs/bench/smoke.gin"
+DEFAULT_GIN_FILE = "spec_decode/configs/bench/default.gin"
+SMOKE_GIN_FILE = "spec_decode/configs/bench/smoke.gin"
 JSON_FILE = "bench.json"
 MARKDOWN_FILE = "bench.md"
 SUITES = ("own_baseline", "peer", "simulated_table2", "physical_limit")
@@ -103,12 +104,11 @@ PAPER_TABLE2 = {
 # --------------------------------------------------------------------------- configuration
 
 
-@gin.configurable(module="bench")
 @dataclasses.dataclass(frozen=True)
 class PairConfig:
   """The target/draft pair of own_baseline and peer, and how it decodes.
 
-  `source`: 'demo' (the shipped pair of `spec_decode.demo_pair`, with its bundled English inputs),
+  `source`: 'demo' (the shipped pair of `spec_decode.t5.demo_pair`, with its bundled English inputs),
   'random' (random weights with the configs of `target_gin`/`draft_gin` plus the overrides, and
   random inputs), or 'auto' (demo when its files exist, else random). A random pair decodes
   with no EOS (every row runs to `max_decode_len`), so its timings do not depend on where a
@@ -118,8 +118,8 @@ class PairConfig:
   median of `step_repetitions` loops counts.
   """
   source: str = "auto"
-  target_gin: str = "configs/demo/target.gin"
-  draft_gin: str = "configs/demo/draft.gin"
+  target_gin: str = "spec_decode/configs/demo/target.gin"
+  draft_gin: str = "spec_decode/configs/demo/draft.gin"
   target_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   draft_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   input_prefix: str = "translate English to German: "
@@ -132,7 +132,6 @@ class PairConfig:
   seed: int = 0
 
 
-@gin.configurable(module="bench")
 @dataclasses.dataclass(frozen=True)
 class OwnBaselineConfig:
   """`sweep_gammas`, the block verifier and the adaptive policies (drafting up to the largest
@@ -144,7 +143,6 @@ class OwnBaselineConfig:
   repetitions: int = 5
 
 
-@gin.configurable(module="bench")
 @dataclasses.dataclass(frozen=True)
 class PeerConfig:
   """`num_threads` for PyTorch: None = the cores this process may use (as JAX uses). The
@@ -156,7 +154,6 @@ class PeerConfig:
   assistant_schedule: str = "constant"
 
 
-@gin.configurable(module="bench")
 @dataclasses.dataclass(frozen=True)
 class SimulatedTable2Config:
   """Random-weight models with the paper's dimensions; `rows` are keys of `PAPER_TABLE2`.
@@ -165,8 +162,8 @@ class SimulatedTable2Config:
   gamma and the temperature change), decodes `max_decode_len` tokens with no EOS. `step_calls`
   and `step_repetitions` as in `PairConfig`.
   """
-  target_gin: str = "configs/models/t5_1_1/large.gin"
-  draft_gin: str = "configs/models/t5_1_1/small.gin"
+  target_gin: str = "spec_decode/configs/models/t5_1_1/large.gin"
+  draft_gin: str = "spec_decode/configs/models/t5_1_1/small.gin"
   target_overrides: Mapping[str, Any] = dataclasses.field(
       default_factory=lambda: {"dtype": "float32"})
   draft_overrides: Mapping[str, Any] = dataclasses.field(
@@ -181,7 +178,6 @@ class SimulatedTable2Config:
   seed: int = 0
 
 
-@gin.configurable(module="bench")
 @dataclasses.dataclass(frozen=True)
 class PhysicalLimitConfig:
   """`targets`: 'pair' (the pair's target) and/or 'simulated' (simulated_table2's target)."""
@@ -190,7 +186,6 @@ class PhysicalLimitConfig:
   copy_repetitions: int = 5
 
 
-@gin.configurable(module="bench")
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
   """`compiler_options`: XLA options for every compiled decoder and timing loop. Empty for a
@@ -211,7 +206,7 @@ def simulated_acceptance_rule(alpha: float) -> verify.Rule:
   proposed, the next is accepted with probability alpha, so P(n) = alpha^n (1 - alpha) for
   n < m and alpha^m for n = m; the token emitted after them comes from the target's p at that
   position. It is NOT exact and is deliberately not registered in `verify.EXACT_RULES` or
-  `verify.LOSSY_RULES` nor gin-configurable: only this benchmark can pass it to the engine.
+  `verify.LOSSY_RULES`: no config selects it by name as its verifier.
   """
   if not 0.0 <= alpha < 1.0:
     raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
@@ -367,7 +362,7 @@ def random_inputs(vocab_size: int, input_length: int, count: int, seed: int) -> 
 
 
 def _demo_files_exist() -> bool:
-  from spec_decode import demo_pair  # pylint: disable=g-import-not-at-top
+  from spec_decode.t5 import demo_pair  # pylint: disable=g-import-not-at-top
   return all((demo_pair.ASSET_DIR / f"{name}.safetensors").exists()
              for name in ("target", "draft"))
 
@@ -377,8 +372,8 @@ def shipped_pair(texts: Sequence[str], input_prefix: str, input_length: int,
   """The shipped demo pair decoding `texts` (English; prefixed, encoded and 0-padded to
   input_length with room kept for EOS, as seqio's append_eos_after_trim and `spec_decode.infer`
   do)."""
-  from spec_decode import demo_pair  # pylint: disable=g-import-not-at-top
-  from spec_decode import vocab  # pylint: disable=g-import-not-at-top
+  from spec_decode.t5 import demo_pair  # pylint: disable=g-import-not-at-top
+  from spec_decode.t5 import vocab  # pylint: disable=g-import-not-at-top
   if not _demo_files_exist():
     raise FileNotFoundError(f"{demo_pair.ASSET_DIR} lacks target.safetensors or draft.safetensors")
   loaded = {}
@@ -396,7 +391,7 @@ def shipped_pair(texts: Sequence[str], input_prefix: str, input_length: int,
 
 
 def _demo_pair(config: PairConfig) -> Pair:
-  from spec_decode import demo_pair  # pylint: disable=g-import-not-at-top
+  from spec_decode.t5 import demo_pair  # pylint: disable=g-import-not-at-top
   texts = (demo_pair.ASSET_DIR / "examples.en").read_text().splitlines()
   return shipped_pair(texts, config.input_prefix, config.input_length, config.max_decode_len,
                    "the shipped demo pair (spec_decode/assets/demo), bundled English sentences")
@@ -1342,16 +1337,16 @@ def run_suites(bench_config: BenchConfig) -> dict[str, Any]:
   if unknown:
     raise ValueError(f"unknown suites {unknown}; choose from {list(SUITES)}")
   os.makedirs(bench_config.output_dir, exist_ok=True)
-  simulated_config = SimulatedTable2Config()
-  workspace = Workspace(PairConfig(), simulated_config, bench_config.compiler_options)
+  simulated_config = _configured(SimulatedTable2Config)
+  workspace = Workspace(_configured(PairConfig), simulated_config, bench_config.compiler_options)
   report: dict[str, Any] = {"machine": describe_machine(),
                             "compiler_options": dict(bench_config.compiler_options),
                             "suites": {}, "timings_s": {}}
   runners = {
-      "own_baseline": lambda: own_baseline_suite(workspace, OwnBaselineConfig()),
-      "peer": lambda: peer_suite(workspace, PeerConfig(), bench_config.output_dir),
+      "own_baseline": lambda: own_baseline_suite(workspace, _configured(OwnBaselineConfig)),
+      "peer": lambda: peer_suite(workspace, _configured(PeerConfig), bench_config.output_dir),
       "simulated_table2": lambda: simulated_table2_suite(workspace, simulated_config),
-      "physical_limit": lambda: physical_limit_suite(workspace, PhysicalLimitConfig()),
+      "physical_limit": lambda: physical_limit_suite(workspace, _configured(PhysicalLimitConfig)),
   }
   for suite in SUITES:
     if suite in bench_config.suites:
@@ -1361,6 +1356,11 @@ def run_suites(bench_config: BenchConfig) -> dict[str, Any]:
   report["goals"] = goals(report["suites"])
   report["gin_config"] = gin.config_str()
   return report
+
+
+def _configured(config_class: type) -> Any:
+  """An instance of a config dataclass with the gin bindings in force (bench/*.gin)."""
+  return gin.get_configurable(config_class)()
 
 
 def write_report(report: Mapping[str, Any], output_dir: str) -> str:
@@ -1385,9 +1385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--suites", help=f"comma-separated subset of {','.join(SUITES)}")
   parser.add_argument("--output_dir", help="where bench.json and bench.md go")
   args = parser.parse_args(argv)
-  gin_files = [models.resolve_path(path) for path in (args.gin_file or [DEFAULT_GIN_FILE])]
+  gin_files = [paths.resolve(path) for path in (args.gin_file or [DEFAULT_GIN_FILE])]
   if args.smoke:
-    gin_files.append(models.resolve_path(SMOKE_GIN_FILE))
+    gin_files.append(paths.resolve(SMOKE_GIN_FILE))
   bindings = list(args.gin_bindings)
   if args.suites:
     bindings.append(f"bench.BenchConfig.suites = {args.suites.split(',')!r}")
@@ -1395,7 +1395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bindings.append(f"bench.BenchConfig.output_dir = {args.output_dir!r}")
   gin.clear_config()
   gin.parse_config_files_and_bindings(gin_files, bindings)
-  bench_config = BenchConfig()
+  bench_config = _configured(BenchConfig)
   report = run_suites(bench_config)
   print(write_report(report, bench_config.output_dir))
   print(f"\nwrote {os.path.join(bench_config.output_dir, JSON_FILE)} and {MARKDOWN_FILE}")

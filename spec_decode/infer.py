@@ -2,8 +2,8 @@
 
 Run: `python -m spec_decode.infer --gin_file=FILE [--gin.MACRO=VALUE ...] [--gin_bindings=B ...]
 [--text "sentence" ...] [--input_file FILE] [--data_dir DIR]`. Without --gin_file it runs
-`configs/demo/infer.gin` (the shipped demo pair on bundled English sentences). Run configs
-include `configs/runs/infer.gin`, whose macros are T5X's: MODEL (a `models.*Model`),
+`spec_decode/configs/demo/infer.gin` (the shipped demo pair on bundled English sentences). Run configs
+include `spec_decode/configs/runs/infer.gin`, whose macros are T5X's: MODEL (a `models.*Model`),
 CHECKPOINT_PATH (the target's: T5X checkpoint, Hugging Face folder or demo .safetensors),
 MIXTURE_OR_TASK_NAME (a seqio task of `spec_decode.tasks`), TASK_FEATURE_LENGTHS ({'inputs': Le,
 'targets': L}), BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT, NUM_EXAMPLES, INPUT_PREFIX and
@@ -54,26 +54,20 @@ import gin
 import jax
 import numpy as np
 
+from spec_decode import paths
 from spec_decode import models
+from spec_decode.engine import decoding
+from spec_decode.t5 import vocab
 
-if __name__ == "__main__":
-  # `python -m` runs this file as __main__, while gin configs `import spec_decode.infer`: defining
-  # the configurables here as well would register them twice. Run the importable module instead.
-  from spec_decode import infer as _infer  # pylint: disable=g-import-not-at-top
-  sys.exit(_infer.main())
-
-DEFAULT_GIN_FILE = "configs/demo/infer.gin"
+DEFAULT_GIN_FILE = "spec_decode/configs/demo/infer.gin"
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.json"
-_STAT_NAMES = ("target_calls", "draft_calls", "drafted_tokens", "accepted_tokens",
-               "generated_tokens", "acceptance_sum", "verified_positions")
 
 
 class UsageError(Exception):
   """A problem with the run's configuration or inputs, reported as one line."""
 
 
-@gin.configurable(module="infer")
 @dataclasses.dataclass(frozen=True)
 class DatasetConfig:
   """Where inputs come from: exactly one of a seqio task, a text file or inline texts."""
@@ -119,21 +113,14 @@ def _check_dataset_config(cfg: DatasetConfig) -> tuple[int, int]:
 
 
 def _vocabulary_signature(vocabulary: Any) -> tuple[int, int, bytes]:
-  """(vocab_size, extra_ids, model file bytes): equal for seqio's and spec_decode.vocab's
+  """(vocab_size, extra_ids, model file bytes): equal for seqio's and spec_decode.t5.vocab's
   SentencePiece vocabularies exactly when they tokenize alike."""
   with open(vocabulary.sentencepiece_model_file, "rb") as f:
     return vocabulary.vocab_size, vocabulary.extra_ids, f.read()
 
 
-def _late_import(module: str) -> Any:
-  """Imports a spec_decode module that registers gin configurables once the config is locked:
-  `tasks` (which imports TensorFlow) and `partitioning` are only imported when used."""
-  with gin.unlock_config():
-    return importlib.import_module(f"spec_decode.{module}")
-
-
 def _task_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel) -> list[Example]:
-  tasks = _late_import("tasks")
+  from spec_decode import tasks  # pylint: disable=g-import-not-at-top (TensorFlow: only for tasks)
   vocabularies = tasks.output_vocabularies(cfg.mixture_or_task_name)
   for feature, model_vocabulary in (("inputs", model.input_vocabulary),
                                     ("targets", model.output_vocabulary)):
@@ -156,7 +143,7 @@ def _text_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel,
       raise UsageError("texts must be a list of strings, got one string")
     texts = list(cfg.texts)
   else:
-    path = models.resolve_path(cfg.input_file)
+    path = paths.resolve(cfg.input_file)
     if not os.path.isfile(path):
       raise UsageError(f"input file not found: {cfg.input_file}")
     with open(path, encoding="utf-8") as f:
@@ -166,8 +153,7 @@ def _text_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel,
   examples = []
   for text in texts:
     inputs = cfg.input_prefix + text
-    # As seqio's append_eos_after_trim: keep room for EOS.
-    ids = vocabulary.encode(inputs)[:input_length - 1] + [vocabulary.eos_id]
+    ids = vocab.trim_with_eos(vocabulary.encode(inputs), input_length, vocabulary.eos_id)
     examples.append(Example(inputs, ids))
   return examples
 
@@ -220,7 +206,7 @@ def _jit(fn: Callable, model: models.EncoderDecoderModel, partitioner: Any
   parameters where the jitted function expects them)."""
   if partitioner is None:
     return jax.jit(fn), lambda params, draft_params: jax.device_put((params, draft_params))
-  partitioning = _late_import("partitioning")
+  from spec_decode import partitioning  # pylint: disable=g-import-not-at-top
   shapes, axes = partitioning.abstract_params(model.module.config)
   params_shardings = partitioner.logical_shardings(axes, shapes, what="parameter")
   draft_shardings = None
@@ -272,12 +258,6 @@ def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any
   return DecodeRun(decodes, aux, compile_seconds, seconds)
 
 
-def _until_eos(tokens: np.ndarray, eos_id: int) -> list[int]:
-  """The generated tokens, EOS included (a decode holds PAD 0 after its end)."""
-  tokens = tokens.tolist()
-  return tokens[:tokens.index(eos_id) + 1] if eos_id in tokens else tokens
-
-
 # --------------------------------------------------------------------------- outputs
 
 
@@ -296,7 +276,7 @@ def _summarize(model: models.EncoderDecoderModel, source: str, cfg: DatasetConfi
   greedy = settings.get("temperature") is not None and settings["temperature"] <= 1e-4
   records = []
   for i, example in enumerate(examples):
-    tokens = _until_eos(run.decodes[i], eos_id)
+    tokens = vocab.until_eos(run.decodes[i], eos_id)
     record = {"inputs": example.inputs,
               "prediction": model.output_vocabulary.decode(tokens)}
     if example.target is not None:
@@ -305,7 +285,7 @@ def _summarize(model: models.EncoderDecoderModel, source: str, cfg: DatasetConfi
     record["stats"] = {name: value for name, value in run.aux[i].items() if name != "scores"}
     record["stats"].setdefault("generated_tokens", len(tokens))
     if baseline is not None:
-      baseline_tokens = _until_eos(baseline.decodes[i], eos_id)
+      baseline_tokens = vocab.until_eos(baseline.decodes[i], eos_id)
       record["baseline_prediction"] = model.output_vocabulary.decode(baseline_tokens)
       if greedy:
         record["identical"] = bool(np.array_equal(run.decodes[i], baseline.decodes[i]))
@@ -320,14 +300,15 @@ def _summarize(model: models.EncoderDecoderModel, source: str, cfg: DatasetConfi
       "generated_tokens": generated, "compile_seconds": run.compile_seconds,
       "wall_seconds": run.seconds, "tokens_per_second": generated / max(run.seconds, 1e-9)}
   if model.is_speculative:
-    totals = {name: sum(r["stats"][name] for r in records) for name in _STAT_NAMES}
+    totals = {name: sum(r["stats"][name] for r in records) 
+              for name in decoding.SpeculativeStats.counter_names()}
     summary.update(totals)
     summary["alpha"] = totals["acceptance_sum"] / max(totals["verified_positions"], 1)
     summary["tokens_per_target_call"] = totals["generated_tokens"] / max(totals["target_calls"], 1)
   if baseline is not None:
     summary["baseline"] = {
         "compile_seconds": baseline.compile_seconds, "wall_seconds": baseline.seconds,
-        "tokens_per_second": sum(len(_until_eos(d, eos_id)) for d in baseline.decodes)
+        "tokens_per_second": sum(len(vocab.until_eos(d, eos_id)) for d in baseline.decodes)
                              / max(baseline.seconds, 1e-9)}
     summary["speedup"] = baseline.seconds / max(run.seconds, 1e-9)
     summary["identical_outputs"] = (all(r["identical"] for r in records) if greedy else None)
@@ -356,7 +337,6 @@ def _print_report(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any
   print(f"wrote {output_dir / PREDICTIONS_FILE} and {output_dir / SUMMARY_FILE}")
 
 
-@gin.configurable(module="infer")
 def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
           dataset_cfg: DatasetConfig = gin.REQUIRED, checkpoint_path: str = gin.REQUIRED,
           output_dir: str = gin.REQUIRED, compare_with_baseline: bool = False,
@@ -451,13 +431,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     bindings += ["MIXTURE_OR_TASK_NAME = None", "infer.DatasetConfig.texts = None",
                  f"infer.DatasetConfig.input_file = {args.input_file!r}"]
   if args.data_dir is not None:
-    importlib.import_module("spec_decode.tasks")  # registers tasks.data_dir for the binding
-    bindings.append(f"tasks.data_dir.path = {args.data_dir!r}")
+    bindings += ["from spec_decode import tasks", f"tasks.data_dir.path = {args.data_dir!r}"]
   gin.clear_config()
-  for path in [str(models.REPO_ROOT)] + list(args.gin_search_paths):
+  for path in [str(paths.ROOT)] + list(args.gin_search_paths):
     gin.add_config_file_search_path(path)
   try:
-    gin_files = [models.resolve_path(f) for f in args.gin_file or [DEFAULT_GIN_FILE]]
+    gin_files = [paths.resolve(f) for f in args.gin_file or [DEFAULT_GIN_FILE]]
     # gin logs an ERROR for every search path an include is not found in, even when a later
     # one has it; a file found nowhere still raises IOError.
     logging.disable(logging.ERROR)
@@ -466,7 +445,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
       logging.disable(logging.NOTSET)
     gin.finalize()
-    infer()
+    # The function the config binds: gin configs import `spec_decode.infer`, which is not this
+    # module when it runs as `python -m spec_decode.infer` (__main__).
+    gin.get_configurable(importlib.import_module("spec_decode.infer").infer)()
   except (UsageError, ValueError, FileNotFoundError, IOError, SyntaxError) as e:
     print(f"spec_decode.infer: error: {_gin_error_message(e)}", file=sys.stderr)
     return 2
@@ -477,3 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   return 0
 
+
+
+if __name__ == "__main__":
+  sys.exit(main())

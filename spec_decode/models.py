@@ -16,13 +16,12 @@ Shapes returned:
   predict_batch_with_aux -> (decodes [B, L], aux) or, with return_all_decodes,
   (decodes [B, num_decodes, L], aux) with the num_decodes axis sorted by score, best last.
   aux['scores'] is the decode's log-probability ([B] or [B, num_decodes]); a speculative decode
-  adds per-example counters of `decoding.SpeculativeStats` (target_calls, draft_calls,
-  drafted_tokens, accepted_tokens, generated_tokens, acceptance_sum, verified_positions) and
+  adds per-example counters of `decoding.SpeculativeStats` (its `counter_names()`) and
   'alpha', with the same shape and sorted alike.
   score_batch -> [B] float32: sum over target tokens of log p(target) * decoder_loss_weights.
   get_initial_variables -> {'params': ..., 'params_axes': ...}.
 
-`decode_fn` is any function of the engine's protocol (`spec_decode.decoding`), typically
+`decode_fn` is any function of the engine's protocol (`spec_decode.engine.decoding`), typically
 `@decoding.temperature_sample` (the baseline: target alone) or `@decoding.speculative_sample`
 (a function is speculative when it takes `draft_tokens_to_logits`). The caches of both models
 come from `network.init_decode_cache` (each encoder runs once per input), the step functions
@@ -43,24 +42,25 @@ import dataclasses
 import functools
 import inspect
 import os
-import pathlib
+import sys
 from typing import Any, Callable, Mapping
 
 import gin
-import gin.config_parser
 import jax
 import jax.numpy as jnp
 from flax.core import unfreeze
 
-from spec_decode import checkpoints
-from spec_decode import decoding
-from spec_decode import network
-from spec_decode import sampling
-from spec_decode import vocab
+from spec_decode import gin_utils
+from spec_decode import losses
+from spec_decode import paths
+from spec_decode.t5 import checkpoints
+from spec_decode.engine import decoding
+from spec_decode.t5 import network
+from spec_decode.engine import sampling
+from spec_decode.t5 import vocab
 
 Params = Any
 Batch = Mapping[str, jax.Array]
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Arguments that fix the sampled distribution; the baseline of a speculative model shares them.
 SAMPLING_ARGUMENTS = ("temperature", "topk", "topp", "max_decode_steps")
@@ -68,83 +68,26 @@ SAMPLING_ARGUMENTS = ("temperature", "topk", "topp", "max_decode_steps")
 SPECULATIVE_ARGUMENTS = ("gamma", "verifier", "draft_policy")
 # T5Config fields that do not change what a checkpoint computes (precision, training only).
 _NON_ARCHITECTURE_FIELDS = ("dtype", "dropout_rate")
-_T5CONFIG_SELECTORS = ("T5Config", "network.T5Config", "spec_decode.network.T5Config")
 
 
-def resolve_path(path: str | os.PathLike) -> str:
-  """A run's file path: absolute and gs:// paths as given; a relative path is taken from the
-  working directory when it exists there, else from the repository root (so configs work from
-  anywhere)."""
-  path = os.fspath(path)
-  if path.startswith("gs://") or os.path.isabs(path) or os.path.exists(path):
-    return path
-  in_repo = REPO_ROOT / path
-  return str(in_repo) if in_repo.exists() else path
-
-
-@gin.configurable(module="models")
 def sentencepiece_vocabulary(sentencepiece_model_file: str,
                              extra_ids: int = 0) -> vocab.SentencePieceVocabulary:
   """`vocab.SentencePieceVocabulary` with its file found by `resolve_path` (T5: extra_ids=100)."""
-  return vocab.SentencePieceVocabulary(resolve_path(sentencepiece_model_file), extra_ids)
+  return vocab.SentencePieceVocabulary(paths.resolve(sentencepiece_model_file), extra_ids)
 
 
 # --------------------------------------------------------------------------- configs
 
 
-class _Unresolved:
-  """Stands for a gin reference or macro while reading a model gin file's literals."""
-
-  def __init__(self, text: str):
-    self.text = text
-
-
-class _LiteralsOnly(gin.config_parser.ParserDelegate):
-
-  def configurable_reference(self, scoped_configurable_name: str, evaluate: bool) -> _Unresolved:
-    return _Unresolved("@" + scoped_configurable_name + ("()" if evaluate else ""))
-
-  def macro(self, macro_name: str) -> _Unresolved:
-    return _Unresolved("%" + macro_name)
-
-
-def _t5config_bindings(gin_file: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
-  """The unscoped `network.T5Config` bindings of a gin file and its includes (last wins)."""
-  path = resolve_path(gin_file)
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"model gin file not found: {gin_file}")
-  if path in seen:
-    raise ValueError(f"{gin_file}: circular include")
-  fields: dict[str, Any] = {}
-  with open(path) as f:
-    for statement in gin.config_parser.ConfigParser(f, _LiteralsOnly()):
-      if isinstance(statement, gin.config_parser.IncludeStatement):
-        fields.update(_t5config_bindings(statement.filename, seen + (path,)))
-      elif (isinstance(statement, gin.config_parser.BindingStatement) and not statement.scope
-            and statement.selector in _T5CONFIG_SELECTORS):
-        if isinstance(statement.value, _Unresolved):
-          raise ValueError(f"{gin_file}: network.T5Config.{statement.arg_name} is bound to "
-                           f"{statement.value.text}; a model gin file read for a second model "
-                           "may only bind literal values")
-        fields[statement.arg_name] = statement.value
-  return fields
-
-
-@gin.configurable(module="models")
 def transformer_from_gin_file(gin_file: str,
                               overrides: Mapping[str, Any] | None = None) -> network.Transformer:
   """A `network.Transformer` whose config is the `network.T5Config` bound in a model gin file.
 
   The file is read without touching the global gin config, so the draft can come from its own
-  model file (e.g. configs/models/t5_1_1/small.gin) next to the target's. `overrides` replace
+  model file (e.g. spec_decode/configs/models/t5_1_1/small.gin) next to the target's. `overrides` replace
   fields (e.g. {'dtype': 'float32'}).
   """
-  fields = _t5config_bindings(gin_file)
-  fields.update(overrides or {})
-  try:
-    return network.Transformer(network.T5Config(**fields))
-  except TypeError as e:
-    raise ValueError(f"{gin_file}: not a complete network.T5Config ({e})") from None
+  return network.Transformer(gin_utils.t5config_from_gin_file(gin_file, overrides))
 
 
 def _check_same_architecture(expected: network.T5Config, found: network.T5Config,
@@ -165,16 +108,16 @@ def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Pa
 
   `path`: a T5X checkpoint (directory, its `checkpoint` file, or a msgpack file; local or
   gs://), a Hugging Face T5 folder (with config.json), or a `.safetensors` file of the shipped
-  demo format (`spec_decode.demo_pair`). The configs of the last two must match the module's.
+  demo format (`spec_decode.t5.demo_pair`). The configs of the last two must match the module's.
   """
-  resolved = resolve_path(path)
+  resolved = paths.resolve(path)
   if not resolved.startswith("gs://") and not os.path.exists(resolved):
     raise FileNotFoundError(f"checkpoint not found: {path}")
   if os.path.isfile(os.path.join(resolved, "config.json")):
     found, params = checkpoints.load_hf(resolved)
     _check_same_architecture(module.config, found, path)
   elif resolved.endswith(".safetensors"):
-    from spec_decode import demo_pair  # pylint: disable=g-import-not-at-top
+    from spec_decode.t5 import demo_pair  # pylint: disable=g-import-not-at-top
     found, params = demo_pair.load_model(resolved)
     _check_same_architecture(module.config, found, path)
   else:
@@ -193,7 +136,8 @@ def is_speculative(decode_fn: Callable) -> bool:
 
 def decode_fn_arguments(decode_fn: Callable) -> dict[str, Any]:
   """The keyword arguments `decode_fn` will be called with, where known before the call:
-  its defaults, overridden by its gin bindings, overridden by functools.partial keywords."""
+  its defaults, overridden by its gin bindings (when it is gin's configurable, as a config's
+  `@decoding.speculative_sample` is), overridden by functools.partial keywords."""
   arguments: dict[str, Any] = {}
   partial_keywords: dict[str, Any] = {}
   fn = decode_fn
@@ -203,10 +147,8 @@ def decode_fn_arguments(decode_fn: Callable) -> dict[str, Any]:
   for name, parameter in inspect.signature(fn).parameters.items():
     if parameter.default is not inspect.Parameter.empty:
       arguments[name] = parameter.default
-  try:
+  if hasattr(fn, "__wrapped__"):  # gin's wrapper (`@decoding.x` in a config): bindings apply
     arguments.update(gin.get_bindings(fn))
-  except ValueError:  # not a gin configurable
-    pass
   arguments.update(partial_keywords)
   return arguments
 
@@ -215,10 +157,17 @@ def decode_fn_arguments(decode_fn: Callable) -> dict[str, Any]:
 
 
 class _LazyEncDecFeatureConverter:
-  """Class attribute that is `seqio.EncDecFeatureConverter`, imported on first access: seqio
-  imports TensorFlow, which nothing else here needs."""
+  """Class attribute that is `seqio.EncDecFeatureConverter`, imported on first use: seqio
+  imports TensorFlow, which nothing else here needs.
 
-  def __get__(self, instance: Any, owner: type) -> type:
+  Read on an instance (as T5X does: `model.FEATURE_CONVERTER_CLS(pack=False)`) it imports seqio.
+  Read on the class before seqio is imported it stays this descriptor: gin, registering the
+  class for a config, reads every class attribute, and must not pull in TensorFlow.
+  """
+
+  def __get__(self, instance: Any, owner: type) -> Any:
+    if instance is None and "seqio" not in sys.modules:
+      return self
     import seqio  # pylint: disable=g-import-not-at-top
     return seqio.EncDecFeatureConverter
 
@@ -236,7 +185,6 @@ def _initial_variables(module: network.Transformer, rng: jax.Array,
   return unfreeze(variables)
 
 
-@gin.configurable(module="models")
 class EncoderDecoderModel:
   """T5X's EncoderDecoderModel protocol over `network.Transformer` (see the module docstring)."""
 
@@ -314,9 +262,8 @@ class EncoderDecoderModel:
     """T5X's cross-entropy: (loss, (weight_sum, metrics)); the token losses (with label
     smoothing and z-loss) are summed with decoder_loss_weights, then divided by
     loss_normalizing_factor when it is set."""
-    from spec_decode import train  # pylint: disable=g-import-not-at-top
     logits = self._compute_logits(params, batch, dropout_rng)
-    token_loss, z_term = train.cross_entropy_with_logits(
+    token_loss, z_term = losses.cross_entropy_with_logits(
         logits, batch["decoder_target_tokens"], self._z_loss, self._label_smoothing)
     weights = self._loss_weights(batch).astype(jnp.float32)
     loss, z_loss = jnp.sum(token_loss * weights), jnp.sum(z_term * weights)
@@ -404,7 +351,6 @@ class EncoderDecoderModel:
     return decodes, scores, {}
 
 
-@gin.configurable(module="models")
 class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
   """An EncoderDecoderModel whose decode_fn may be speculative, with a draft model.
 
@@ -447,7 +393,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
       raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
     if self.draft_checkpoint_path is not None:
-      path = resolve_path(self.draft_checkpoint_path)
+      path = paths.resolve(self.draft_checkpoint_path)
       if not path.startswith("gs://") and not os.path.exists(path):
         raise FileNotFoundError(f"draft checkpoint not found: {self.draft_checkpoint_path}")
 
@@ -522,6 +468,6 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
                                               encoder_input_tokens, max_decode_len),
         draft_tokens_to_logits=network.make_tokens_to_logits(self.draft_module, draft_params),
         num_decodes=num_decodes, **decoder_params)
-    aux = {field.name: getattr(stats, field.name) for field in dataclasses.fields(stats)}
+    aux = {name: getattr(stats, name) for name in stats.counter_names()}
     aux["alpha"] = stats.alpha
     return decodes, scores, aux

@@ -23,7 +23,7 @@ not divide it (heads, mlp_dim, the vocabulary, the batch, ...) is a ValueError n
 axis, its size, the mesh axis and its size.
 
 Decoders (`partition_decoders`): the baseline and the speculative decoder of
-`spec_decode.decoding`, jitted with explicit in/out shardings. Target parameters follow the
+`spec_decode.engine.decoding`, jitted with explicit in/out shardings. Target parameters follow the
 rules; draft parameters are replicated on every device by default (`replicated_parameter_rules`:
 a draft step is latency-bound and must not wait on collectives) or follow their own rules. Each
 cache is pinned to its sharding where it is created and after every call, so the
@@ -54,7 +54,6 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,9 +64,9 @@ from flax.linen import partitioning as nn_partitioning
 from jax.experimental import mesh_utils
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from spec_decode import checkpoints
-from spec_decode import decoding
-from spec_decode import network
+from spec_decode.t5 import checkpoints
+from spec_decode.engine import decoding
+from spec_decode.t5 import network
 
 MESH_AXES = ("data", "model")
 LogicalAxisRules = Sequence[tuple[str, str | Sequence[str] | None]]
@@ -81,7 +80,6 @@ _BATCH_AXES = PartitionSpec("batch", "length")
 # --------------------------------------------------------------------------- rules
 
 
-@gin.configurable(module="partitioning")
 def standard_logical_axis_rules(
     parameter_partitioning_dims: int = 1,
     additional_rules: LogicalAxisRules | None = None) -> list[tuple[str, Any]]:
@@ -307,7 +305,6 @@ def initialize_distributed() -> bool:
 # --------------------------------------------------------------------------- partitioner
 
 
-@gin.configurable(module="partitioning")
 class PjitPartitioner:
   """T5X-style partitioner: a ('data', 'model') mesh, logical axis rules, and `partition`.
 
@@ -494,7 +491,7 @@ def partition_decoders(partitioner: PjitPartitioner, target: network.T5Config,
 # --------------------------------------------------------------------------- restore
 
 
-# The checkpoint layouts are `spec_decode.checkpoints`' business; this section reuses its
+# The checkpoint layouts are `spec_decode.t5.checkpoints`' business; this section reuses its
 # locating and parsing helpers and replaces only the final whole-array read by sliced reads.
 
 

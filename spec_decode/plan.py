@@ -1,6 +1,6 @@
 """`python -m spec_decode.plan`: per-device memory of a sharded decode, before running one.
 
-Run: `python -m spec_decode.plan --gin_file=configs/paper/table2/ende_small_t0.gin
+Run: `python -m spec_decode.plan --gin_file=spec_decode/configs/paper/table2/ende_small_t0.gin
 [--device_kind=tpu_v4|h200|cpu] [--num_devices=N] [--batch_size=B] [--input_length=Le]
 [--target_length=L] [--num_decodes=n] [--param_dtype=D] [--draft_gin_file=F]
 [--parameter_partitioning_dims=1|2] [--gin_bindings=B ...]`.
@@ -12,8 +12,6 @@ What it reads (the gin config is parsed, nothing is built or allocated):
     gin file); without either, the target alone is planned;
   * batch size and lengths: the BATCH_SIZE and TASK_FEATURE_LENGTHS macros ({'inputs': Le,
     'targets': L}), each overridden by its flag.
-Parsing skips the dataset module `spec_decode.tasks` (seqio and TensorFlow: slow to import and
-irrelevant to memory), and with it the bindings of its configurables.
 
 What it prints, for num_partitions P in 1, 2, 4, 8, 16 on a ('data', 'model') mesh of
 (num_devices / P, P) devices (num_devices defaults to P: one model-parallel group), per device:
@@ -35,14 +33,12 @@ XLA's temporaries, so leave headroom.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
-import importlib.abc
 import math
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gin
@@ -50,14 +46,15 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 
+from spec_decode import paths
+from spec_decode import gin_utils
 from spec_decode import models
-from spec_decode import network
+from spec_decode.t5 import network
 from spec_decode import partitioning
 
 NUM_PARTITIONS = (1, 2, 4, 8, 16)
 DEVICE_KINDS = ("tpu_v4", "h200", "cpu")
 # Modules a config may import that planning does not need (see the module docstring).
-_SKIPPED_MODULES = ("spec_decode.tasks",)
 _DRAFT_BINDING = "models.SpeculativeEncoderDecoderModel.draft_module"
 
 
@@ -227,24 +224,6 @@ def format_plan(rows: Sequence[PlanRow], target: ModelShapes, draft: ModelShapes
 # --------------------------------------------------------------------------- config
 
 
-class _SkipModules(importlib.abc.MetaPathFinder):
-  """Fails the import of `_SKIPPED_MODULES`, so that gin (with skip_unknown) passes over it."""
-
-  def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
-    if fullname in _SKIPPED_MODULES:
-      raise ImportError(f"{fullname} is not needed to plan memory", name=fullname)
-
-
-@contextlib.contextmanager
-def _skipping_dataset_modules() -> Iterator[None]:
-  finder = _SkipModules()
-  sys.meta_path.insert(0, finder)
-  try:
-    yield
-  finally:
-    sys.meta_path.remove(finder)
-
-
 def _macro(name: str) -> Any:
   """The value of gin macro `name`, or None when the config does not define it."""
   try:
@@ -266,13 +245,11 @@ def read_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
                 draft_gin_file: str | None = None) -> RunConfig:
   """The target, draft, batch size and lengths a gin config describes (see the docstring)."""
   gin.clear_config()
-  gin.add_config_file_search_path(str(models.REPO_ROOT))
-  with _skipping_dataset_modules():
-    gin.parse_config_files_and_bindings([models.resolve_path(f) for f in gin_files], bindings,
-                                        skip_unknown=True)
-  target = network.T5Config()
+  gin.add_config_file_search_path(str(paths.ROOT))
+  gin.parse_config_files_and_bindings([paths.resolve(f) for f in gin_files], bindings)
+  target = gin.get_configurable(network.T5Config)()
   if draft_gin_file is not None:
-    draft = models.transformer_from_gin_file(draft_gin_file).config
+    draft = gin_utils.t5config_from_gin_file(draft_gin_file)
   else:
     try:
       reference = gin.query_parameter(_DRAFT_BINDING)
@@ -292,7 +269,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
       prog="python -m spec_decode.plan",
       description="Per-device memory of a sharded decode (see the module docstring).")
   parser.add_argument("--gin_file", action="append", required=True,
-                      help="gin config (repeatable), e.g. a configs/paper/table2 file")
+                      help="gin config (repeatable), e.g. a spec_decode/configs/paper/table2 file")
   parser.add_argument("--gin_bindings", action="append", default=[],
                       help="gin binding, e.g. \"BATCH_SIZE = 8\" (repeatable)")
   parser.add_argument("--draft_gin_file", default=None,

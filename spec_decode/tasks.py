@@ -14,8 +14,8 @@ use the T5 vocabulary (SentencePiece cc_all.32000 with 100 extra ids, as T5.1.1 
 `<name>_demo` variants of the three translation tasks use the demo pair's vocabulary
 (spec_decode/assets/demo/spm_ende_8k.model, no extra ids).
 
-Paths are read when a dataset is built, not at import, so gin bindings made after
-`import spec_decode.tasks` apply: `tasks.data_dir.path` (default ../shared/data beside the
+Paths are read when a dataset is built, not at import, so the bindings of a config that
+imports `spec_decode.tasks` apply: `tasks.data_dir.path` (default ../shared/data beside the
 repository), `tasks.t5_vocabulary_file.path` (default ../shared/vocab/t5_cc_all_32000.model).
 A missing data directory or file is a FileNotFoundError naming it.
 
@@ -31,33 +31,31 @@ import json
 import pathlib
 from typing import Any, Callable, Mapping
 
-import gin
 import seqio
 import tensorflow as tf
 
-from spec_decode import data
+from spec_decode import gin_utils
+from spec_decode import paths
+from spec_decode.training import data
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRANSLATE_PREFIX = "translate English to German: "
 SUMMARIZE_PREFIX = "summarize: "
 T5_EXTRA_IDS = 100
-DEMO_VOCABULARY_FILE = REPO_ROOT / "spec_decode" / "assets" / "demo" / "spm_ende_8k.model"
+DEMO_VOCABULARY_FILE = paths.DEMO_ASSETS / "spm_ende_8k.model"
 
 
-@gin.configurable(module="tasks")
 def data_dir(path: str | None = None) -> pathlib.Path:
   """The data root: `path`, else ../shared/data beside the repository."""
-  root = pathlib.Path(path) if path else REPO_ROOT.parent / "shared" / "data"
+  root = pathlib.Path(path) if path else paths.SHARED / "data"
   if not root.is_dir():
     raise FileNotFoundError(f"data directory not found: {root} (bind tasks.data_dir.path or "
                             "pass --data_dir)")
   return root
 
 
-@gin.configurable(module="tasks")
 def t5_vocabulary_file(path: str | None = None) -> str:
   """The T5 SentencePiece model: `path`, else ../shared/vocab/t5_cc_all_32000.model."""
-  file = pathlib.Path(path) if path else REPO_ROOT.parent / "shared" / "vocab" / (
+  file = pathlib.Path(path) if path else paths.SHARED / "vocab" / (
       "t5_cc_all_32000.model")
   if not file.is_file():
     raise FileNotFoundError(f"T5 SentencePiece model not found: {file} (bind "
@@ -98,7 +96,7 @@ def _parallel_text(corpora: Mapping[str, str], split: str, shuffle_files: bool,
   """{'inputs': English, 'targets': German} of the corpus `corpora[split]` (a file prefix under
   the data root)."""
   del shuffle_files, seed  # one file per side
-  prefix = data_dir() / corpora[split]
+  prefix = gin_utils.configured(data_dir)() / corpora[split]
   for side in ("en", "de"):
     if not pathlib.Path(f"{prefix}.{side}").is_file():
       raise FileNotFoundError(f"data file not found: {prefix}.{side}")
@@ -108,7 +106,7 @@ def _parallel_text(corpora: Mapping[str, str], split: str, shuffle_files: bool,
 
 def _cnn_dailymail(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
   del split, shuffle_files, seed  # one split
-  path = data_dir() / "cnn_dailymail" / "validation_1000.jsonl"
+  path = gin_utils.configured(data_dir)() / "cnn_dailymail" / "validation_1000.jsonl"
   if not path.is_file():
     raise FileNotFoundError(f"data file not found: {path}")
   with open(path, encoding="utf-8") as f:
@@ -133,7 +131,8 @@ def _register(name: str, source: seqio.DataSource, prefix: str,
                      seqio.preprocessors.append_eos_after_trim])
 
 
-T5_VOCABULARY = LazyPathSentencePieceVocabulary(t5_vocabulary_file, extra_ids=T5_EXTRA_IDS)
+T5_VOCABULARY = LazyPathSentencePieceVocabulary(
+    lambda: gin_utils.configured(t5_vocabulary_file)(), extra_ids=T5_EXTRA_IDS)
 DEMO_VOCABULARY = LazyPathSentencePieceVocabulary(lambda: str(DEMO_VOCABULARY_FILE))
 
 _TRANSLATION_CORPORA = {

@@ -1,4 +1,4 @@
-"""Tests of spec_decode.checkpoints: T5X legacy/Orbax reading, T5X writing, HF parity, errors."""
+"""Tests of spec_decode.t5.checkpoints: T5X legacy/Orbax reading, T5X writing, HF parity, errors."""
 
 import dataclasses
 import json
@@ -14,8 +14,8 @@ import tensorstore as ts
 from flax import serialization
 
 from hf_utils import HF_CONFIGS, hf_model_and_params
-from spec_decode import checkpoints
-from spec_decode.network import T5Config, Transformer
+from spec_decode.t5 import checkpoints
+from spec_decode.t5.network import T5Config, Transformer
 
 try:
   import torch

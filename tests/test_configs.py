@@ -1,4 +1,4 @@
-"""Every gin file under configs/ parses and binds.
+"""Every gin file under spec_decode/configs/ parses and binds.
 
 Run configs (those defining MODEL: the demo and the Table 2 rows) are bound for real: their
 network configs are shrunk by gin bindings added after parsing, their checkpoint paths are
@@ -15,19 +15,20 @@ import gin
 import pytest
 
 import tiny_t5
+from spec_decode import paths
 from spec_decode import infer
 from spec_decode import models
-from spec_decode import network
+from spec_decode.t5 import network
 
-importlib.import_module("spec_decode.train")  # registers `train` for the training configs
+importlib.import_module("spec_decode.training.train")  # registers `train` for the training configs
 
-CONFIGS = tiny_t5.REPO_ROOT / "configs"
+CONFIGS = paths.CONFIGS
 ALL = sorted(str(p.relative_to(tiny_t5.REPO_ROOT)) for p in CONFIGS.glob("**/*.gin"))
-TABLE2 = [f for f in ALL if re.fullmatch(r"configs/paper/table2/\w+_t[01]\.gin", f)]
-RUNS = ["configs/demo/infer.gin"] + TABLE2
-MODEL_FILES = [f for f in ALL if f.startswith("configs/models/")
-               or f in ("configs/demo/target.gin", "configs/demo/draft.gin")]
-TRAIN_FILES = [f for f in ALL if f.startswith("configs/train/")]
+TABLE2 = [f for f in ALL if re.fullmatch(r"spec_decode/configs/paper/table2/\w+_t[01]\.gin", f)]
+RUNS = ["spec_decode/configs/demo/infer.gin"] + TABLE2
+MODEL_FILES = [f for f in ALL if f.startswith("spec_decode/configs/models/")
+               or f in ("spec_decode/configs/demo/target.gin", "spec_decode/configs/demo/draft.gin")]
+TRAIN_FILES = [f for f in ALL if f.startswith("spec_decode/configs/train/")]
 FRAGMENTS = [f for f in ALL if f not in RUNS + MODEL_FILES + TRAIN_FILES]
 
 # Leviathan et al. (2023), Table 2: (task, draft, temperature) -> (gamma, alpha, speedup).
@@ -39,8 +40,8 @@ PAPER = {
     ("cnndm", "base", 0): (5, 0.73, 3.0), ("cnndm", "base", 1): (3, 0.55, 2.2),
     ("cnndm", "large", 0): (3, 0.74, 2.2), ("cnndm", "large", 1): (3, 0.56, 1.7),
 }
-DRAFT_FILES = {"small": "configs/models/t5_1_1/small.gin", "base": "configs/models/t5_1_1/base.gin",
-               "large": "configs/models/t5_1_1/large.gin"}
+DRAFT_FILES = {"small": "spec_decode/configs/models/t5_1_1/small.gin", "base": "spec_decode/configs/models/t5_1_1/base.gin",
+               "large": "spec_decode/configs/models/t5_1_1/large.gin"}
 
 
 @pytest.fixture(autouse=True)
@@ -59,14 +60,14 @@ def test_every_config_is_tested():
 @pytest.mark.parametrize("gin_file", MODEL_FILES)
 def test_model_file_binds_a_network(gin_file):
   gin.parse_config_file(gin_file)
-  config = network.T5Config()
+  config = gin.get_configurable(network.T5Config)()
   assert network.Transformer(config).config.vocab_size in (8000, 32128)
 
 
 @pytest.mark.parametrize("gin_file", TRAIN_FILES)
 def test_train_file_binds_the_trainer(gin_file):
-  # Training files leave the model to a model file (the demo trains configs/demo/*.gin).
-  gin.parse_config_files_and_bindings(["configs/demo/target.gin", gin_file], [])
+  # Training files leave the model to a model file (the demo trains spec_decode/configs/demo/*.gin).
+  gin.parse_config_files_and_bindings(["spec_decode/configs/demo/target.gin", gin_file], [])
   arguments = gin.get_bindings("train")
   assert isinstance(arguments["config"], network.T5Config)
   assert arguments["optimizer"] is not None
@@ -101,8 +102,8 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
   shrink = [f"network.T5Config.{name} = {value!r}" for name, value in tiny_t5.SHRINK.items()]
   shrink.append(f"models.transformer_from_gin_file.overrides = {tiny_t5.DRAFT_SHRINK!r}")
   gin.parse_config_files_and_bindings([gin_file], shrink, finalize_config=False)
-  target_config = network.T5Config()
-  draft_config = models.transformer_from_gin_file().config
+  target_config = gin.get_configurable(network.T5Config)()
+  draft_config = gin.get_configurable(models.transformer_from_gin_file)().config
   target_checkpoint = checkpoint_dir(target_config)
   gin.parse_config([
       f"CHECKPOINT_PATH = '{target_checkpoint}'",
@@ -123,7 +124,7 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
       "inputs", "targets"}
 
   if gin_file in TABLE2:
-    task, draft, temperature = re.fullmatch(r"configs/paper/table2/(\w+)_(\w+)_t([01])\.gin",
+    task, draft, temperature = re.fullmatch(r"spec_decode/configs/paper/table2/(\w+)_(\w+)_t([01])\.gin",
                                             gin_file).groups()
     gamma, alpha, speedup = PAPER[(task, draft, int(temperature))]
     expected = {"temperature": float(temperature), "topk": 0, "topp": 0.0,

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import decoding, drafting, verify
+from spec_decode.engine import decoding, drafting, verify
 import toy_setup
 from toy_setup import EOS
 

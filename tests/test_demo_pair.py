@@ -1,4 +1,4 @@
-"""The demo pair's storage round-trips, and the shipped files match configs/demo/*.gin."""
+"""The demo pair's storage round-trips, and the shipped files match spec_decode/configs/demo/*.gin."""
 import dataclasses
 
 import jax
@@ -6,9 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import data
-from spec_decode import demo_pair
-from spec_decode import network
+from spec_decode import gin_utils
+from spec_decode import paths
+from spec_decode.training import data
+from spec_decode.t5 import demo_pair
+from spec_decode.t5 import network
 
 # Greedy translation of the first bundled example, as printed by `python -m spec_decode.infer`
 # (models.py / infer.py's own tokenization and batching) when the step-1900 target was shipped.
@@ -38,7 +40,7 @@ def test_shipped_model_matches_gin(name):
   if not path.exists():
     pytest.skip(f"{path} not shipped")
   config, params = demo_pair.load_model(name)
-  gin_config = demo_pair.config_from_gin(str(data.REPO_ROOT / "configs" / "demo" / f"{name}.gin"))
+  gin_config = gin_utils.t5config_from_gin_file(str(paths.CONFIGS / "demo" / f"{name}.gin"))
   assert config == gin_config
   expected = jax.eval_shape(network.Transformer(config).init, jax.random.PRNGKey(0),
                             *(jnp.ones((1, 4), jnp.int32),) * 3)["params"]
@@ -49,7 +51,8 @@ def test_shipped_model_matches_gin(name):
 
 def _decode_shipped_pair(sentences, gamma=2):
   """Greedy baseline and speculative decodes of the shipped pair: ([B, L], [B, L])."""
-  from spec_decode import decoding, vocab
+  from spec_decode.engine import decoding
+  from spec_decode.t5 import vocab
   target_config, target_params = demo_pair.load_model("target")
   draft_config, draft_params = demo_pair.load_model("draft")
   vocabulary = vocab.SentencePieceVocabulary(str(demo_pair.VOCAB_PATH))

@@ -1,15 +1,15 @@
-"""`spec_decode.distill`: the written corpus is line-aligned with the sources and holds the
+"""`spec_decode.training.distill`: the written corpus is line-aligned with the sources and holds the
 model's own greedy translations."""
 
 import jax
 import sentencepiece as spm
 
-from spec_decode import data
-from spec_decode import demo_pair
-from spec_decode import distill
-from spec_decode import greedy
-from spec_decode import network
-from spec_decode import train
+from spec_decode.training import data
+from spec_decode.t5 import demo_pair
+from spec_decode.training import distill
+from spec_decode.training import greedy
+from spec_decode.t5 import network
+from spec_decode.training import train
 
 
 def test_writes_the_models_translations_aligned_with_the_sources(tmp_path):

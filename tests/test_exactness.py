@@ -4,8 +4,8 @@ For a 5-token vocabulary (PAD, EOS, and 3 words) and outputs of at most 4 tokens
 law over complete outputs is enumerated; 100,000 sequences are drawn in one batched call and
 compared with a chi-square test at a fixed seed. The same test must reject deliberately wrong
 verifiers (the negative controls), which shows it has the power to catch a broken rule.
-Every exact rule registered in `spec_decode.verify` runs through the whole suite, and every
-drafting policy of `spec_decode.drafting` through a representative part of it.
+Every exact rule registered in `spec_decode.engine.verify` runs through the whole suite, and every
+drafting policy of `spec_decode.engine.drafting` through a representative part of it.
 """
 
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from spec_decode import drafting, sampling, verify
+from spec_decode.engine import drafting, sampling, verify
 import toy_setup
 from toy_setup import EOS
 

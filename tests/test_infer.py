@@ -18,8 +18,8 @@ import pytest
 import tiny_t5
 from spec_decode import infer
 from spec_decode import models
-from spec_decode import network
-from spec_decode import vocab
+from spec_decode.t5 import network
+from spec_decode.t5 import vocab
 
 NUM_EXAMPLES = 20
 PREFIX = "translate English to German: "
@@ -34,10 +34,12 @@ def _run_gin(directory: pathlib.Path, target: tiny_t5.TinyModel, draft: tiny_t5.
   """A run config for a tiny target/draft pair (greedy, gamma 3, compared with the baseline)."""
   path = directory / "run.gin"
   path.write_text(f"""
-include 'configs/runs/infer.gin'
+include 'spec_decode/configs/runs/infer.gin'
 include '{target.gin_file}'
-import spec_decode.decoding
-import spec_decode.models
+from __gin__ import dynamic_registration
+from spec_decode.engine import decoding
+from spec_decode import models
+from spec_decode.t5 import network
 
 network.Transformer.config = @network.T5Config()
 VOCABULARY = @models.sentencepiece_vocabulary()
@@ -290,7 +292,8 @@ def test_task_errors_name_the_problem(tmp_path):
     tasks.load_examples("tatoeba_ende", "train", {"inputs": 8, "targets": 8})
   gin.clear_config()
   try:
-    gin.bind_parameter("tasks.data_dir.path", str(tmp_path / "missing"))
+    gin.parse_config(["from __gin__ import dynamic_registration", "from spec_decode import tasks",
+                      f"tasks.data_dir.path = '{tmp_path / 'missing'}'"])
     with pytest.raises(FileNotFoundError, match="data directory not found: .*missing"):
       tasks.load_examples("wmt_ende", "test", {"inputs": 8, "targets": 8}, num_examples=1)
   finally:

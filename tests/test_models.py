@@ -14,11 +14,12 @@ import pytest
 import scipy.special
 
 import tiny_t5
-from spec_decode import checkpoints
-from spec_decode import decoding
+from spec_decode import paths
+from spec_decode.t5 import checkpoints
+from spec_decode.engine import decoding
 from spec_decode import models
-from spec_decode import network
-from spec_decode import vocab
+from spec_decode.t5 import network
+from spec_decode.t5 import vocab
 
 VOCAB_SIZE = 8000
 B, LE, L = 3, 10, 12
@@ -229,12 +230,15 @@ def test_gamma_and_sampling_settings_come_from_gin(pair, vocabulary):
   target, draft = pair
   gin.clear_config()
   try:
-    gin.parse_config("decoding.speculative_sample.gamma = 4\n"
+    gin.parse_config("from __gin__ import dynamic_registration\n"
+                     "from spec_decode.engine import decoding\n"
+                     "decoding.speculative_sample.gamma = 4\n"
                      "decoding.speculative_sample.temperature = 0.5\n"
                      "decoding.speculative_sample.topk = 7\n")
     model = models.SpeculativeEncoderDecoderModel(
         network.Transformer(target.config), vocabulary, vocabulary,
-        decode_fn=decoding.speculative_sample, draft_module=network.Transformer(draft.config))
+        decode_fn=gin.get_configurable(decoding.speculative_sample),
+        draft_module=network.Transformer(draft.config))
     expected = {"temperature": 0.5, "topk": 7, "topp": 0.0, "max_decode_steps": None,
                 "gamma": 4, "verifier": "token"}
     assert {name: model.decode_settings[name] for name in expected} == expected
@@ -246,15 +250,15 @@ def test_gamma_and_sampling_settings_come_from_gin(pair, vocabulary):
 
 @pytest.mark.parametrize("gin_file", sorted(
     str(p.relative_to(tiny_t5.REPO_ROOT))
-    for p in (tiny_t5.REPO_ROOT / "configs").glob("**/*.gin")
+    for p in paths.CONFIGS.glob("**/*.gin")
     if p.parent.name in ("t5_1_0", "t5_1_1")
     or (p.parent.name == "demo" and p.name in ("target.gin", "draft.gin"))))
 def test_transformer_from_gin_file_reads_what_gin_binds(gin_file):
   module = models.transformer_from_gin_file(gin_file, overrides={"dtype": "float32"})
   gin.clear_config()
   try:
-    gin.parse_config_file(str(tiny_t5.REPO_ROOT / gin_file))
-    expected = network.T5Config(dtype="float32")
+    gin.parse_config_file(paths.resolve(gin_file))
+    expected = gin.get_configurable(network.T5Config)(dtype="float32")
   finally:
     gin.clear_config()
   assert module.config == expected
@@ -262,7 +266,7 @@ def test_transformer_from_gin_file_reads_what_gin_binds(gin_file):
 
 def test_transformer_from_gin_file_rejects_references(tmp_path):
   gin_file = tmp_path / "model.gin"
-  gin_file.write_text("include 'configs/models/t5_1_1/small.gin'\n"
+  gin_file.write_text("include 'spec_decode/configs/models/t5_1_1/small.gin'\n"
                       "network.T5Config.emb_dim = %EMB\n")
   with pytest.raises(ValueError, match="emb_dim is bound to %EMB"):
     models.transformer_from_gin_file(str(gin_file))

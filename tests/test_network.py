@@ -1,4 +1,4 @@
-"""Tests of spec_decode.network: T5X tree, gin configs, relative buckets, cached decoding."""
+"""Tests of spec_decode.t5.network: T5X tree, gin configs, relative buckets, cached decoding."""
 
 import math
 import pathlib
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from spec_decode import network
-from spec_decode.decoding import DecodingState
+from spec_decode import paths
+from spec_decode.t5 import network
+from spec_decode.engine.decoding import DecodingState
 
-CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs" / "models"
+CONFIG_DIR = paths.CONFIGS / "models"
 
 FAMILIES = {
     "t5_1_0": dict(mlp_activations=("relu",), logits_via_embedding=True),
@@ -66,7 +67,7 @@ def test_gin_config_parameter_counts(config_file):
   gin.clear_config()
   try:
     gin.parse_config_file(str(CONFIG_DIR / config_file))
-    module = network.Transformer()  # config comes from the gin binding
+    module = gin.get_configurable(network.Transformer)()  # config comes from the gin binding
   finally:
     gin.clear_config()
   assert module.config.vocab_size == 32128

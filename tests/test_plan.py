@@ -18,6 +18,9 @@ B, LE, L = 2, 10, 6
 def config_files(tmp_path):
   draft = tmp_path / "draft.gin"
   draft.write_text(textwrap.dedent(f"""\
+      from __gin__ import dynamic_registration
+      from spec_decode.t5 import network
+
       network.T5Config.vocab_size = {V}
       network.T5Config.dtype = 'bfloat16'
       network.T5Config.emb_dim = {DRAFT_E}
@@ -31,9 +34,9 @@ def config_files(tmp_path):
       """))
   run = tmp_path / "run.gin"
   run.write_text(textwrap.dedent(f"""\
-      import spec_decode.models
-      import spec_decode.network
-      import spec_decode.tasks  # skipped by the plan: datasets do not matter for memory
+      from __gin__ import dynamic_registration
+      from spec_decode import models
+      from spec_decode.t5 import network
 
       network.T5Config.vocab_size = {V}
       network.T5Config.dtype = 'bfloat16'
@@ -142,7 +145,7 @@ def test_command_line_errors_are_one_line(config_files, capsys):
 def test_table2_xxl_verification_fits_a_tpu_v4_slice():
   """T5-XXL's 11.1B parameters: 20.7 GiB in bfloat16 fit one 32 GiB TPU-v4 chip with the caches
   and the draft; in float32 (41.5 GiB) they need num_partitions >= 2."""
-  config = plan.read_config(["configs/paper/table2/ende_small_t0.gin"])
+  config = plan.read_config(["spec_decode/configs/paper/table2/ende_small_t0.gin"])
   assert (config.target.emb_dim, config.target.num_decoder_layers) == (4096, 24)
   assert config.draft.emb_dim == 512  # T5.1.1 small, from DRAFT_MODEL_GIN
   target = plan.model_shapes(config.target, config.batch_size, config.input_length,

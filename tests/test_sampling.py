@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import sampling
+from spec_decode.engine import sampling
 
 
 def reference_probs(logits: np.ndarray, temperature: float, topk: int, topp: float) -> np.ndarray:

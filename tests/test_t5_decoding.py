@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import decoding, network
+from spec_decode.engine import decoding
+from spec_decode.t5 import network
 import hf_utils
 
 EOS = 1

@@ -11,11 +11,12 @@ import optax
 import pytest
 import sentencepiece as spm
 
-from spec_decode import data
-from spec_decode import network
-from spec_decode import train
+from spec_decode import paths
+from spec_decode.training import data
+from spec_decode.t5 import network
+from spec_decode.training import train
 
-VOCAB = data.REPO_ROOT / "spec_decode" / "assets" / "demo" / "spm_ende_8k.model"
+VOCAB = paths.DEMO_ASSETS / "spm_ende_8k.model"
 TINY = network.T5Config(vocab_size=8000, emb_dim=32, num_heads=2, head_dim=16,
                         num_encoder_layers=1, num_decoder_layers=1, mlp_dim=64,
                         mlp_activations=("gelu", "linear"), dropout_rate=0.0)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import verify
+from spec_decode.engine import verify
 
 
 def random_probs(rng, shape, concentration=1.0):

@@ -1,4 +1,4 @@
-"""Tests of spec_decode.vocab: T5 id conventions, extra ids, decode rules, errors, real vocab."""
+"""Tests of spec_decode.t5.vocab: T5 id conventions, extra ids, decode rules, errors, real vocab."""
 
 import io
 import pickle
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import sentencepiece
 
-from spec_decode.vocab import SentencePieceVocabulary, t5_vocabulary
+from spec_decode.t5.vocab import SentencePieceVocabulary, t5_vocabulary
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 REAL_VOCAB = SHARED / "vocab" / "t5_cc_all_32000.model"

@@ -1,7 +1,7 @@
 """Tiny random T5.1.1 target/draft pairs on disk, for the model, infer and config tests.
 
 `write_pair(directory, vocab_size)` writes, for a target and a smaller draft: a model gin file
-binding `network.T5Config` (like configs/models/*), a T5X checkpoint (`save_t5x`) and a Hugging
+binding `network.T5Config` (like spec_decode/configs/models/*), a T5X checkpoint (`save_t5x`) and a Hugging
 Face folder (`save_hf`), and returns their paths and configs. `SHRINK` are the T5Config fields
 that shrink any T5.1.1 config to the tiny target (`DRAFT_SHRINK` to the draft).
 """
@@ -12,8 +12,8 @@ import pathlib
 import jax
 import numpy as np
 
-from spec_decode import checkpoints
-from spec_decode import network
+from spec_decode.t5 import checkpoints
+from spec_decode.t5 import network
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"
@@ -53,7 +53,7 @@ def random_params(config: network.T5Config, seed: int) -> dict:
 
 
 def _gin_text(config: network.T5Config) -> str:
-  lines = ["import spec_decode.network"]
+  lines = ["from __gin__ import dynamic_registration", "from spec_decode.t5 import network"]
   for field in dataclasses.fields(config):
     lines.append(f"network.T5Config.{field.name} = {getattr(config, field.name)!r}")
   return "\n".join(lines) + "\n"

@@ -5,7 +5,7 @@ import functools
 import jax
 import numpy as np
 
-from spec_decode import decoding, toy
+from spec_decode.engine import decoding, toy
 
 EOS = 1
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from spec_decode import checkpoints
-from spec_decode import network
+from spec_decode.t5 import checkpoints
+from spec_decode.t5 import network
 from spec_decode import partitioning
 
 CONFIG = network.T5Config(vocab_size=64, emb_dim=16, num_heads=8, head_dim=2,

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import decoding
-from spec_decode import network
+from spec_decode.engine import decoding
+from spec_decode.t5 import network
 from spec_decode import partitioning
 
 MESH_SHAPES = [(1, 8), (2, 4), (4, 2), (8, 1)]

@@ -1,0 +1,11 @@
+"""The speculative decoding engine: what a decoder author reads and extends.
+
+Pure JAX (no gin, no T5, no checkpoints): models enter only through the model contract
+`tokens_to_logits(state) -> (logits, new_cache)` written down in `decoding`.
+
+  sampling   logits -> the distribution actually sampled (temperature, top-k, top-p)
+  verify     verification rules as exact laws ('token', 'block', lossy 'lenient'); a registry
+  drafting   drafting policies ('fixed', 'expected_speedup', 'confidence'); a registry
+  decoding   `temperature_sample` (baseline) and `speculative_sample`, each one jitted loop
+  toy        prefix-hash toy models honoring the contract with a real cache (for tests)
+"""

@@ -1,0 +1,420 @@
+"""Decoders: the autoregressive baseline and exact speculative sampling.
+
+Both are pure functions over flax dataclass loop states, each one `jax.lax.while_loop` that the
+caller jits (the models in `spec_decode.models` jit them with the parameters as arguments). No
+host round-trip happens per token; prompts and rngs are data, so they never cause a recompile.
+
+## The model contract
+A model is `tokens_to_logits(state: DecodingState) -> (logits, new_cache)` where
+  state.cur_index  [B] int32     decoder position of state.cur_token[:, 0], per row;
+  state.cur_token  [B, k] int32  k >= 1 tokens to feed (positions cur_index .. cur_index+k-1);
+  state.sequences  [B, S] int32  the engine's token buffer (position 0 is BOS = 0);
+  state.cache      the model's pytree; EVERY leaf has the batch as its leading axis.
+`logits [B, k, V]`: row j predicts the token at position cur_index + j + 1 and attends to every
+position <= cur_index + j and to nothing beyond. The cache is written by overwriting positions
+[cur_index, cur_index + k); the engine rolls a row back simply by passing a smaller cur_index
+next time, so entries at positions >= cur_index are stale and must never be read. Writes at
+positions >= the cache length are dropped; a cache of length L = max_decode_len is enough.
+The target is called with k = gamma + 1 (one parallel verification per iteration), the draft with
+k = 2 once per iteration (the catch-up call below) and k = 1 otherwise.
+
+## Conventions (T5X's `t5x/decoding.py`)
+`inputs [B, L]` are decoder inputs: position 0 is BOS (0); a non-zero token at position t >= 1 is
+forced (a prompt), zero means "sample". The output `decodes [B, num_decodes, L]` holds the
+tokens of positions 1..L; after EOS (or beyond its length limit) a row holds PAD 0.
+`log_probs [B, num_decodes]` sums the model's own log-softmax (temperature 1, no truncation) over
+the sampled, non-forced tokens up to and including EOS. The num_decodes samples of each example are
+sorted by log_prob, ascending (the best is last), as in T5X.
+`initial_index [B]`: rows start at that position; the caches must already hold positions
+< initial_index (a prefill) and `inputs` holds the prompt up to and including initial_index.
+`max_decode_steps`: each row samples at most that many positions past its prompt.
+Unlike T5X, whose `topk=1` default silently means greedy, `topk` defaults to 0 (no truncation);
+greedy decoding is `temperature=0`.
+
+## How speculative sampling keeps the target's distribution
+Each iteration of `speculative_sample`, for every row independently at its own position i
+(the position of its last committed token):
+1. the draft proposes x_1..x_m from q, m <= gamma chosen by a drafting policy (fixed m = gamma
+   by default; see `spec_decode.engine.drafting`): a k = 2 catch-up call at positions i-1, i (after a
+   fully accepted block the draft has never seen x_m; otherwise it rewrites an entry it already
+   holds), then k = 1 calls;
+2. the target scores [seq[i], x_1..x_gamma] in ONE call (k = gamma + 1) giving p_1..p_{gamma+1};
+3. a verification rule from `spec_decode.engine.verify` turns (x, q, p, m) into the number of
+   accepted drafts n and the next token; the row commits n + 1 tokens (cut at EOS or its length limit)
+   and both caches roll back to the new position on the next call.
+Forced prompt tokens are exact by construction: at a forced position both p and q become the
+one-hot of the forced token, so it is always drafted, always accepted, and always emitted.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from spec_decode.engine import drafting
+from spec_decode.engine import sampling
+from spec_decode.engine import verify
+
+
+@flax.struct.dataclass
+class DecodingState:
+  """What a model sees on each call (see the model contract above)."""
+  cur_index: jax.Array  # [B] int32
+  cur_token: jax.Array  # [B, k] int32
+  sequences: jax.Array  # [B, S] int32
+  cache: Any
+
+
+TokensToLogits = Callable[[DecodingState], tuple[jax.Array, Any]]
+
+
+@flax.struct.dataclass
+class Rows:
+  """Per-row progress shared by both decoders."""
+  index: jax.Array  # [N] position of the last committed token
+  done: jax.Array  # [N] bool: EOS emitted or length limit reached
+  sequences: jax.Array  # [N, S] token buffer; positions > index hold scratch (drafts)
+  log_prob: jax.Array  # [N] float32
+
+
+@flax.struct.dataclass
+class SpeculativeStats:
+  """Per-row counters of a speculative decode ([B, num_decodes] when returned)."""
+  target_calls: jax.Array
+  draft_calls: jax.Array
+  drafted_tokens: jax.Array
+  accepted_tokens: jax.Array  # drafts accepted by the verifier and kept (not past EOS/limit)
+  generated_tokens: jax.Array  # tokens committed (accepted + corrections/bonus, cut at EOS)
+  acceptance_sum: jax.Array  # sum over verified positions of sum_x min(p(x), q(x))
+  verified_positions: jax.Array
+
+  @property
+  def alpha(self) -> jax.Array:
+    """The paper's acceptance estimate: mean over verified positions of sum_x min(p, q)."""
+    return self.acceptance_sum / jnp.maximum(self.verified_positions, 1)
+
+  @classmethod
+  def counter_names(cls) -> tuple[str, ...]:
+    """The counters' names: the one list reports and stats totals are built from."""
+    return tuple(field.name for field in dataclasses.fields(cls))
+
+  @classmethod
+  def zeros(cls, num_rows: int) -> "SpeculativeStats":
+    zero_int = jnp.zeros((num_rows,), jnp.int32)
+    zero_float = jnp.zeros((num_rows,), jnp.float32)
+    return cls(zero_int, zero_int, zero_int, zero_int, zero_int, zero_float, zero_int)
+
+
+@flax.struct.dataclass
+class _Problem:
+  """Per-row constants of one decode call."""
+  forced: jax.Array  # [N, S] forced token per position, 0 where free
+  end: jax.Array  # [N] last position a row may write
+  eos_id: int = flax.struct.field(pytree_node=False)
+  sampling_args: tuple[float, int, float] = flax.struct.field(pytree_node=False)
+
+  @property
+  def greedy(self) -> bool:
+    """Every distribution sampled is a point mass (see `sampling.sample`'s point_masses)."""
+    return sampling.is_greedy(self.sampling_args[0])
+
+
+@flax.struct.dataclass
+class SamplingLoopState:
+  rows: Rows
+  cache: Any
+  rng: jax.Array
+
+
+@flax.struct.dataclass
+class SpeculativeLoopState:
+  rows: Rows
+  cache: Any
+  draft_cache: Any
+  stats: SpeculativeStats
+  rng: jax.Array
+
+
+def _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, topp):
+  if inputs.ndim != 2:
+    raise ValueError(f"inputs must be [batch, max_decode_len], got shape {inputs.shape}")
+  if int(eos_id) != eos_id or eos_id < 0:
+    raise ValueError(f"eos_id must be a non-negative integer, got {eos_id!r}")
+  if int(num_decodes) != num_decodes or num_decodes < 1:
+    raise ValueError(f"num_decodes must be an integer >= 1, got {num_decodes!r}")
+  if max_decode_steps is not None and (int(max_decode_steps) != max_decode_steps or
+                                       max_decode_steps < 1):
+    raise ValueError(f"max_decode_steps must be an integer >= 1 or None, got "
+                     f"{max_decode_steps!r}")
+  sampling.validate_sampling_args(temperature, topk, topp)
+
+
+def _expand(tree: Any, num_decodes: int) -> Any:
+  """Repeats every leaf num_decodes times along its leading (batch) axis."""
+  if num_decodes == 1:
+    return tree
+  return jax.tree_util.tree_map(lambda x: jnp.repeat(x, num_decodes, axis=0), tree)
+
+
+def _setup(inputs, initial_index, num_decodes, max_decode_steps, eos_id, sampling_args,
+           block_size):
+  """Builds the expanded problem constants and the starting rows.
+
+  The buffer has `block_size` scratch columns past position L so a block written at any
+  position <= L stays in bounds.
+  """
+  inputs = _expand(jnp.asarray(inputs, jnp.int32), num_decodes)
+  num_rows, max_decode_len = inputs.shape
+  sequences = jnp.pad(inputs, ((0, 0), (0, 1 + block_size)))
+  forced = sequences.at[:, 0].set(0)
+  positions = jnp.arange(sequences.shape[1])
+  if initial_index is None:
+    index = jnp.zeros((num_rows,), jnp.int32)
+  else:
+    index = _expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
+  end = jnp.full((num_rows,), max_decode_len, jnp.int32)
+  if max_decode_steps is not None:
+    prompt_end = jnp.maximum(jnp.max(jnp.where(forced > 0, positions, 0), axis=1), index)
+    end = jnp.minimum(end, prompt_end + max_decode_steps)
+  rows = Rows(index=index, done=index >= end, sequences=sequences,
+              log_prob=jnp.zeros((num_rows,), jnp.float32))
+  return _Problem(forced, end, eos_id, sampling_args), rows
+
+
+def _gather(buffer: jax.Array, positions: jax.Array) -> jax.Array:
+  """buffer[n, positions[n, j]] for buffer [N, S], positions [N, C]."""
+  return jnp.take_along_axis(buffer, positions, axis=1)
+
+
+def _scatter(buffer: jax.Array, positions: jax.Array, values: jax.Array) -> jax.Array:
+  """buffer[n, positions[n, j]] = values[n, j]. Written per row (vmap) so that a batch-sharded
+  buffer is updated where its rows live, with no cross-device traffic."""
+  return jax.vmap(lambda row, where, new: row.at[where].set(new))(buffer, positions, values)
+
+
+def _target_probs(problem: _Problem, logits: jax.Array, positions: jax.Array) -> jax.Array:
+  """The sampled distribution for the tokens at `positions [N, C]` from `logits [N, C, V]`;
+  forced positions become one-hot on their forced token."""
+  probs = sampling.logits_to_probs(logits, *problem.sampling_args)
+  forced = _gather(problem.forced, positions)
+  forced_one_hot = jax.nn.one_hot(forced, logits.shape[-1], dtype=probs.dtype)
+  return jnp.where((forced > 0)[..., None], forced_one_hot, probs)
+
+
+def _commit(problem: _Problem, rows: Rows, candidates: jax.Array, num_candidates: jax.Array,
+            logits: jax.Array) -> tuple[Rows, jax.Array]:
+  """Appends the first num_candidates[n] of `candidates [N, C]` after each row's last token.
+
+  `logits [N, C, V]` are the target's logits that predicted each candidate (for log_prob).
+  The block is cut after the first sampled EOS and at the row's length limit; finished rows do
+  not change. Returns the new rows and the number of tokens each row committed [N].
+  """
+  block = jnp.arange(candidates.shape[1])
+  positions = rows.index[:, None] + 1 + block
+  keep = (block < num_candidates[:, None]) & (positions <= problem.end[:, None])
+  keep &= ~rows.done[:, None]
+  sampled = _gather(problem.forced, positions) == 0
+  eos = keep & sampled & (candidates == problem.eos_id)
+  keep &= (jnp.cumsum(eos, axis=1) - eos) == 0  # nothing after the first EOS
+  hit_eos = jnp.any(eos & keep, axis=1)
+  num_committed = jnp.sum(keep, axis=1).astype(jnp.int32)
+  sequences = _scatter(rows.sequences, positions,
+                       jnp.where(keep, candidates, _gather(rows.sequences, positions)))
+  token_log_probs = sampling.log_softmax_of(logits, candidates)
+  log_prob = rows.log_prob + jnp.sum(jnp.where(keep & sampled, token_log_probs, 0.0), axis=1)
+  index = rows.index + num_committed
+  done = rows.done | hit_eos | (index >= problem.end)
+  return Rows(index, done, sequences, log_prob), num_committed
+
+
+def _finish(rows: Rows, max_decode_len: int, batch_size: int, num_decodes: int,
+            per_row: Any = None):
+  """Cuts the buffer to decodes [B, num_decodes, L] (PAD past each row's end) and sorts each
+  example's decodes by log_prob, ascending; `per_row` leaves [N] are reshaped and sorted alike."""
+  positions = jnp.arange(1, max_decode_len + 1)
+  decodes = jnp.where(positions[None] <= rows.index[:, None],
+                      rows.sequences[:, 1:max_decode_len + 1], 0)
+  unflatten = lambda x: x.reshape((batch_size, num_decodes) + x.shape[1:])
+  decodes, log_prob, per_row = jax.tree_util.tree_map(
+      unflatten, (decodes, rows.log_prob, per_row))
+  order = jnp.argsort(log_prob, axis=1)
+  sort = lambda x: jnp.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - 2)),
+                                       axis=1)
+  return jax.tree_util.tree_map(sort, (decodes, log_prob, per_row))
+
+
+def temperature_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
+                       eos_id: int, decode_rng: jax.Array | None = None,
+                       num_decodes: int = 1, temperature: float = 1.0, topk: int = 0,
+                       topp: float = 0.0, initial_index: jax.Array | None = None,
+                       max_decode_steps: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """Autoregressive sampling, one target call per token: the baseline.
+
+  Returns (decodes [B, num_decodes, L] int32, log_probs [B, num_decodes] float32).
+  """
+  _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, topp)
+  batch_size, max_decode_len = inputs.shape
+  problem, rows = _setup(inputs, initial_index, num_decodes, max_decode_steps, eos_id,
+                         (temperature, topk, topp), block_size=1)
+  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+
+  def step(state: SamplingLoopState) -> SamplingLoopState:
+    rng, step_rng = jax.random.split(state.rng)
+    index = state.rows.index
+    logits, cache = tokens_to_logits(DecodingState(
+        cur_index=index, cur_token=_gather(state.rows.sequences, index[:, None]),
+        sequences=state.rows.sequences, cache=state.cache))
+    probs = _target_probs(problem, logits, index[:, None] + 1)
+    token = sampling.sample(step_rng, probs, point_masses=problem.greedy)
+    rows, _ = _commit(problem, state.rows, token, jnp.ones_like(index), logits)
+    return SamplingLoopState(rows, cache, rng)
+
+  final = jax.lax.while_loop(lambda s: ~jnp.all(s.rows.done), step,
+                             SamplingLoopState(rows, _expand(cache, num_decodes), rng))
+  decodes, log_probs, _ = _finish(final.rows, max_decode_len, batch_size, num_decodes)
+  return decodes, log_probs
+
+
+def _vocab_size(tokens_to_logits: TokensToLogits, cache: Any, sequences: jax.Array) -> int:
+  """The model's vocabulary size from an abstract call (traced, never compiled or run)."""
+  num_rows = sequences.shape[0]
+  state = DecodingState(jnp.zeros((num_rows,), jnp.int32), jnp.zeros((num_rows, 1), jnp.int32),
+                        sequences, cache)
+  return jax.eval_shape(tokens_to_logits, state)[0].shape[-1]
+
+
+def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
+                       eos_id: int, *, draft_cache: Any, draft_tokens_to_logits: TokensToLogits,
+                       gamma: int, decode_rng: jax.Array | None = None, num_decodes: int = 1,
+                       temperature: float = 1.0, topk: int = 0, topp: float = 0.0,
+                       initial_index: jax.Array | None = None,
+                       max_decode_steps: int | None = None,
+                       verifier: str | verify.Rule = "token",
+                       draft_policy: str | drafting.Policy = "fixed"
+                       ) -> tuple[jax.Array, jax.Array, SpeculativeStats]:
+  """Speculative sampling (Leviathan et al., 2023): same law as `temperature_sample`.
+
+  `verifier` names a rule of `spec_decode.engine.verify` ('token', the paper's; 'block'; lossy rules
+  such as 'lenient' are opt-in) or is a rule function with the same signature. `draft_policy`
+  names a policy of `spec_decode.engine.drafting` ('fixed': always gamma drafts; 'expected_speedup',
+  'confidence': adaptive, at most gamma) or is such a function. Returns (decodes [B, num_decodes, L], log_probs
+  [B, num_decodes], stats: SpeculativeStats with [B, num_decodes] fields).
+  """
+  _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, topp)
+  if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 1:
+    raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+  rule = verify.get_rule(verifier) if isinstance(verifier, str) else verifier
+  policy = drafting.get_policy(draft_policy) if isinstance(draft_policy, str) else draft_policy
+  batch_size, max_decode_len = inputs.shape
+  problem, rows = _setup(inputs, initial_index, num_decodes, max_decode_steps, eos_id,
+                         (temperature, topk, topp), block_size=gamma + 1)
+  cache, draft_cache = _expand((cache, draft_cache), num_decodes)
+  target_vocab = _vocab_size(tokens_to_logits, cache, rows.sequences)
+  draft_vocab = _vocab_size(draft_tokens_to_logits, draft_cache, rows.sequences)
+  if target_vocab != draft_vocab:
+    raise ValueError(f"target and draft vocabulary sizes differ: target logits have "
+                     f"{target_vocab} entries, draft logits {draft_vocab}")
+  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  step = functools.partial(_speculative_step, problem, tokens_to_logits,
+                           draft_tokens_to_logits, rule, policy, gamma)
+  initial = SpeculativeLoopState(rows, cache, draft_cache,
+                                 SpeculativeStats.zeros(rows.index.shape[0]), rng)
+  final = jax.lax.while_loop(lambda s: ~jnp.all(s.rows.done), step, initial)
+  decodes, log_probs, stats = _finish(final.rows, max_decode_len, batch_size, num_decodes,
+                                      final.stats)
+  return decodes, log_probs, stats
+
+
+def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
+           policy: drafting.Policy, gamma: int, rows: Rows, stats: SpeculativeStats,
+           draft_cache: Any, rng: jax.Array):
+  """Proposes up to gamma tokens per row after its position i.
+
+  The first call feeds positions (i-1, i) — the catch-up — except at i = 0, where it feeds
+  (0, 1) and reads the logits of position 0 (position 1 is scratch, overwritten before it is
+  read). Each further call feeds the previous draft. The policy may stop rows early; the loop
+  ends when no row drafts any more. Returns (draft_tokens [N, G], draft_probs [N, G, V],
+  num_drafted [N], number of draft calls (scalar), sequences with the drafts written at
+  i+1.., draft_cache).
+  """
+  index = rows.index
+  start = jnp.maximum(index - 1, 0)
+  window = start[:, None] + jnp.arange(2)
+  logits, draft_cache = draft_tokens_to_logits(DecodingState(
+      start, _gather(rows.sequences, window), rows.sequences, draft_cache))
+  logits = jnp.take_along_axis(logits, (index - start)[:, None, None], axis=1)[:, 0]
+  num_rows, vocab_size = logits.shape
+
+  def propose(carry):
+    """Samples the draft at block offset `offset` and asks the policy whether to go on."""
+    offset, logits, sequences, draft_cache, rng, tokens, probs, still_drafting, num_drafted = carry
+    rng, sample_rng = jax.random.split(rng)
+    position = index + 1 + offset
+    q = _target_probs(problem, logits[:, None], position[:, None])[:, 0]
+    token = sampling.sample(sample_rng, q, point_masses=problem.greedy)
+    sequences = _scatter(sequences, position[:, None], token[:, None])
+    num_drafted = num_drafted + still_drafting
+    still_drafting &= policy(offset, q, stats) & (offset + 1 < gamma)
+    return (offset + 1, logits, sequences, draft_cache, rng, tokens.at[:, offset].set(token),
+            probs.at[:, offset].set(q), still_drafting, num_drafted)
+
+  def feed_and_propose(carry):
+    offset, _, sequences, draft_cache = carry[:4]
+    last = offset - 1
+    logits, draft_cache = draft_tokens_to_logits(DecodingState(
+        index + 1 + last, carry[5][:, last, None], sequences, draft_cache))
+    return propose((offset, logits[:, 0], sequences, draft_cache) + carry[4:])
+
+  carry = propose((jnp.int32(0), logits, rows.sequences, draft_cache, rng,
+                   jnp.zeros((num_rows, gamma), jnp.int32),
+                   jnp.zeros((num_rows, gamma, vocab_size), jnp.float32),
+                   jnp.ones((num_rows,), bool), jnp.zeros((num_rows,), jnp.int32)))
+  carry = jax.lax.while_loop(lambda c: jnp.any(c[7]), feed_and_propose, carry)
+  num_calls, _, sequences, draft_cache, _, tokens, probs, _, num_drafted = carry
+  return tokens, probs, num_drafted, num_calls, sequences, draft_cache
+
+
+def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
+                      draft_tokens_to_logits: TokensToLogits, rule: verify.Rule,
+                      policy: drafting.Policy, gamma: int,
+                      state: SpeculativeLoopState) -> SpeculativeLoopState:
+  rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
+  rows = state.rows
+  draft_tokens, draft_probs, num_drafted, num_draft_calls, sequences, draft_cache = _draft(
+      problem, draft_tokens_to_logits, policy, gamma, rows, state.stats, state.draft_cache,
+      draft_rng)
+
+  block = rows.index[:, None] + jnp.arange(gamma + 1)
+  logits, cache = tokens_to_logits(DecodingState(
+      rows.index, _gather(sequences, block), sequences, state.cache))
+  target_probs = _target_probs(problem, logits, block + 1)
+  # Sampled even when greedy: a rule may randomize its verdict (the bench's SIMULATED coin does).
+  num_accepted, next_token = verify.sample_verdict(
+      verify_rng, rule(draft_tokens, draft_probs, target_probs, num_drafted))
+
+  offsets = jnp.arange(gamma + 1)
+  candidates = jnp.where(offsets == num_accepted[:, None], next_token[:, None],
+                         jnp.pad(draft_tokens, ((0, 0), (0, 1))))
+  committed, num_committed = _commit(problem, dataclasses.replace(rows, sequences=sequences),
+                                     candidates, num_accepted + 1, logits)
+
+  active = ~rows.done
+  # Drafts the verifier weighed and whose position the row kept: up to the first rejection,
+  # never past EOS or the length limit; forced positions (alpha 1 by construction) do not count.
+  verified = offsets[:gamma] < num_committed[:, None]
+  verified &= _gather(problem.forced, block[:, 1:]) == 0
+  rates = verify.acceptance_rates(draft_probs, target_probs)
+  count = lambda x: jnp.where(active, x, 0).astype(jnp.int32)
+  stats = state.stats
+  stats = SpeculativeStats(
+      target_calls=stats.target_calls + count(1),
+      draft_calls=stats.draft_calls + count(num_draft_calls),
+      drafted_tokens=stats.drafted_tokens + count(num_drafted),
+      accepted_tokens=stats.accepted_tokens + jnp.minimum(num_accepted, num_committed),
+      generated_tokens=stats.generated_tokens + num_committed,
+      acceptance_sum=stats.acceptance_sum + jnp.sum(jnp.where(verified, rates, 0.0), axis=1),
+      verified_positions=stats.verified_positions + jnp.sum(verified, axis=1).astype(jnp.int32))
+  return SpeculativeLoopState(committed, cache, draft_cache, stats, rng)

@@ -1,0 +1,8 @@
+"""T5 itself: the network and its files.
+
+  network      T5 1.0 / T5.1.1 in Flax with T5X's parameter tree; multi-token cached decoding
+               (the engine's model contract)
+  checkpoints  T5X (legacy msgpack, TensorStore, Orbax) and Hugging Face checkpoints, both ways
+  vocab        SentencePiece vocabularies with T5's conventions, seqio's API, no TensorFlow
+  demo_pair    the shipped demo pair's file format (float16 safetensors + its T5Config)
+"""

@@ -1,0 +1,648 @@
+"""T5 parameters in and out of T5X and Hugging Face checkpoints.
+
+Parameters are the `params` collection of `spec_decode.t5.network.Transformer`: a nested dict
+with T5X's names (`token_embedder/embedding [V,E]`, `encoder/layers_0/attention/query/kernel
+[E,H*D]`, ..., `decoder/logits_dense/kernel [E,V]`) whose leaves are numpy arrays.
+
+T5X (`load_t5x`, `restore_t5x_state`, `save_t5x`)
+  * Legacy layout: a `checkpoint_N/` directory (or its `checkpoint` file, or a bare msgpack
+    file) holding flax msgpack `{'version': 3, 'optimizer': {'target': params, 'state': ...}}`.
+    A leaf is an inline array, or a TensorStore zarr spec dict whose `kvstore.path` is
+    relative to the checkpoint directory (drivers `file`/`gfile`/`gcs`; `gs://bucket/...`
+    directories are read with TensorStore's gcs driver). Arrays whose `.zarray` is missing
+    are read from the spec's own metadata (T5X's test data is distributed that way).
+  * Orbax layout: a step directory with either a msgpack `checkpoint` whose leaves are
+    `PLACEHOLDER://<name>` (one zarr array directory `<name>/` each) or an Orbax `_METADATA`
+    tree (zarr arrays, possibly inside an OCDBT database). A `<name>/` without `.zarray` can
+    only be read with a `template` giving each leaf's shape and dtype.
+  * `save_t5x` writes the legacy layout with gzip zarr arrays and relative paths, as T5X's
+    `Checkpointer` does, and `{'step': step}` as the optimizer state: T5X's inference
+    (`InferenceState`) and `load_t5x_checkpoint` read it; resuming training needs the
+    optimizer's slots, which are not written.
+
+Hugging Face (`load_hf`, `save_hf`): `T5ForConditionalGeneration` folders (`config.json` and
+`model.safetensors`, `pytorch_model.bin`, or their sharded `*.index.json` forms). PyTorch
+linear weights [out, in] are transposed to kernels [in, out]; relative-attention tables
+[buckets, H] become [H, buckets]. Tied (T5 1.0) models scale the decoder output by
+1/sqrt(d_model) before the shared embedding (`logits_via_embedding=True`); untied (T5.1.1)
+models have `lm_head` (`decoder/logits_dense`). torch is imported only for `.bin` files.
+
+Mismatches are errors: `check_params` names the first missing, unexpected or misshapen
+parameter path (with both shapes); missing files raise FileNotFoundError naming the path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import posixpath
+import re
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorstore as ts
+from flax import serialization
+from flax.core import unfreeze
+
+from spec_decode.t5.network import T5Config, Transformer
+
+Params = dict[str, Any]
+KeyPath = tuple[str, ...]
+
+T5X_VERSION = 3
+# T5X keeps each TensorStore chunk at or below 64 MiB.
+_MAX_CHUNK_BYTES = 64 * 1024 * 1024
+_ORBAX_PLACEHOLDER = "PLACEHOLDER://"
+_ZARR_METADATA_KEYS = (".zarray", "zarr.json")  # zarr v2, zarr v3
+_LAYER_NORM_EPSILON = 1e-6  # network.py's RMS-norm epsilon, the only one it supports
+
+
+# --------------------------------------------------------------------------- trees
+
+
+def _flatten(tree: Mapping[str, Any], prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
+  """(path, leaf) pairs of a nested mapping, depth first in key order; empty mappings and
+  TensorStore spec dicts are leaves."""
+  for key in sorted(tree):
+    value = tree[key]
+    if isinstance(value, Mapping) and value and not _is_tensorstore_spec(value):
+      yield from _flatten(value, prefix + (str(key),))
+    else:
+      yield prefix + (str(key),), value
+
+
+def _unflatten(items: Mapping[KeyPath, Any]) -> dict:
+  tree: dict = {}
+  for path, value in items.items():
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = value
+  return tree
+
+
+def _name(path: KeyPath) -> str:
+  return "/".join(path)
+
+
+def expected_param_shapes(config: T5Config) -> Params:
+  """The network's parameter tree for `config`, as jax.ShapeDtypeStruct leaves (no compute)."""
+  tokens = jnp.ones((1, 1), jnp.int32)
+  variables = jax.eval_shape(
+      lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens))
+  return unfreeze(variables["params"])
+
+
+def check_params(expected: Mapping[str, Any], params: Mapping[str, Any], source: str) -> None:
+  """Raises ValueError unless `params` has exactly `expected`'s paths and shapes.
+
+  `expected` is any nested mapping whose leaves have `.shape` (e.g. `expected_param_shapes`);
+  `source` names where `params` came from, for the message. The first offending path, in
+  sorted order, is reported: missing, unexpected, or with both shapes when they differ.
+  """
+  want = {path: tuple(leaf.shape) for path, leaf in _flatten(expected)}
+  got = {path: tuple(np.shape(leaf)) for path, leaf in _flatten(params)}
+  for path in sorted(set(want) | set(got)):
+    if path not in got:
+      raise ValueError(f"{source}: missing parameter {_name(path)} "
+                       f"(expected shape {want[path]})")
+    if path not in want:
+      raise ValueError(f"{source}: unexpected parameter {_name(path)} "
+                       f"with shape {got[path]}")
+    if got[path] != want[path]:
+      raise ValueError(f"{source}: parameter {_name(path)} has shape {got[path]}, "
+                       f"expected {want[path]}")
+
+
+def cast_floats(tree: Params, dtype: Any) -> Params:
+  """Casts the floating-point leaves of `tree` to `dtype` (e.g. 'bfloat16', as T5X's infer does
+  on restore); integer leaves are kept."""
+  dtype = jnp.dtype(dtype)
+
+  def cast(leaf: np.ndarray) -> np.ndarray:
+    return leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
+  return _unflatten({path: cast(leaf) for path, leaf in _flatten(tree)})
+
+
+# --------------------------------------------------------------------------- locations
+
+
+def _gcs(path: str) -> tuple[str, str] | None:
+  """(bucket, key prefix) of a gs:// path, else None."""
+  match = re.fullmatch(r"gs://([^/]+)/?(.*)", path, re.DOTALL)
+  return (match.group(1), match.group(2).strip("/")) if match else None
+
+
+def _kvstore(directory: str, relative: str = "") -> dict:
+  """TensorStore kvstore spec of the directory `relative` under `directory` (local or gs://)."""
+  gcs = _gcs(directory)
+  if gcs:
+    bucket, prefix = gcs
+    return {"driver": "gcs", "bucket": bucket,
+            "path": posixpath.join(prefix, relative).strip("/") + "/"}
+  return {"driver": "file", "path": os.path.join(directory, relative).rstrip("/") + "/"}
+
+
+def _read_bytes(directory: str, key: str) -> bytes | None:
+  """Contents of file `key` in `directory`, or None when it does not exist."""
+  if not _gcs(directory):
+    path = os.path.join(directory, key)
+    if not os.path.isfile(path):
+      return None
+    with open(path, "rb") as f:
+      return f.read()
+  result = ts.KvStore.open(_kvstore(directory)).result().read(key).result()
+  return result.value if result.state == "value" else None
+
+
+def _is_tensorstore_spec(value: Any) -> bool:
+  return isinstance(value, Mapping) and "driver" in value and "metadata" in value
+
+
+def _to_json(value: Any) -> Any:
+  """msgpack-restored spec fields (numpy arrays and scalars) as plain JSON values."""
+  if isinstance(value, Mapping):
+    return {str(k): _to_json(v) for k, v in value.items()}
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  if isinstance(value, (list, tuple)):
+    return [_to_json(v) for v in value]
+  if isinstance(value, np.generic):
+    return value.item()
+  return value
+
+
+# --------------------------------------------------------------------------- zarr arrays
+
+
+def _sniff_compressor(chunk: bytes) -> dict | None:
+  """zarr compressor spec from a chunk's magic bytes (gzip, zstd) or None for raw bytes."""
+  if chunk.startswith(b"\x1f\x8b"):
+    return {"id": "gzip"}
+  if chunk.startswith(b"\x28\xb5\x2f\xfd"):
+    return {"id": "zstd"}
+  return None
+
+
+def _read_zarr(array_spec: dict, where: str, template: Any = None) -> np.ndarray:
+  """Reads the zarr array of `array_spec` (its kvstore is the array's directory).
+
+  With zarr metadata stored (`.zarray`, or zarr v3's `zarr.json`), that is authoritative
+  (as in T5X, the spec's chunking and compressor are dropped). Without it, the spec's
+  `metadata` and `dtype` describe the array; failing those, `template` (shape and dtype)
+  does, with a single chunk whose compressor is recognized from its bytes.
+  """
+  kvstore = ts.KvStore.open(array_spec["kvstore"]).result()
+  keys = [key.decode() for key in kvstore.list().result()]
+  if not keys:
+    raise FileNotFoundError(f"{where}: no array data at {array_spec['kvstore']}")
+  spec = dict(array_spec)
+  metadata = dict(spec.get("metadata", {}))
+  if any(key in keys for key in _ZARR_METADATA_KEYS):
+    metadata.pop("chunks", None)
+    metadata.pop("compressor", None)
+    spec["metadata"] = metadata
+    store = ts.open(spec, open=True).result()
+  else:
+    if "shape" not in metadata:
+      if template is None:
+        raise ValueError(
+            f"{where}: {array_spec['kvstore']} has no .zarray and the checkpoint does "
+            "not describe the array; pass a template with its shape and dtype")
+      shape = [int(n) for n in template.shape]
+      chunk_key = ".".join(["0"] * max(len(shape), 1))
+      if keys != [chunk_key]:
+        raise ValueError(f"{where}: cannot infer the chunking of {sorted(keys)} without "
+                         ".zarray")
+      chunk = kvstore.read(chunk_key).result().value
+      metadata.update(shape=shape, chunks=shape or [], compressor=_sniff_compressor(chunk))
+      spec["dtype"] = jnp.dtype(template.dtype).name
+    spec["metadata"] = metadata
+    # The zarr driver would otherwise insist on reading the missing .zarray.
+    store = ts.open(spec, open=True, assume_metadata=True).result()
+  if "shape" in metadata and list(store.shape) != list(metadata["shape"]):
+    raise ValueError(f"{where}: stored shape {list(store.shape)} differs from the "
+                     f"checkpoint's {list(metadata['shape'])}")
+  if template is not None and tuple(store.shape) != tuple(template.shape):
+    raise ValueError(f"{where}: shape {tuple(store.shape)}, template expects "
+                     f"{tuple(template.shape)}")
+  return np.asarray(store.read().result())
+
+
+def _legacy_array_spec(spec: Mapping[str, Any], directory: str, where: str) -> dict:
+  """A T5X msgpack spec with its relative path resolved against the checkpoint directory."""
+  spec = _to_json(spec)
+  if spec.get("dtype") == "uint16" or spec.get("metadata", {}).get("dtype") == "<u2":
+    raise ValueError(f"{where}: uint16 arrays come from T5X checkpoint version 2 (bfloat16 "
+                     "stored as uint16), which is not supported")
+  kvstore = spec.pop("kvstore", None) or {}
+  # TensorStore < 0.1.14 wrote the path at the top level of the spec.
+  relative = kvstore.get("path", spec.pop("path", None))
+  if relative is None or kvstore.get("driver", "file") not in ("file", "gfile", "gcs"):
+    raise ValueError(f"{where}: unsupported TensorStore spec {spec | {'kvstore': kvstore}}")
+  # Written paths are relative, and a gcs spec's bucket is a placeholder: the
+  # checkpoint's own location decides both (as T5X does when restoring).
+  spec["kvstore"] = _kvstore(directory, relative)
+  return spec
+
+
+# --------------------------------------------------------------------------- T5X restore
+
+
+def _locate_t5x(path: str) -> tuple[str, bytes | None, bytes | None]:
+  """(checkpoint directory, msgpack bytes or None, Orbax _METADATA bytes or None)."""
+  path = os.fspath(path)
+  is_gcs = _gcs(path) is not None
+  if not is_gcs and os.path.isfile(path):
+    with open(path, "rb") as f:
+      return os.path.dirname(os.path.abspath(path)), f.read(), None
+  if not is_gcs and not os.path.exists(path):
+    raise FileNotFoundError(f"T5X checkpoint not found: {path}")
+  directory = path.rstrip("/")
+  msgpack_bytes = _read_bytes(directory, "checkpoint")
+  metadata_bytes = _read_bytes(directory, "_METADATA") if msgpack_bytes is None else None
+  if msgpack_bytes is None and metadata_bytes is None:
+    if is_gcs:
+      parent, name = directory.rsplit("/", 1)
+      msgpack_bytes = _read_bytes(parent, name)
+      if msgpack_bytes is not None:
+        return parent, msgpack_bytes, None
+    raise FileNotFoundError(
+        f"no T5X checkpoint at {path}: expected a 'checkpoint' msgpack file or an Orbax "
+        "'_METADATA' file there")
+  return directory, msgpack_bytes, metadata_bytes
+
+
+def _optimizer_state(contents: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+  """The `{'target': ..., 'state': ...}` part of a restored T5X checkpoint tree."""
+  if "version" in contents:
+    version = int(contents["version"])
+    if version < 2:
+      raise ValueError(f"{where}: T5X checkpoint version {version} is not supported")
+    return contents["optimizer"]
+  for key in ("optimizer", "_optimizer"):  # legacy without version / Orbax TrainState
+    if key in contents:
+      return contents[key]
+  if "target" in contents:  # a plain flax optimizer state dict, or an InferenceState
+    return contents
+  raise ValueError(f"{where}: not a T5X checkpoint (top-level keys {sorted(contents)})")
+
+
+def _orbax_metadata_tree(metadata_bytes: bytes, directory: str) -> dict:
+  """The Orbax `_METADATA` tree with each array leaf replaced by its zarr spec."""
+  metadata = json.loads(metadata_bytes)
+  base = _kvstore(directory)
+  driver = "zarr3" if metadata.get("use_zarr3") else "zarr"
+  items = {}
+  for entry in metadata["tree_metadata"].values():
+    keys = tuple(str(k["key"]) for k in entry["key_metadata"])
+    name = ".".join(keys)
+    if metadata.get("use_ocdbt"):
+      kvstore = {"driver": "ocdbt", "base": base, "path": name + "/"}
+    else:
+      kvstore = _kvstore(directory, name)
+    items[keys] = {"driver": driver, "kvstore": kvstore, "metadata": {},
+                   "value_type": entry["value_metadata"]["value_type"]}
+  return _unflatten(items)
+
+
+def _restore(path: str, template: Mapping[str, Any] | None, only_target: bool
+             ) -> dict[str, Any]:
+  directory, msgpack_bytes, metadata_bytes = _locate_t5x(path)
+  where = os.fspath(path)
+  if msgpack_bytes is not None:
+    if msgpack_bytes.startswith(b"model_checkpoint_path"):
+      raise ValueError(f"{where} is a TensorFlow (Mesh TF) checkpoint, not a T5X one")
+    try:
+      contents = serialization.msgpack_restore(msgpack_bytes)
+    except Exception as e:  # msgpack raises a zoo of exception types on garbage
+      raise ValueError(f"{where}: not a msgpack T5X checkpoint ({e})") from e
+  else:
+    contents = _orbax_metadata_tree(metadata_bytes, directory)
+  if not isinstance(contents, Mapping):
+    raise ValueError(f"{where}: not a T5X checkpoint")
+  state = _optimizer_state(contents, where)
+  if only_target:
+    if not isinstance(state.get("target"), Mapping) or not state["target"]:
+      raise ValueError(f"{where}: the checkpoint has no parameters (optimizer.target)")
+    state = {"target": state["target"]}
+  templates = dict(_flatten(template)) if template is not None else {}
+
+  def read(leaf_path: KeyPath, leaf: Any) -> Any:
+    where_leaf = f"{where}: {_name(leaf_path)}"
+    leaf_template = templates.get(leaf_path)
+    if isinstance(leaf, str) and leaf.startswith(_ORBAX_PLACEHOLDER):
+      spec = {"driver": "zarr", "metadata": {},
+              "kvstore": _kvstore(directory, leaf[len(_ORBAX_PLACEHOLDER):])}
+      return _read_zarr(spec, where_leaf, leaf_template)
+    if _is_tensorstore_spec(leaf):
+      if "value_type" in leaf:  # from an Orbax _METADATA tree
+        spec = {k: v for k, v in leaf.items() if k != "value_type"}
+      else:
+        spec = _legacy_array_spec(leaf, directory, where_leaf)
+      return _read_zarr(spec, where_leaf, leaf_template)
+    if isinstance(leaf, (np.ndarray, np.generic)):
+      return np.asarray(leaf)
+    return leaf
+
+  return _unflatten({p: read(p, leaf) for p, leaf in _flatten(state)})
+
+
+def restore_t5x_state(path: str, template: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """Every array of a T5X checkpoint: `{'target': params, 'state': optimizer state}`.
+
+  `path`: a checkpoint directory (legacy or Orbax), its `checkpoint` file, or a bare msgpack
+  file. `template`: optional tree like the result whose leaves have `.shape`/`.dtype`,
+  needed only for Orbax arrays stored without `.zarray`.
+  """
+  return _restore(path, template, only_target=False)
+
+
+def load_t5x(path: str, dtype: Any = None, template: Mapping[str, Any] | None = None) -> Params:
+  """The parameters (`optimizer.target`) of a T5X checkpoint as a nested dict of numpy arrays.
+
+  `dtype`: cast floating parameters to it after reading (T5X's inference restores in
+  bfloat16). `template`: params-shaped tree of `.shape`/`.dtype` leaves (for Orbax arrays
+  stored without `.zarray`; see `restore_t5x_state`). Optimizer slots are not read.
+  """
+  params = _restore(path, {"target": template} if template is not None else None,
+                    only_target=True)["target"]
+  return cast_floats(params, dtype) if dtype is not None else params
+
+
+# --------------------------------------------------------------------------- T5X save
+
+
+def _chunk_shape(shape: tuple[int, ...], itemsize: int) -> list[int]:
+  """A chunk shape dividing `shape` evenly with at most _MAX_CHUNK_BYTES per chunk."""
+  chunks = list(shape)
+  while math.prod(chunks) * itemsize > _MAX_CHUNK_BYTES:
+    # Shrink the currently largest dimension to its next smaller divisor of the full size.
+    axis = max(range(len(chunks)), key=lambda i: chunks[i])
+    chunks[axis] = max(d for d in range(1, chunks[axis]) if shape[axis] % d == 0)
+  return chunks
+
+
+def save_t5x(params: Mapping[str, Any], directory: str, step: int, *,
+             inline: bool = False) -> str:
+  """Writes `params` as T5X legacy checkpoint `directory/checkpoint_{step}`; returns that path.
+
+  Arrays go to gzip zarr arrays named like T5X's (`target.encoder.layers_0...`) with
+  relative paths in the msgpack file, or inline into it when `inline`. The directory is
+  written under a temporary name and renamed when complete, as T5X does.
+  """
+  if _gcs(os.fspath(directory)):
+    raise ValueError(f"save_t5x writes local directories only, got {directory}")
+  if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+    raise ValueError(f"step must be a non-negative int, got {step!r}")
+  leaves = list(_flatten(params))
+  if not leaves:
+    raise ValueError("save_t5x: params is empty")
+  final_dir = os.path.join(os.fspath(directory), f"checkpoint_{int(step)}")
+  if os.path.exists(final_dir):
+    raise FileExistsError(f"checkpoint already exists: {final_dir}")
+  tmp_dir = f"{final_dir}.tmp-{time.time_ns()}"
+  os.makedirs(tmp_dir)
+  try:
+    written = {}
+    for path, leaf in leaves:
+      array = np.asarray(leaf)
+      if inline:
+        written[path] = array
+        continue
+      name = ".".join(("target",) + path)
+      spec = {"driver": "zarr", "dtype": array.dtype.name,
+              "kvstore": {"driver": "file", "path": name},
+              "metadata": {"compressor": {"id": "gzip"}, "shape": list(array.shape),
+                           "chunks": _chunk_shape(array.shape, array.dtype.itemsize)}}
+      store = ts.open(dict(spec, kvstore=_kvstore(tmp_dir, name)), create=True).result()
+      store.write(array).result()
+      written[path] = spec
+    contents = {"version": T5X_VERSION,
+                "optimizer": {"target": _unflatten(written),
+                              "state": {"step": np.int32(step)}}}
+    with open(os.path.join(tmp_dir, "checkpoint"), "wb") as f:
+      f.write(serialization.msgpack_serialize(contents))
+  except BaseException:
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    raise
+  os.rename(tmp_dir, final_dir)
+  return final_dir
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+# HF feed-forward activation <-> T5X activation name (network.py uses flax.linen's, whose
+# gelu is the tanh approximation, HF's "gelu_new"; HF's plain "gelu" is exact erf).
+_HF_TO_T5X_ACTIVATION = {"relu": "relu", "gelu_new": "gelu", "silu": "silu"}
+_T5X_TO_HF_ACTIVATION = {v: k for k, v in _HF_TO_T5X_ACTIVATION.items()}
+_HF_REQUIRED_CONFIG_KEYS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
+# Copies of `shared.weight` that HF may also store.
+_HF_EMBEDDING_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+# Present in some HF checkpoints though no layer uses it.
+_HF_UNUSED = ("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",)
+
+
+def _hf_activations(feed_forward_proj: str) -> tuple[str, ...]:
+  gated = feed_forward_proj.startswith("gated-")
+  name = feed_forward_proj.removeprefix("gated-")
+  name = "gelu_new" if feed_forward_proj == "gated-gelu" else name  # HF's own special case
+  if name not in _HF_TO_T5X_ACTIVATION:
+    raise ValueError(f"unsupported feed_forward_proj {feed_forward_proj!r} (supported: "
+                     f"{sorted(_HF_TO_T5X_ACTIVATION)}, optionally 'gated-')")
+  return (_HF_TO_T5X_ACTIVATION[name], "linear") if gated else (_HF_TO_T5X_ACTIVATION[name],)
+
+
+def _hf_feed_forward_proj(activations: tuple[str, ...]) -> str:
+  first = _T5X_TO_HF_ACTIVATION.get(activations[0]) if activations else None
+  if first is not None and len(activations) == 1:
+    return first
+  if first is not None and len(activations) == 2 and activations[1] == "linear":
+    # HF reads "gated-gelu" as the tanh-approximate gelu ("gelu_new"), like T5X's "gelu".
+    return "gated-gelu" if first == "gelu_new" else f"gated-{first}"
+  raise ValueError(f"mlp_activations {activations} have no Hugging Face T5 equivalent")
+
+
+def _hf_name_map(config: T5Config) -> list[tuple[str, KeyPath, bool]]:
+  """(HF weight name, T5X param path, transpose?) for every weight except the logits head."""
+  names: list[tuple[str, KeyPath, bool]] = [
+      ("shared.weight", ("token_embedder", "embedding"), False),
+      ("encoder.final_layer_norm.weight", ("encoder", "encoder_norm", "scale"), False),
+      ("decoder.final_layer_norm.weight", ("decoder", "decoder_norm", "scale"), False),
+  ]
+  mlp = ["wi"] if len(config.mlp_activations) == 1 else [
+      f"wi_{i}" for i in range(len(config.mlp_activations))]
+  projections = {"q": "query", "k": "key", "v": "value", "o": "out"}
+  stacks = {
+      "encoder": (config.num_encoder_layers,
+                  [("SelfAttention", "attention", "pre_attention_layer_norm"),
+                   (None, "mlp", "pre_mlp_layer_norm")]),
+      "decoder": (config.num_decoder_layers,
+                  [("SelfAttention", "self_attention", "pre_self_attention_layer_norm"),
+                   ("EncDecAttention", "encoder_decoder_attention",
+                    "pre_cross_attention_layer_norm"),
+                   (None, "mlp", "pre_mlp_layer_norm")]),
+  }
+  for stack, (num_layers, sublayers) in stacks.items():
+    names.append((f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                  (stack, "relpos_bias", "rel_embedding"), True))
+    for i in range(num_layers):
+      for j, (hf_attention, t5x_block, t5x_norm) in enumerate(sublayers):
+        hf = f"{stack}.block.{i}.layer.{j}"
+        t5x = (stack, f"layers_{i}")
+        names.append((f"{hf}.layer_norm.weight", t5x + (t5x_norm, "scale"), False))
+        if hf_attention is None:
+          names += [(f"{hf}.DenseReluDense.{w}.weight", t5x + ("mlp", w, "kernel"), True)
+                    for w in mlp + ["wo"]]
+        else:
+          names += [(f"{hf}.{hf_attention}.{p}.weight",
+                     t5x + (t5x_block, projections[p], "kernel"), True)
+                    for p in projections]
+  return names
+
+
+def _read_hf_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
+  """All tensors of an HF model folder as numpy arrays, and the file(s) they came from."""
+  def load_safetensors(file: str) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+    return load_file(file)
+
+  def load_torch(file: str) -> dict[str, np.ndarray]:
+    import ml_dtypes
+    import torch
+    tensors = torch.load(file, map_location="cpu", weights_only=True)
+    # numpy has no bfloat16; going through float32 is exact.
+    return {name: t.float().numpy().astype(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16
+            else t.numpy() for name, t in tensors.items()}
+
+  for filename, loader in (("model.safetensors", load_safetensors),
+                           ("pytorch_model.bin", load_torch)):
+    single = os.path.join(directory, filename)
+    index = single + ".index.json"
+    if os.path.isfile(single):
+      return loader(single), single
+    if os.path.isfile(index):
+      with open(index) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+      weights = {}
+      for shard in shards:
+        shard_path = os.path.join(directory, shard)
+        if not os.path.isfile(shard_path):
+          raise FileNotFoundError(f"shard {shard_path} listed in {index} is missing")
+        weights.update(loader(shard_path))
+      return weights, index
+  raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin (or sharded index) in "
+                          f"{directory}")
+
+
+def load_hf(path: str, dtype: Any = None) -> tuple[T5Config, Params]:
+  """Config and parameters of a Hugging Face `T5ForConditionalGeneration` folder.
+
+  `dtype` optionally casts the parameters (otherwise they keep the stored dtype).
+  """
+  directory = os.fspath(path)
+  config_path = os.path.join(directory, "config.json")
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"no Hugging Face config.json at {config_path}")
+  with open(config_path) as f:
+    hf = json.load(f)
+  if hf.get("model_type") != "t5":
+    raise ValueError(f"{config_path}: model_type is {hf.get('model_type')!r}, not 't5'")
+  missing = [key for key in _HF_REQUIRED_CONFIG_KEYS if key not in hf]
+  if missing:
+    raise ValueError(f"{config_path}: missing T5 config fields {missing}")
+  if hf.get("layer_norm_epsilon", _LAYER_NORM_EPSILON) != _LAYER_NORM_EPSILON:
+    raise ValueError(f"{config_path}: layer_norm_epsilon {hf['layer_norm_epsilon']} is not "
+                     f"supported (the network uses {_LAYER_NORM_EPSILON})")
+  # Tied T5 1.0 models scale the decoder output by 1/sqrt(d_model); transformers 5 calls
+  # that `scale_decoder_outputs`, transformers 4 derives it from `tie_word_embeddings`.
+  scaled = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True) is not False)
+  config = T5Config(
+      vocab_size=hf["vocab_size"], emb_dim=hf["d_model"], num_heads=hf["num_heads"],
+      num_encoder_layers=hf["num_layers"],
+      num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"],
+      head_dim=hf["d_kv"], mlp_dim=hf["d_ff"],
+      mlp_activations=_hf_activations(hf.get("feed_forward_proj", "relu")),
+      dropout_rate=hf.get("dropout_rate", 0.1), logits_via_embedding=bool(scaled),
+      relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
+      relative_attention_max_distance=hf.get("relative_attention_max_distance", 128))
+
+  weights, source = _read_hf_weights(directory)
+  unused = set(weights) - set(_HF_UNUSED)
+  params = {}
+  for hf_name, t5x_path, transpose in _hf_name_map(config):
+    if hf_name not in weights:
+      raise ValueError(f"{source}: missing weight {hf_name}")
+    value = weights[hf_name]
+    params[t5x_path] = np.ascontiguousarray(value.T) if transpose else value
+    unused.discard(hf_name)
+  embedding = weights["shared.weight"]
+  for copy in _HF_EMBEDDING_COPIES:
+    if copy in weights and not np.array_equal(weights[copy], embedding):
+      raise ValueError(f"{source}: {copy} differs from shared.weight; untied input "
+                       "embeddings are not supported")
+    unused.discard(copy)
+  lm_head = weights.get("lm_head.weight")
+  unused.discard("lm_head.weight")
+  if scaled:
+    if lm_head is not None and not np.array_equal(lm_head, embedding):
+      raise ValueError(f"{source}: lm_head.weight differs from shared.weight while the "
+                       "config scales decoder outputs (tied embeddings); not supported")
+  else:
+    # transformers 5 drops lm_head.weight from the file when it equals shared.weight.
+    head = embedding if lm_head is None else lm_head
+    params[("decoder", "logits_dense", "kernel")] = np.ascontiguousarray(head.T)
+  if unused:
+    raise ValueError(f"{source}: unexpected weights {sorted(unused)[:5]} for a T5 model")
+  params = _unflatten(params)
+  check_params(expected_param_shapes(config), params, source)
+  return config, (cast_floats(params, dtype) if dtype is not None else params)
+
+
+def save_hf(config: T5Config, params: Mapping[str, Any], path: str) -> None:
+  """Writes `path/config.json` and `path/model.safetensors` (a Hugging Face T5 folder).
+
+  `transformers.T5ForConditionalGeneration.from_pretrained(path)` then computes the same
+  function as `Transformer(config)` with `params`; `load_hf(path)` returns them exactly.
+  """
+  from safetensors.numpy import save_file
+
+  check_params(expected_param_shapes(config), params, "save_hf params")
+  flat = {p: np.asarray(leaf) for p, leaf in _flatten(params)}
+  weights = {hf_name: np.ascontiguousarray(flat[t5x_path].T if transpose else flat[t5x_path])
+             for hf_name, t5x_path, transpose in _hf_name_map(config)}
+  if not config.logits_via_embedding:
+    weights["lm_head.weight"] = np.ascontiguousarray(
+        flat[("decoder", "logits_dense", "kernel")].T)
+  hf_config = {
+      "architectures": ["T5ForConditionalGeneration"],
+      "model_type": "t5",
+      "vocab_size": config.vocab_size,
+      "d_model": config.emb_dim,
+      "d_kv": config.head_dim,
+      "d_ff": config.mlp_dim,
+      "num_layers": config.num_encoder_layers,
+      "num_decoder_layers": config.num_decoder_layers,
+      "num_heads": config.num_heads,
+      "relative_attention_num_buckets": config.relative_attention_num_buckets,
+      "relative_attention_max_distance": config.relative_attention_max_distance,
+      "dropout_rate": config.dropout_rate,
+      "layer_norm_epsilon": _LAYER_NORM_EPSILON,
+      "feed_forward_proj": _hf_feed_forward_proj(config.mlp_activations),
+      "tie_word_embeddings": bool(config.logits_via_embedding),
+      "is_encoder_decoder": True,
+      "pad_token_id": 0,
+      "eos_token_id": 1,
+      "decoder_start_token_id": 0,
+  }
+  directory = os.fspath(path)
+  os.makedirs(directory, exist_ok=True)
+  save_file(weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)

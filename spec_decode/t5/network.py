@@ -1,0 +1,562 @@
+"""T5 encoder-decoder (T5 1.0 and T5.1.1) in Flax linen, with T5X's parameter tree.
+
+Contract
+--------
+`Transformer(config)` reproduces T5X's `t5x/examples/t5/network.py` model: the same
+parameter paths, the same 2-D `[in, out]` kernels, the same logical axis names
+(`init` returns a `params_axes` collection next to `params`), no biases, RMS layer norm
+(eps 1e-6), one relative-position table per stack, and no 1/sqrt(head_dim) on the
+attention logits at run time (T5 folds it into the query initializer).
+  * T5 1.0:  `mlp_activations=('relu',)`, `logits_via_embedding=True`
+             (logits = decoder output @ embedding.T / sqrt(emb_dim)).
+  * T5.1.1:  `mlp_activations=('gelu', 'linear')` (gated, tanh-approximate gelu),
+             `logits_via_embedding=False` (separate `decoder/logits_dense`).
+
+Shapes: B batch, Le encoder length, Ld decoder length, L cache length (max_decode_len),
+k tokens per decode call, E emb_dim, H num_heads, D head_dim, V vocab_size.
+  * `Transformer.__call__(encoder_input_tokens [B,Le], decoder_input_tokens [B,Ld],
+    decoder_target_tokens [B,Ld]) -> logits [B,Ld,V] float32` (teacher forcing).
+    Token id 0 is padding: encoder tokens == 0 are never attended to; as in T5X,
+    decoder positions whose target is 0 are masked as well (their logits are meaningless).
+  * `Transformer.encode(encoder_input_tokens) -> encoded [B,Le,E]`.
+  * `Transformer.decode(encoded, encoder_input_tokens, decoder_input_tokens,
+    decoder_target_tokens) -> logits [B,Ld,V]` (T5X's argument order).
+
+Incremental decoding (the engine contract of docs/CONTRACT.md) uses an explicit cache
+pytree, a dict whose every leaf has the batch as its leading axis:
+    {'cache_index': int32 [B],              # next position to write, per row
+     'encoder_mask': bool [B, Le],          # True at real (non-padding) encoder tokens
+     'layers_{i}': {                        # one per decoder layer
+         'self_attention': {'cached_key': [B, L, H, D], 'cached_value': [B, L, H, D]},
+         'encoder_decoder_attention': {'cached_key': [B, Le, H, D],
+                                       'cached_value': [B, Le, H, D]}}}
+`init_decode_cache` runs the encoder once and fills the cross-attention keys/values;
+`make_tokens_to_logits` returns the engine's `tokens_to_logits(state)`, which feeds
+`state.cur_token [B,k]` at positions `state.cur_index[b] + j`, overwrites those cache
+slots (writes at positions >= L are dropped), attends causally to positions
+<= cur_index[b] + j only, and returns `(logits [B,k,V] float32, new_cache)` with
+`cache_index = cur_index + k`. `state.cur_index` always wins over the cached
+`cache_index`, which is how the engine rolls a row back. `cache_logical_axes` names the
+axes of every cache leaf for sharding.
+"""
+
+import dataclasses
+import functools
+import operator
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax.linen import partitioning as nn_partitioning
+from jax.sharding import PartitionSpec
+
+Array = jax.Array
+Initializer = Callable[..., Array]
+DecodeCache = dict[str, Any]
+
+# Additive attention bias for masked positions (T5X's value); exp() of it underflows to 0.
+MASKED_BIAS = -1e10
+LAYER_NORM_EPSILON = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Hyperparameters of a T5 model; field names and defaults follow T5X's `T5Config`.
+
+  `dtype` is the activation dtype (a dtype or its name, e.g. 'bfloat16'); parameters
+  are always float32 and logits are always float32.
+  """
+
+  vocab_size: int
+  dtype: Any = jnp.float32
+  emb_dim: int = 512
+  num_heads: int = 8
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 2048
+  mlp_activations: Sequence[str] = ("relu",)
+  dropout_rate: float = 0.1
+  logits_via_embedding: bool = False
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+
+  def __post_init__(self):
+    # A tuple keeps the frozen config hashable when gin or a caller passes a list.
+    object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+
+
+def _activation_dtype(config: T5Config) -> jnp.dtype:
+  return jnp.dtype(config.dtype)
+
+
+# --------------------------------------------------------------------------- buckets
+
+
+@functools.lru_cache(maxsize=None)
+def _bucket_table(bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:
+  """Bucket of every relative position in [-max_distance, max_distance], as int32.
+
+  Beyond +-max_distance the bucket no longer changes, so callers clip into this range.
+  """
+  relative = np.arange(-max_distance, max_distance + 1)
+  distance = -relative  # > 0 when the key lies before the query
+  if bidirectional:
+    num_buckets //= 2
+    offset = np.where(distance < 0, num_buckets, 0)
+    distance = np.abs(distance)
+  else:
+    offset = np.zeros_like(distance)
+    distance = np.maximum(distance, 0)
+  max_exact = num_buckets // 2
+  # float32 throughout, as Mesh TF / T5X / HF compute it: distances such as 16, 32, 64
+  # sit exactly on bucket boundaries, where another precision could round differently.
+  log_ratio = np.log(np.maximum(distance, 1).astype(np.float32) / np.float32(max_exact))
+  scaled = log_ratio / np.float32(np.log(max_distance / max_exact)) * np.float32(
+      num_buckets - max_exact)
+  logarithmic = np.minimum(max_exact + scaled.astype(np.int32), num_buckets - 1)
+  return (offset + np.where(distance < max_exact, distance, logarithmic)).astype(np.int32)
+
+
+def relative_position_bucket(relative_position: Array, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> Array:
+  """T5's bucket index in [0, num_buckets) of `key_position - query_position` (any shape)."""
+  table = jnp.asarray(_bucket_table(bidirectional, num_buckets, max_distance))
+  return table[jnp.clip(relative_position, -max_distance, max_distance) + max_distance]
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class Dense(nn.Module):
+  """Bias-free `x @ kernel` with a float32 kernel [in, out] carrying logical axis names."""
+
+  features: int
+  kernel_axes: tuple[str, str]
+  kernel_init: Initializer
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kernel = nn_partitioning.param_with_axes(
+        "kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32,
+        axes=self.kernel_axes)
+    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class Embed(nn.Module):
+  """Token embedding [V, E]; `attend` is the transposed (tied) output projection."""
+
+  num_embeddings: int
+  features: int
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    self.embedding = nn_partitioning.param_with_axes(
+        "embedding", nn.initializers.normal(stddev=1.0),
+        (self.num_embeddings, self.features), jnp.float32, axes=("vocab", "embed"))
+
+  def __call__(self, tokens: Array) -> Array:
+    return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
+
+  def attend(self, x: Array) -> Array:
+    """[..., E] -> float32 [..., V]."""
+    return jnp.dot(x.astype(jnp.float32), self.embedding.T)
+
+
+class LayerNorm(nn.Module):
+  """T5's RMS norm: no mean subtraction, no bias; parameter `scale` [E]."""
+
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x = x.astype(jnp.float32)
+    scale = nn_partitioning.param_with_axes(
+        "scale", nn.initializers.ones, (x.shape[-1],), jnp.float32, axes=("embed",))
+    mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    return (x * jax.lax.rsqrt(mean_square + LAYER_NORM_EPSILON) * scale).astype(self.dtype)
+
+
+class RelativePositionBias(nn.Module):
+  """Per-head attention bias of bucketed relative positions; table `rel_embedding` [H, buckets]."""
+
+  config: T5Config
+  bidirectional: bool
+
+  @nn.compact
+  def __call__(self, query_positions: Array, key_positions: Array) -> Array:
+    """[b, q] and [b, kv] positions (b is B or 1) -> float32 bias [b, H, q, kv]."""
+    cfg = self.config
+    table = nn_partitioning.param_with_axes(
+        "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+        (cfg.num_heads, cfg.relative_attention_num_buckets), jnp.float32,
+        axes=("heads", "relpos_buckets"))
+    buckets = relative_position_bucket(
+        key_positions[:, None, :] - query_positions[:, :, None], self.bidirectional,
+        cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance)
+    return jnp.moveaxis(jnp.take(table, buckets, axis=1), 0, 1)
+
+
+def _mask_to_bias(mask: Array) -> Array:
+  return jnp.where(mask, 0.0, MASKED_BIAS).astype(jnp.float32)
+
+
+class MultiHeadAttention(nn.Module):
+  """T5 attention with kernels query/key/value [E, H*D] and out [H*D, E]."""
+
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    dtype = _activation_dtype(cfg)
+    joined_kv = cfg.num_heads * cfg.head_dim
+    kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+
+    def query_init(key, shape, param_dtype=jnp.float32):
+      # T5 never scales logits by 1/sqrt(head_dim); the scale lives in the query weights.
+      return kernel_init(key, shape, param_dtype) / jnp.sqrt(cfg.head_dim).astype(param_dtype)
+
+    projection = functools.partial(Dense, joined_kv, ("embed", "joined_kv"), dtype=dtype)
+    self.query = projection(query_init)
+    self.key = projection(kernel_init)
+    self.value = projection(kernel_init)
+    self.out = Dense(cfg.emb_dim, ("joined_kv", "embed"), kernel_init, dtype=dtype)
+    # Like T5X, one dropout mask per (batch, head, key), shared by all queries.
+    self.weights_dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+
+  def _split_heads(self, x: Array) -> Array:
+    return x.reshape(x.shape[:-1] + (self.config.num_heads, self.config.head_dim))
+
+  def project_query(self, x: Array) -> Array:
+    """[B, q, E] -> [B, q, H, D]."""
+    return self._split_heads(self.query(x))
+
+  def project_key_value(self, x: Array) -> tuple[Array, Array]:
+    """[B, kv, E] -> keys, values [B, kv, H, D]."""
+    return self._split_heads(self.key(x)), self._split_heads(self.value(x))
+
+  def attend(self, query: Array, key: Array, value: Array, bias: Array,
+             deterministic: bool) -> Array:
+    """query [B,q,H,D], key/value [B,kv,H,D], bias broadcastable to [B,H,q,kv] -> [B,q,E]."""
+    # Logits and softmax in float32 whatever the activation dtype, for stability.
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32), key.astype(jnp.float32))
+    weights = jax.nn.softmax(logits + bias).astype(value.dtype)
+    weights = self.weights_dropout(weights, deterministic=deterministic)
+    mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    return self.out(mixed.reshape(mixed.shape[:-2] + (-1,)))
+
+
+def _activation(name: str) -> Callable[[Array], Array]:
+  """T5X's naming: 'linear' is the identity, others are flax.linen functions.
+
+  flax's `gelu` is the tanh approximation, which is what T5.1.1 was trained with.
+  """
+  return (lambda x: x) if name == "linear" else getattr(nn, name)
+
+
+class MlpBlock(nn.Module):
+  """Feed-forward block: `wi` [E, mlp] (or gated `wi_0`, `wi_1`, ...) then `wo` [mlp, E]."""
+
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    cfg = self.config
+    dtype = _activation_dtype(cfg)
+    kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+    activations = cfg.mlp_activations
+    branches = [
+        _activation(name)(Dense(cfg.mlp_dim, ("embed", "mlp"), kernel_init, dtype=dtype,
+                                name="wi" if len(activations) == 1 else f"wi_{i}")(x))
+        for i, name in enumerate(activations)
+    ]
+    hidden = functools.reduce(operator.mul, branches)
+    hidden = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic=deterministic)
+    return Dense(cfg.emb_dim, ("mlp", "embed"), kernel_init, dtype=dtype, name="wo")(hidden)
+
+
+def _residual_dropout(config: T5Config) -> nn.Dropout:
+  # Broadcast along the length axis, as T5X does.
+  return nn.Dropout(config.dropout_rate, broadcast_dims=(-2,))
+
+
+class EncoderLayer(nn.Module):
+  """Pre-norm self-attention block and MLP block, each with a residual connection."""
+
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x: Array, bias: Array, deterministic: bool) -> Array:
+    cfg = self.config
+    h = LayerNorm(_activation_dtype(cfg), name="pre_attention_layer_norm")(x)
+    attention = MultiHeadAttention(cfg, name="attention")
+    key, value = attention.project_key_value(h)
+    h = attention.attend(attention.project_query(h), key, value, bias, deterministic)
+    x = x + _residual_dropout(cfg)(h, deterministic=deterministic)
+    h = LayerNorm(_activation_dtype(cfg), name="pre_mlp_layer_norm")(x)
+    h = MlpBlock(cfg, name="mlp")(h, deterministic)
+    return x + _residual_dropout(cfg)(h, deterministic=deterministic)
+
+
+class Encoder(nn.Module):
+  """Encoder stack: embedded tokens [B,Le,E] -> encoded [B,Le,E]."""
+
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, embedded: Array, encoder_mask: Array, deterministic: bool) -> Array:
+    """`encoder_mask` [B, Le] is True at real tokens."""
+    cfg = self.config
+    positions = jnp.arange(embedded.shape[1])[None]
+    relative_bias = RelativePositionBias(cfg, bidirectional=True, name="relpos_bias")(
+        positions, positions)
+    bias = relative_bias + _mask_to_bias(
+        encoder_mask[:, None, :, None] & encoder_mask[:, None, None, :])
+    x = _residual_dropout(cfg)(embedded, deterministic=deterministic)
+    for i in range(cfg.num_encoder_layers):
+      x = EncoderLayer(cfg, name=f"layers_{i}")(x, bias, deterministic)
+    x = LayerNorm(_activation_dtype(cfg), name="encoder_norm")(x)
+    return _residual_dropout(cfg)(x, deterministic=deterministic)
+
+
+def _overwrite(buffer: Array, entries: Array, positions: Array) -> Array:
+  """buffer [B,L,...] with entries [B,q,...] set at positions [B,q]; positions >= L are dropped."""
+  # Per row (vmap), so a batch-sharded cache is written where its rows live.
+  return jax.vmap(lambda row, new, where: row.at[where].set(new, mode="drop"))(
+      buffer, entries.astype(buffer.dtype), positions)
+
+
+class DecoderLayer(nn.Module):
+  """Self-attention, cross-attention and MLP blocks (pre-norm, residual)."""
+
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    dtype = _activation_dtype(cfg)
+    self.pre_self_attention_layer_norm = LayerNorm(dtype)
+    self.self_attention = MultiHeadAttention(cfg)
+    self.pre_cross_attention_layer_norm = LayerNorm(dtype)
+    self.encoder_decoder_attention = MultiHeadAttention(cfg)
+    self.pre_mlp_layer_norm = LayerNorm(dtype)
+    self.mlp = MlpBlock(cfg)
+    self.residual_dropout = _residual_dropout(cfg)
+
+  def cross_key_value(self, encoded: Array) -> tuple[Array, Array]:
+    """encoded [B,Le,E] -> this layer's cross-attention keys, values [B,Le,H,D]."""
+    return self.encoder_decoder_attention.project_key_value(encoded)
+
+  def __call__(self, x: Array, self_bias: Array, cross_key_value: tuple[Array, Array],
+               cross_bias: Array, self_cache: tuple[Array, Array] | None,
+               write_positions: Array | None, deterministic: bool
+               ) -> tuple[Array, tuple[Array, Array] | None]:
+    """x [B,q,E] -> (x [B,q,E], updated self-attention (keys, values) or None).
+
+    Without `self_cache`, x's own keys/values are attended to (teacher forcing). With a
+    cache (keys, values [B,L,H,D]), x's keys/values overwrite the slots
+    `write_positions` [B,q] first (out-of-range slots are dropped) and the whole cache
+    is attended to; `self_bias` must then mask every slot the queries may not see.
+    """
+    h = self.pre_self_attention_layer_norm(x)
+    key, value = self.self_attention.project_key_value(h)
+    if self_cache is not None:
+      key = _overwrite(self_cache[0], key, write_positions)
+      value = _overwrite(self_cache[1], value, write_positions)
+      self_cache = (key, value)
+    h = self.self_attention.attend(self.self_attention.project_query(h), key, value, self_bias,
+                                   deterministic)
+    x = x + self.residual_dropout(h, deterministic=deterministic)
+
+    h = self.pre_cross_attention_layer_norm(x)
+    h = self.encoder_decoder_attention.attend(
+        self.encoder_decoder_attention.project_query(h), *cross_key_value, cross_bias,
+        deterministic)
+    x = x + self.residual_dropout(h, deterministic=deterministic)
+
+    h = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
+    return x + self.residual_dropout(h, deterministic=deterministic), self_cache
+
+
+class Decoder(nn.Module):
+  """Decoder stack plus output projection; `embedder` is the shared token embedding."""
+
+  config: T5Config
+  embedder: Embed
+
+  def setup(self):
+    cfg = self.config
+    self.relpos_bias = RelativePositionBias(cfg, bidirectional=False)
+    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.decoder_norm = LayerNorm(_activation_dtype(cfg))
+    if not cfg.logits_via_embedding:
+      self.logits_dense = Dense(
+          cfg.vocab_size, ("embed", "vocab"),
+          nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal"), dtype=jnp.float32)
+    self.residual_dropout = _residual_dropout(cfg)
+
+  def cross_key_values(self, encoded: Array) -> list[tuple[Array, Array]]:
+    """encoded [B,Le,E] -> per layer (keys, values) [B,Le,H,D]."""
+    return [layer.cross_key_value(encoded) for layer in self.layers]
+
+  def __call__(self, tokens: Array, self_bias: Array, cross_key_values: list[tuple[Array, Array]],
+               cross_bias: Array, self_caches: list[tuple[Array, Array]] | None = None,
+               write_positions: Array | None = None, deterministic: bool = True
+               ) -> tuple[Array, list]:
+    """tokens [B,q] -> (float32 logits [B,q,V], per-layer updated self caches or Nones)."""
+    cfg = self.config
+    x = self.residual_dropout(self.embedder(tokens), deterministic=deterministic)
+    new_caches = []
+    for i, layer in enumerate(self.layers):
+      x, new_cache = layer(x, self_bias, cross_key_values[i], cross_bias,
+                           None if self_caches is None else self_caches[i], write_positions,
+                           deterministic)
+      new_caches.append(new_cache)
+    x = self.residual_dropout(self.decoder_norm(x), deterministic=deterministic)
+    if cfg.logits_via_embedding:
+      logits = self.embedder.attend(x) / jnp.sqrt(jnp.float32(cfg.emb_dim))
+    else:
+      logits = self.logits_dense(x)
+    return logits, new_caches
+
+
+class Transformer(nn.Module):
+  """T5 encoder-decoder; see the module docstring for the methods' contracts."""
+
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, dtype=_activation_dtype(cfg))
+    self.encoder = Encoder(cfg)
+    self.decoder = Decoder(cfg, embedder=self.token_embedder)
+
+  def encode(self, encoder_input_tokens: Array, enable_dropout: bool = False) -> Array:
+    """[B,Le] int tokens (0 = padding) -> encoded [B,Le,E]."""
+    return self.encoder(self.token_embedder(encoder_input_tokens), encoder_input_tokens > 0,
+                        deterministic=not enable_dropout)
+
+  def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
+             decoder_target_tokens: Array, enable_dropout: bool = False) -> Array:
+    """Teacher-forced decoder: -> float32 logits [B,Ld,V]; encoder tokens only give the mask."""
+    positions = jnp.arange(decoder_input_tokens.shape[1])[None]
+    target_valid = decoder_target_tokens > 0
+    causal = positions[:, :, None] >= positions[:, None, :]
+    self_bias = self.decoder.relpos_bias(positions, positions) + _mask_to_bias(
+        (causal & target_valid[:, :, None] & target_valid[:, None, :])[:, None])
+    cross_bias = _mask_to_bias(
+        (target_valid[:, :, None] & (encoder_input_tokens > 0)[:, None, :])[:, None])
+    logits, _ = self.decoder(decoder_input_tokens, self_bias,
+                             self.decoder.cross_key_values(encoded), cross_bias,
+                             deterministic=not enable_dropout)
+    return logits
+
+  def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
+               decoder_target_tokens: Array, enable_dropout: bool = False,
+               decode: bool = False) -> Array:
+    """Teacher-forced logits [B,Ld,V]. `decode` exists for T5X call compatibility only:
+    incremental decoding goes through `init_decode_cache` / `make_tokens_to_logits`."""
+    if decode:
+      raise ValueError("Transformer keeps no flax 'cache' collection; use init_decode_cache() "
+                       "and make_tokens_to_logits() for incremental decoding.")
+    encoded = self.encode(encoder_input_tokens, enable_dropout=enable_dropout)
+    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
+                       decoder_target_tokens, enable_dropout=enable_dropout)
+
+  def init_cache(self, encoder_input_tokens: Array, max_decode_len: int) -> DecodeCache:
+    """Runs the encoder once and builds the decode cache (layout in the module docstring)."""
+    cfg = self.config
+    encoded = self.encode(encoder_input_tokens)
+    batch = encoder_input_tokens.shape[0]
+    empty = jnp.zeros((batch, max_decode_len, cfg.num_heads, cfg.head_dim), _activation_dtype(cfg))
+    cache: DecodeCache = {
+        "cache_index": jnp.zeros((batch,), jnp.int32),
+        "encoder_mask": encoder_input_tokens > 0,
+    }
+    for i, (key, value) in enumerate(self.decoder.cross_key_values(encoded)):
+      cache[f"layers_{i}"] = {
+          "self_attention": {"cached_key": empty, "cached_value": empty},
+          "encoder_decoder_attention": {"cached_key": key, "cached_value": value},
+      }
+    return cache
+
+  def decode_chunk(self, cache: DecodeCache, cur_index: Array, tokens: Array
+                   ) -> tuple[Array, DecodeCache]:
+    """Feeds tokens [B,k] at positions cur_index[b] + j -> (float32 logits [B,k,V], new cache)."""
+    cfg = self.config
+    num_layers = cfg.num_decoder_layers
+    cache_len = cache["layers_0"]["self_attention"]["cached_key"].shape[1]
+    query_positions = cur_index[:, None] + jnp.arange(tokens.shape[1])[None]
+    key_positions = jnp.arange(cache_len)[None]
+    # Slots after a query's own position hold future or stale (rolled-back) entries.
+    visible = key_positions[:, None, :] <= query_positions[:, :, None]
+    self_bias = self.decoder.relpos_bias(query_positions, key_positions) + _mask_to_bias(
+        visible[:, None])
+    cross_bias = _mask_to_bias(cache["encoder_mask"][:, None, None, :])
+    layer_caches = [cache[f"layers_{i}"] for i in range(num_layers)]
+    logits, new_self = self.decoder(
+        tokens, self_bias,
+        [(c["encoder_decoder_attention"]["cached_key"],
+          c["encoder_decoder_attention"]["cached_value"]) for c in layer_caches],
+        cross_bias,
+        [(c["self_attention"]["cached_key"], c["self_attention"]["cached_value"])
+         for c in layer_caches],
+        write_positions=query_positions)
+    new_cache = dict(cache, cache_index=(cur_index + tokens.shape[1]).astype(jnp.int32))
+    for i, (key, value) in enumerate(new_self):
+      new_cache[f"layers_{i}"] = dict(
+          layer_caches[i], self_attention={"cached_key": key, "cached_value": value})
+    return logits, new_cache
+
+
+# --------------------------------------------------------------------------- decoding API
+
+
+def _as_module(module_or_config: Transformer | T5Config) -> Transformer:
+  if isinstance(module_or_config, T5Config):
+    return Transformer(config=module_or_config)
+  return module_or_config
+
+
+def init_decode_cache(module_or_config: Transformer | T5Config, params: Any,
+                      encoder_input_tokens: Array, max_decode_len: int) -> DecodeCache:
+  """Encodes `encoder_input_tokens` [B,Le] once and returns a cache for `max_decode_len` positions.
+
+  `params` is the `params` collection (not the `{'params': ...}` wrapper).
+  """
+  return _as_module(module_or_config).apply(
+      {"params": params}, encoder_input_tokens, max_decode_len, method=Transformer.init_cache)
+
+
+def make_tokens_to_logits(config_or_module: T5Config | Transformer, params: Any
+                          ) -> Callable[[Any], tuple[Array, DecodeCache]]:
+  """Returns the engine's `tokens_to_logits(state) -> (logits [B,k,V] float32, new_cache)`.
+
+  Reads `state.cur_index` [B], `state.cur_token` [B,k] and `state.cache`; jit- and
+  while_loop-safe for a static k.
+  """
+  module = _as_module(config_or_module)
+
+  def tokens_to_logits(state: Any) -> tuple[Array, DecodeCache]:
+    return module.apply({"params": params}, state.cache, state.cur_index.astype(jnp.int32),
+                        state.cur_token, method=Transformer.decode_chunk)
+
+  return tokens_to_logits
+
+
+def cache_logical_axes(cache: DecodeCache) -> DecodeCache:
+  """A pytree like `cache` whose leaves are PartitionSpecs of logical axis names."""
+
+  def axes(path: tuple, leaf: Array) -> PartitionSpec:
+    name = path[-1].key
+    if name == "cache_index":
+      return PartitionSpec("batch")
+    if name == "encoder_mask":
+      return PartitionSpec("batch", "length")
+    if name in ("cached_key", "cached_value"):
+      return PartitionSpec("batch", "length", "heads", "kv")
+    raise ValueError(f"Unknown decode cache leaf {jax.tree_util.keystr(path)} {leaf.shape}.")
+
+  return jax.tree_util.tree_map_with_path(axes, cache)

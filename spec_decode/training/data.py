@@ -1,0 +1,188 @@
+"""Parallel-text data for training: files -> tokenized, length-bucketed, padded batches.
+
+Contract:
+- Corpora are pairs of line-aligned text files (`<prefix>.<src_lang>`, `<prefix>.<tgt_lang>`).
+  Paths may be relative to the data root (default `../shared/data` from the repo root).
+- Every source gets the T5 task prefix (`translate English to German: `); both sides end in EOS=1.
+  Pairs whose source or target exceeds its maximum length (EOS included) are dropped, not
+  truncated, so every target the model learns from is complete.
+- Batches are dicts of int32 numpy arrays with seqio's encoder-decoder feature names:
+    encoder_input_tokens  [B, Le]
+    decoder_input_tokens  [B, Ld]  targets shifted right, BOS = 0
+    decoder_target_tokens [B, Ld]
+    decoder_loss_weights  [B, Ld]  1 on real target tokens, 0 on padding
+  Le and Ld are each the smallest bucket boundary that fits the longest row, and B is
+  `tokens_per_batch // max(Le, Ld)`, so a few fixed shapes cover all batches (few XLA compiles).
+- The batch stream is a pure function of (seed, step): `batch_at(step)` gives the same batch in
+  a resumed run as in an uninterrupted one, so the data position is just the step.
+- The vocabulary follows T5's conventions: pad 0, eos 1, unk 2, no bos.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Iterator, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+from spec_decode import paths
+
+PAD_ID = 0
+EOS_ID = 1
+TASK_PREFIX = "translate English to German: "
+DEFAULT_DATA_ROOT = paths.SHARED / "data"
+
+
+def resolve(path: str, data_root: str | os.PathLike | None = None) -> pathlib.Path:
+  """Absolute paths pass through; relative ones are taken under the data root."""
+  p = pathlib.Path(path)
+  if p.is_absolute():
+    return p
+  return pathlib.Path(data_root or DEFAULT_DATA_ROOT) / p
+
+
+def _read_lines(path: pathlib.Path) -> list[str]:
+  # Split on "\n" only: str.splitlines also breaks at U+2028 etc., which occur inside segments.
+  return path.read_text(encoding="utf-8").rstrip("\n").split("\n")
+
+
+def read_parallel(prefixes: Sequence[str], src_lang: str = "en", tgt_lang: str = "de",
+                  data_root: str | None = None) -> tuple[list[str], list[str]]:
+  """Reads and concatenates line-aligned corpora; returns (sources, targets)."""
+  sources, targets = [], []
+  for prefix in prefixes:
+    base = resolve(prefix, data_root)
+    src = _read_lines(base.parent / f"{base.name}.{src_lang}")
+    tgt = _read_lines(base.parent / f"{base.name}.{tgt_lang}")
+    if len(src) != len(tgt):
+      raise ValueError(f"{base}: {len(src)} source lines but {len(tgt)} target lines")
+    sources.extend(src)
+    targets.extend(tgt)
+  return sources, targets
+
+
+def train_vocab(prefixes: Sequence[str], model_prefix: str, vocab_size: int = 8000,
+                data_root: str | None = None, seed_sentencepiece_size: int = 1_000_000) -> str:
+  """Trains a joint source/target unigram SentencePiece model with T5's special ids.
+
+  The task prefix is included once so it tokenizes into a few whole pieces.
+  Returns the path of the written `.model` file.
+  """
+  sources, targets = read_parallel(prefixes, data_root=data_root)
+  sentences = [TASK_PREFIX.strip()] + sources + targets
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences), model_prefix=model_prefix, vocab_size=vocab_size,
+      model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=2,
+      bos_id=-1, seed_sentencepiece_size=seed_sentencepiece_size, num_threads=2,
+      minloglevel=2)
+  return model_prefix + ".model"
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+  """Tokenized pairs (EOS appended), aligned by index."""
+  inputs: list[np.ndarray]
+  targets: list[np.ndarray]
+
+
+def encode_pairs(sp: spm.SentencePieceProcessor, sources: Sequence[str], targets: Sequence[str],
+                 max_input_len: int, max_target_len: int) -> Encoded:
+  """Tokenizes with the task prefix and EOS; drops pairs that do not fit."""
+  src_ids = sp.encode([TASK_PREFIX + s for s in sources])
+  tgt_ids = sp.encode(list(targets))
+  inputs, outs = [], []
+  for s, t in zip(src_ids, tgt_ids):
+    if len(s) + 1 <= max_input_len and len(t) + 1 <= max_target_len and t:
+      inputs.append(np.asarray(s + [EOS_ID], np.int32))
+      outs.append(np.asarray(t + [EOS_ID], np.int32))
+  return Encoded(inputs, outs)
+
+
+def _bucket(length: int, boundaries: Sequence[int]) -> int:
+  return next(b for b in boundaries if length <= b)
+
+
+def pad_batch(inputs: Sequence[np.ndarray], targets: Sequence[np.ndarray], input_len: int,
+              target_len: int) -> dict[str, np.ndarray]:
+  """Pads rows to fixed lengths and builds the seqio feature dict."""
+  b = len(inputs)
+  enc = np.zeros((b, input_len), np.int32)
+  tgt = np.zeros((b, target_len), np.int32)
+  for i, (x, y) in enumerate(zip(inputs, targets)):
+    enc[i, :len(x)] = x
+    tgt[i, :len(y)] = y
+  dec_in = np.zeros_like(tgt)
+  dec_in[:, 1:] = tgt[:, :-1]  # shift right; position 0 stays BOS = 0
+  return {
+      "encoder_input_tokens": enc,
+      "decoder_input_tokens": dec_in,
+      "decoder_target_tokens": tgt,
+      "decoder_loss_weights": (tgt != PAD_ID).astype(np.int32),
+  }
+
+
+class BatchStream:
+  """Deterministic, shuffled, length-bucketed batches; indexable by global step.
+
+  Each epoch: shuffle examples with rng(seed, epoch), group them by bucket, cut each bucket
+  into batches, then shuffle the batch order with the same rng.
+  """
+
+  def __init__(self, encoded: Encoded, tokens_per_batch: int = 4096,
+               boundaries: Sequence[int] = (16, 32, 48, 64), seed: int = 0):
+    self.encoded = encoded
+    self.tokens_per_batch = tokens_per_batch
+    self.boundaries = tuple(boundaries)
+    self.seed = seed
+    self._epoch_cache: tuple[int, list[np.ndarray]] | None = None
+    self.batches_per_epoch = len(self._epoch_plan(0))
+
+  def _row_bucket(self, i: int) -> int:
+    return _bucket(max(len(self.encoded.inputs[i]), len(self.encoded.targets[i])),
+                   self.boundaries)
+
+  def _epoch_plan(self, epoch: int) -> list[np.ndarray]:
+    if self._epoch_cache is not None and self._epoch_cache[0] == epoch:
+      return self._epoch_cache[1]
+    rng = np.random.default_rng([self.seed, epoch])
+    order = rng.permutation(len(self.encoded.inputs))
+    by_bucket: dict[int, list[int]] = {}
+    for i in order:
+      by_bucket.setdefault(self._row_bucket(int(i)), []).append(int(i))
+    plan = []
+    for length, rows in sorted(by_bucket.items()):
+      size = max(1, self.tokens_per_batch // length)
+      # Drop the ragged tail of each bucket: it would be a new (rare) shape to compile.
+      for start in range(0, len(rows) - size + 1, size):
+        plan.append(np.asarray(rows[start:start + size]))
+    plan = [plan[j] for j in rng.permutation(len(plan))]
+    self._epoch_cache = (epoch, plan)
+    return plan
+
+  def batch_at(self, step: int) -> dict[str, np.ndarray]:
+    epoch, index = divmod(step, self.batches_per_epoch)
+    rows = self._epoch_plan(epoch)[index]
+    length = self._row_bucket(int(rows[0]))
+    return pad_batch([self.encoded.inputs[i] for i in rows],
+                     [self.encoded.targets[i] for i in rows], length, length)
+
+  def iterate(self, start_step: int) -> Iterator[dict[str, np.ndarray]]:
+    step = start_step
+    while True:
+      yield self.batch_at(step)
+      step += 1
+
+
+def eval_batches(encoded: Encoded, batch_size: int, input_len: int,
+                 target_len: int) -> Iterator[dict[str, np.ndarray]]:
+  """In-order, fixed-shape batches (the last one padded with empty rows, loss weight 0)."""
+  n = len(encoded.inputs)
+  for start in range(0, n, batch_size):
+    inputs = encoded.inputs[start:start + batch_size]
+    targets = encoded.targets[start:start + batch_size]
+    fill = batch_size - len(inputs)
+    empty = np.zeros((0,), np.int32)
+    yield pad_batch(list(inputs) + [empty] * fill, list(targets) + [empty] * fill, input_len,
+                    target_len)

@@ -1,0 +1,263 @@
+"""A minimal T5X-style trainer for `network.Transformer` on parallel text.
+
+Run: `python -m spec_decode.training.train --gin_file=spec_decode/configs/train/<x>.gin --model_dir=out/<x>
+     [--gin=train.num_train_steps=100 ...]`.
+
+What it does (all knobs are arguments of the gin-configurable `train`):
+- teacher forcing on seqio-named batches from `spec_decode.training.data`; cross-entropy on
+  `decoder_target_tokens` with T5X's optional z-loss and label smoothing (both off by default),
+  summed over tokens and divided by the number of target tokens (sum of `decoder_loss_weights`);
+- an optax optimizer built by gin (e.g. `@optax.adafactor()` or `@optax.adamw()`), with optional
+  global-norm clipping; compute dtype is `network.T5Config.dtype` (params stay float32);
+- every `eval_every` steps: eval loss on the eval corpus and sacrebleu BLEU of greedy decodes;
+- checkpoints in `model_dir`: `checkpoint_<step>.msgpack` (the project format: flax-serialized
+  {step, params, opt_state}) and, via `spec_decode.t5.checkpoints.save_t5x`, T5X's legacy layout
+  in `model_dir/t5x/checkpoint_<step>` (`t5x_checkpoints`); the last `keep_checkpoints` are kept;
+- a progress line every `log_every` steps: loss, z-loss, accuracy, gradient norm, target tokens/s;
+- resume: a run restarts from the newest `checkpoint_<step>.msgpack` in `model_dir`. The data
+  batch and the dropout rng of step s are pure functions of (seed, s), so a resumed run is
+  bitwise identical to an uninterrupted one.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import functools
+import pathlib
+import re
+import shutil
+import time
+from typing import Any, Callable, Sequence
+
+import flax.serialization
+from flax.training import train_state
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import sentencepiece as spm
+
+from spec_decode import losses
+from spec_decode import paths
+from spec_decode.training import bleu
+from spec_decode.training import data
+from spec_decode.training import greedy
+from spec_decode.t5 import network
+
+
+Batch = dict[str, np.ndarray]
+_CHECKPOINT = re.compile(r"checkpoint_(\d+)\.msgpack$")
+
+
+def loss_and_metrics(params: Any, apply_fn: Callable[..., jax.Array], batch: Batch,
+                     dropout_rng: jax.Array | None, z_loss: float,
+                     label_smoothing: float) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Mean per-target-token loss of one batch, plus summed metrics for logging."""
+  rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
+  logits = apply_fn({"params": params}, batch["encoder_input_tokens"],
+                    batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                    enable_dropout=dropout_rng is not None, rngs=rngs)
+  token_loss, z_term = losses.cross_entropy_with_logits(
+      logits.astype(jnp.float32), batch["decoder_target_tokens"], z_loss, label_smoothing)
+  weights = batch["decoder_loss_weights"].astype(jnp.float32)
+  num_tokens = jnp.maximum(jnp.sum(weights), 1.0)
+  correct = jnp.argmax(logits, axis=-1) == batch["decoder_target_tokens"]
+  metrics = {
+      "loss_sum": jnp.sum(token_loss * weights),
+      "z_loss_sum": jnp.sum(z_term * weights),
+      "correct_sum": jnp.sum(correct * weights),
+      "num_tokens": jnp.sum(weights),
+  }
+  return jnp.sum(token_loss * weights) / num_tokens, metrics
+
+
+@functools.partial(jax.jit, static_argnames=("z_loss", "label_smoothing", "dropout"),
+                   donate_argnums=(0,))
+def train_step(state: train_state.TrainState, batch: Batch, rng: jax.Array, z_loss: float,
+               label_smoothing: float, dropout: bool) -> tuple[train_state.TrainState, dict]:
+  # The dropout rng of step s is fold_in(rng, s): nothing but the step is needed to resume.
+  dropout_rng = jax.random.fold_in(rng, state.step) if dropout else None
+  grad_fn = jax.value_and_grad(loss_and_metrics, has_aux=True)
+  (_, metrics), grads = grad_fn(state.params, state.apply_fn, batch, dropout_rng, z_loss,
+                                label_smoothing)
+  metrics["grad_norm"] = optax.tree.norm(grads)
+  return state.apply_gradients(grads=grads), metrics
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn",))
+def eval_step(params: Any, apply_fn: Callable[..., jax.Array], batch: Batch) -> dict:
+  return loss_and_metrics(params, apply_fn, batch, None, 0.0, 0.0)[1]
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def init_params(config: network.T5Config, rng: jax.Array) -> Any:
+  dummy = jnp.ones((1, 8), jnp.int32)
+  return network.Transformer(config).init(rng, dummy, dummy, dummy)["params"]
+
+
+def create_state(config: network.T5Config, optimizer: optax.GradientTransformation,
+                 clip_grad_norm: float | None, seed: int) -> train_state.TrainState:
+  model = network.Transformer(config)
+  params = init_params(config, jax.random.PRNGKey(seed))
+  if clip_grad_norm:
+    optimizer = optax.chain(optax.clip_by_global_norm(clip_grad_norm), optimizer)
+  return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optimizer)
+
+
+def latest_checkpoint(model_dir: pathlib.Path) -> pathlib.Path | None:
+  found = [(int(m.group(1)), p) for p in model_dir.glob("checkpoint_*.msgpack")
+           if (m := _CHECKPOINT.search(p.name))]
+  return max(found)[1] if found else None
+
+
+def save_checkpoint(state: train_state.TrainState, model_dir: pathlib.Path, keep: int,
+                    t5x_layout: bool) -> pathlib.Path:
+  """Writes the project checkpoint atomically (tmp + rename), then the T5X layout."""
+  step = int(state.step)
+  path = model_dir / f"checkpoint_{step}.msgpack"
+  tmp = path.with_suffix(".tmp")
+  tmp.write_bytes(flax.serialization.to_bytes(
+      {"step": state.step, "params": state.params, "opt_state": state.opt_state}))
+  tmp.rename(path)
+  old = sorted((int(_CHECKPOINT.search(p.name).group(1)), p)
+               for p in model_dir.glob("checkpoint_*.msgpack"))
+  for stale_step, stale in old[:-keep]:
+    stale.unlink()
+    shutil.rmtree(model_dir / "t5x" / f"checkpoint_{stale_step}", ignore_errors=True)
+  if t5x_layout:
+    # Imported here so that runs without T5X-layout output do not depend on that module.
+    from spec_decode.t5 import checkpoints  # pylint: disable=g-import-not-at-top
+    checkpoints.save_t5x(jax.device_get(state.params), str(model_dir / "t5x"), step)
+  return path
+
+
+def restore_checkpoint(state: train_state.TrainState, path: pathlib.Path) -> train_state.TrainState:
+  template = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+  restored = flax.serialization.from_bytes(template, path.read_bytes())
+  return state.replace(step=jnp.asarray(restored["step"]), params=restored["params"],
+                       opt_state=restored["opt_state"])
+
+
+def train(model_dir: str,
+          config: network.T5Config = gin.REQUIRED,
+          optimizer: optax.GradientTransformation = gin.REQUIRED,
+          vocab_path: str = gin.REQUIRED,
+          train_corpora: Sequence[str] = gin.REQUIRED,
+          eval_corpus: str = gin.REQUIRED,
+          data_root: str | None = None,
+          max_input_len: int = 64,
+          max_target_len: int = 64,
+          tokens_per_batch: int = 4096,
+          bucket_boundaries: Sequence[int] = (16, 32, 48, 64),
+          num_train_steps: int = 1000,
+          max_wall_time_s: float | None = None,
+          clip_grad_norm: float | None = 1.0,
+          z_loss: float = 0.0,
+          label_smoothing: float = 0.0,
+          eval_every: int | None = 500,
+          bleu_examples: int = 200,
+          eval_batch_size: int = 64,
+          checkpoint_every: int = 500,
+          keep_checkpoints: int = 2,
+          t5x_checkpoints: bool = True,
+          log_every: int = 20,
+          seed: int = 0) -> dict[str, float]:
+  """Trains until `num_train_steps` (or the wall-time budget); returns the last eval metrics.
+
+  `eval_every=None` disables evaluation (then `{}` is returned).
+  """
+  start_time = time.time()
+  out = pathlib.Path(model_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  sp = spm.SentencePieceProcessor(model_file=str(paths.resolve(vocab_path)))
+  if sp.vocab_size() > config.vocab_size:
+    raise ValueError(f"vocabulary has {sp.vocab_size()} ids > config.vocab_size")
+
+  sources, targets = data.read_parallel(train_corpora, data_root=data_root)
+  stream = data.BatchStream(
+      data.encode_pairs(sp, sources, targets, max_input_len, max_target_len),
+      tokens_per_batch=tokens_per_batch, boundaries=bucket_boundaries, seed=seed)
+  eval_sources, eval_targets = data.read_parallel([eval_corpus], data_root=data_root)
+  eval_encoded = data.encode_pairs(sp, eval_sources, eval_targets, max_input_len, max_target_len)
+  print(f"train pairs {len(stream.encoded.inputs)} in {stream.batches_per_epoch} batches/epoch; "
+        f"eval pairs {len(eval_encoded.inputs)}", flush=True)
+
+  state = create_state(config, optimizer, clip_grad_norm, seed)
+  num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+  print(f"model: {num_params:,} params", flush=True)
+  if (checkpoint := latest_checkpoint(out)) is not None:
+    state = restore_checkpoint(state, checkpoint)
+    print(f"resumed from {checkpoint} at step {int(state.step)}", flush=True)
+  rng = jax.random.PRNGKey(seed)
+  dropout = config.dropout_rate > 0
+
+  def evaluate() -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for batch in data.eval_batches(eval_encoded, eval_batch_size, max_input_len, max_target_len):
+      for k, v in eval_step(state.params, state.apply_fn, batch).items():
+        sums[k] = sums.get(k, 0.0) + float(v)
+    hyps = greedy.translate(config, state.params, sp, eval_sources[:bleu_examples],
+                     max_input_len, max_target_len, eval_batch_size)
+    return {"eval_loss": sums["loss_sum"] / sums["num_tokens"],
+            "eval_accuracy": sums["correct_sum"] / sums["num_tokens"],
+            "eval_bleu": bleu.corpus_bleu(hyps, eval_targets[:bleu_examples])}
+
+  step = int(state.step)
+  window: dict[str, float] = {}
+  window_start = time.time()
+  metrics: dict[str, float] = {}
+  for batch in stream.iterate(step):
+    if step >= num_train_steps:
+      break
+    if max_wall_time_s is not None and time.time() - start_time > max_wall_time_s:
+      print(f"wall-time budget of {max_wall_time_s:.0f}s reached at step {step}", flush=True)
+      break
+    state, step_metrics = train_step(state, batch, rng, z_loss, label_smoothing, dropout)
+    step += 1
+    for k, v in step_metrics.items():
+      window[k] = window.get(k, 0.0) + float(v)
+    window["steps"] = window.get("steps", 0.0) + 1
+    if step % log_every == 0:
+      elapsed = time.time() - window_start
+      print(f"step {step} loss {window['loss_sum'] / window['num_tokens']:.4f} "
+            f"z_loss {window['z_loss_sum'] / window['num_tokens']:.2e} "
+            f"acc {window['correct_sum'] / window['num_tokens']:.3f} "
+            f"grad_norm {window['grad_norm'] / window['steps']:.3f} "
+            f"tokens/s {window['num_tokens'] / elapsed:.0f} "
+            f"s/step {elapsed / window['steps']:.2f} "
+            f"elapsed {time.time() - start_time:.0f}s", flush=True)
+      window, window_start = {}, time.time()
+    if step % checkpoint_every == 0:
+      save_checkpoint(state, out, keep_checkpoints, t5x_checkpoints)
+    if eval_every and step % eval_every == 0:
+      metrics = evaluate()
+      print(f"eval step {step} " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
+            flush=True)
+      window_start = time.time()  # evaluation time is not training throughput
+
+  if step % checkpoint_every:
+    save_checkpoint(state, out, keep_checkpoints, t5x_checkpoints)
+  if eval_every and step % eval_every:
+    metrics = evaluate()
+    print(f"eval step {step} " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
+          flush=True)
+  print(f"done at step {step} after {time.time() - start_time:.0f}s", flush=True)
+  return metrics
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--gin_file", action="append", default=[], help="Gin config file.")
+  parser.add_argument("--gin", action="append", default=[],
+                      help="Gin binding, e.g. train.num_train_steps=10.")
+  parser.add_argument("--model_dir", required=True, help="Checkpoint/output directory.")
+  args = parser.parse_args(argv)
+  gin.add_config_file_search_path(str(paths.ROOT))
+  gin.parse_config_files_and_bindings(args.gin_file, args.gin)
+  # The configs import spec_decode.training.train, not __main__ (python -m): bind that one.
+  gin.get_configurable(importlib.import_module("spec_decode.training.train").train)(args.model_dir)
+
+
+if __name__ == "__main__":
+  main()
