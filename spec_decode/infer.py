@@ -41,10 +41,8 @@ import argparse
 import dataclasses
 import importlib
 import json
-import logging
 import os
 import pathlib
-import re
 import sys
 import tempfile
 import time
@@ -55,17 +53,17 @@ import jax
 import numpy as np
 
 from spec_decode import paths
+from spec_decode import call_costs
+from spec_decode import gin_utils
 from spec_decode import models
+from spec_decode.gin_utils import UsageError
 from spec_decode.engine import decoding
+from spec_decode.engine import drafting
 from spec_decode.t5 import vocab
 
 DEFAULT_GIN_FILE = "spec_decode/configs/demo/infer.gin"
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.json"
-
-
-class UsageError(Exception):
-  """A problem with the run's configuration or inputs, reported as one line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,19 +141,41 @@ def _text_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel,
       raise UsageError("texts must be a list of strings, got one string")
     texts = list(cfg.texts)
   else:
-    path = paths.resolve(cfg.input_file)
-    if not os.path.isfile(path):
-      raise UsageError(f"input file not found: {cfg.input_file}")
-    with open(path, encoding="utf-8") as f:
-      texts = [line.rstrip("\n") for line in f if line.strip()]
+    texts = _read_input_file(cfg.input_file)
   texts = texts[:cfg.num_examples] if cfg.num_examples is not None else texts
   vocabulary = model.input_vocabulary
-  examples = []
+  examples, num_cut, most_cut = [], 0, 0
   for text in texts:
     inputs = cfg.input_prefix + text
-    ids = vocab.trim_with_eos(vocabulary.encode(inputs), input_length, vocabulary.eos_id)
-    examples.append(Example(inputs, ids))
+    ids = vocabulary.encode(inputs)
+    if len(ids) > input_length - 1:  # room for EOS
+      num_cut, most_cut = num_cut + 1, max(most_cut, len(ids) - (input_length - 1))
+    examples.append(Example(inputs, vocab.trim_with_eos(ids, input_length, vocabulary.eos_id)))
+  if num_cut:
+    print(f"warning: {num_cut} of {len(examples)} inputs are longer than "
+          f"TASK_FEATURE_LENGTHS['inputs'] = {input_length} tokens (EOS included) and were cut, "
+          f"by up to {most_cut} tokens", file=sys.stderr)
   return examples
+
+
+def _read_input_file(input_file: str) -> list[str]:
+  """The non-blank lines of a UTF-8 text file; UsageError naming the file (and line)."""
+  path = paths.resolve(input_file)
+  if not os.path.isfile(path):
+    raise UsageError(f"input file not found: {input_file}")
+  with open(path, "rb") as f:
+    raw_lines = f.read().split(b"\n")
+  lines = []
+  for number, raw in enumerate(raw_lines, start=1):
+    try:
+      lines.append(raw.decode("utf-8").rstrip("\r"))
+    except UnicodeDecodeError as e:
+      raise UsageError(f"input file {input_file}, line {number}: not UTF-8 ({e.reason} at "
+                       f"byte {e.start})") from None
+  texts = [line for line in lines if line.strip()]
+  if not texts:
+    raise UsageError(f"input file {input_file} is empty")
+  return texts
 
 
 def read_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel) -> list[Example]:
@@ -230,8 +250,10 @@ def _jit(fn: Callable, model: models.EncoderDecoderModel, partitioner: Any
 
 def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any,
                batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
-               partitioner: Any = None) -> DecodeRun:
-  """Compiles model.predict_batch_with_aux once and runs it over `batches`."""
+               partitioner: Any = None,
+               progress: Callable[[str, int, int], None] = lambda *_: None) -> DecodeRun:
+  """Compiles model.predict_batch_with_aux once and runs it over `batches`; `progress(stage,
+  batches done, batches)` is called when compiling starts and after each batch."""
 
   def predict(params, draft_params, batch, rng):
     if draft_params is None:
@@ -241,16 +263,18 @@ def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any
   jitted, place = _jit(predict, model, partitioner)
   params, draft_params = place(params, draft_params)
   rngs = [jax.random.fold_in(jax.random.PRNGKey(seed), i) for i in range(len(batches))]
+  progress("compiling", 0, len(batches))
   start = time.perf_counter()
   compiled = jitted.lower(params, draft_params, batches[0][0], rngs[0]).compile()
   compile_seconds = time.perf_counter() - start
   # One untimed call: the first execution of an executable pays one-off costs.
   jax.block_until_ready(compiled(params, draft_params, batches[0][0], rngs[0]))
   decodes, aux, seconds = [], [], 0.0
-  for (batch, num_real), rng in zip(batches, rngs):
+  for done, ((batch, num_real), rng) in enumerate(zip(batches, rngs), start=1):
     start = time.perf_counter()
     outputs = jax.block_until_ready(compiled(params, draft_params, batch, rng))
     seconds += time.perf_counter() - start
+    progress("decoding", done, len(batches))
     batch_decodes, batch_aux = jax.device_get(outputs)
     for i in range(num_real):
       decodes.append(batch_decodes[i])
@@ -265,12 +289,45 @@ def _write_atomically(path: pathlib.Path, text: str) -> None:
   with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False,
                                    prefix=f".{path.name}.") as f:
     f.write(text)
+  # A temporary file is private (0600); the output gets the usual mode (0644 under umask 022).
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(f.name, 0o666 & ~umask)
   os.replace(f.name, path)
+
+
+def _check_output_dir(output_dir: str) -> None:
+  """UsageError naming INFER_OUTPUT_DIR when outputs could not be written there."""
+  out = pathlib.Path(output_dir)
+  if out.exists() and not out.is_dir():
+    raise UsageError(f"INFER_OUTPUT_DIR {output_dir} exists and is not a directory")
+  existing = out
+  while not existing.exists():
+    existing = existing.parent
+  if not existing.is_dir():
+    raise UsageError(f"INFER_OUTPUT_DIR {output_dir} is under {existing}, which is a file")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UsageError(f"INFER_OUTPUT_DIR {output_dir}: {existing} is not writable")
+
+
+def _count(number: int, noun: str) -> str:
+  return f"{number} {noun}" + ("" if number == 1 else "es" if noun.endswith("ch") else "s")
+
+
+def _progress(name: str) -> Callable[[str, int, int], None]:
+  """Prints what a decode_all run is doing: compiling, then every tenth of the batches."""
+  def report(stage: str, done: int, total: int) -> None:
+    if stage == "compiling":
+      print(f"{name}: compiling, then decoding", flush=True)
+    elif total >= 10 and done % max(total // 10, 1) == 0 and done < total:
+      print(f"{name}: {done}/{total} batches", flush=True)
+  return report
 
 
 def _summarize(model: models.EncoderDecoderModel, source: str, cfg: DatasetConfig,
                examples: Sequence[Example], run: DecodeRun, baseline: DecodeRun | None,
-               eos_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+               costs: Mapping[str, float] | None, eos_id: int
+               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
   """(summary, per-example records)."""
   settings = model.decode_settings
   greedy = settings.get("temperature") is not None and settings["temperature"] <= 1e-4
@@ -311,19 +368,29 @@ def _summarize(model: models.EncoderDecoderModel, source: str, cfg: DatasetConfi
         "tokens_per_second": sum(len(vocab.until_eos(d, eos_id)) for d in baseline.decodes)
                              / max(baseline.seconds, 1e-9)}
     summary["speedup"] = baseline.seconds / max(run.seconds, 1e-9)
+    summary["target_calls_saved"] = 1 - totals["target_calls"] / max(generated, 1)
     summary["identical_outputs"] = (all(r["identical"] for r in records) if greedy else None)
     if greedy:
       summary["num_identical"] = sum(r["identical"] for r in records)
+  if costs is not None:
+    # Theorem 3.8 with this run's alpha: on this machine (its measured c and v), and where a
+    # (gamma+1)-token call costs what a 1-token call does (v = 1: TPU/GPU at batch 1).
+    gamma, alpha = settings["gamma"], summary["alpha"]
+    summary["costs"] = dict(costs)
+    summary["predicted_speedup_this_machine"] = float(drafting.expected_tokens_per_cost(
+        alpha, gamma, costs["c"], costs["v"]))
+    summary["predicted_speedup_v1"] = float(drafting.expected_tokens_per_cost(
+        alpha, gamma, costs["c"], 1.0))
   return summary, records
 
 
 def _print_report(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
                   num_printed: int, output_dir: pathlib.Path) -> None:
   for record in records[:num_printed]:
-    print(f"> {record['inputs']}\n  {record['prediction']}")
+    print(f"> {_shorten(record['inputs'])}\n  {_shorten(record['prediction'])}")
   if len(records) > num_printed:
     print(f"  ... ({len(records) - num_printed} more in {output_dir / PREDICTIONS_FILE})")
-  line = (f"{summary['num_examples']} examples, {summary['generated_tokens']} tokens in "
+  line = (f"{_count(summary['num_examples'], 'example')}, {summary['generated_tokens']} tokens in "
           f"{summary['wall_seconds']:.2f}s ({summary['tokens_per_second']:.0f} tokens/s)")
   if summary["speculative"]:
     line += (f"; alpha {summary['alpha']:.2f}, {summary['tokens_per_target_call']:.2f} tokens "
@@ -333,8 +400,21 @@ def _print_report(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any
     identical = {True: "yes", False: "no", None: "n/a (temperature > 0)"}[
         summary["identical_outputs"]]
     print(f"baseline (target alone): {summary['baseline']['wall_seconds']:.2f}s; speedup "
-          f"{summary['speedup']:.2f}x; identical output: {identical}")
+          f"{summary['speedup']:.2f}x (measured, wall clock); identical output: {identical}")
+  if "costs" in summary:
+    gamma, costs = summary["decode_settings"]["gamma"], summary["costs"]
+    print(f"what it means: {summary['target_calls_saved']:.0%} fewer target calls than the "
+          f"baseline ({summary['tokens_per_target_call']:.2f} tokens per call). On this "
+          f"machine a {gamma + 1}-token target call costs {costs['v']:.2f}x a 1-token call and "
+          f"a draft call {costs['c']:.2f}x, so the paper's formula (Theorem 3.8) predicts "
+          f"{summary['predicted_speedup_this_machine']:.2f}x here; where a {gamma + 1}-token "
+          f"call costs what a 1-token call does (TPU/GPU at batch 1, the paper's setting) it "
+          f"predicts {summary['predicted_speedup_v1']:.2f}x for this alpha.")
   print(f"wrote {output_dir / PREDICTIONS_FILE} and {output_dir / SUMMARY_FILE}")
+
+
+def _shorten(text: str, limit: int = 120) -> str:
+  return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
@@ -352,6 +432,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   if compare_with_baseline and not model.is_speculative:
     raise UsageError("COMPARE_WITH_BASELINE needs a speculative decode_fn "
                      "(decoding.speculative_sample)")
+  _check_output_dir(output_dir)
   start = time.perf_counter()
   examples = read_examples(dataset_cfg, model)
   # On the device once: the baseline run then reuses the same arrays.
@@ -359,12 +440,22 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   draft_params = model.draft_params if model.is_speculative else None
   input_length, target_length = _check_dataset_config(dataset_cfg)
   batches = make_batches(examples, dataset_cfg.batch_size, input_length, target_length)
+  print(f"{_count(len(examples), 'example')} in {_count(len(batches), 'batch')} of "
+        f"{dataset_cfg.batch_size}")
 
-  run = decode_all(model, params, draft_params, batches, seed, partitioner)
-  baseline = (decode_all(model.baseline(), params, None, batches, seed, partitioner)
-              if compare_with_baseline else None)
+  name = "speculative decoder (target + draft)" if model.is_speculative else "target"
+  run = decode_all(model, params, draft_params, batches, seed, partitioner,
+                   progress=_progress(name))
+  baseline = costs = None
+  if compare_with_baseline:
+    baseline = decode_all(model.baseline(), params, None, batches, seed, partitioner,
+                          progress=_progress("baseline (target alone)"))
+    print("measuring one target call of 1 and of gamma + 1 tokens, and one draft call")
+    costs = call_costs.verification_costs(
+        (model.module, params), (model.draft_module, draft_params),
+        model.decode_settings["gamma"], dataset_cfg.batch_size, input_length, target_length)
   source = dataset_cfg.mixture_or_task_name or dataset_cfg.input_file or "--text"
-  summary, records = _summarize(model, source, dataset_cfg, examples, run, baseline,
+  summary, records = _summarize(model, source, dataset_cfg, examples, run, baseline, costs,
                                 model.output_vocabulary.eos_id)
   summary["run_seconds"] = time.perf_counter() - start  # inputs, restore, compile and decode
 
@@ -380,49 +471,9 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
 # --------------------------------------------------------------------------- command line
 
 
-def _gin_error_message(error: Exception) -> str:
-  """One line for a gin error: gin appends the config location on further lines."""
-  message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-  macro = re.match(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", message)
-  if macro:
-    return (f"required gin macro {macro.group(1)} is not set (e.g. "
-            f"--gin.{macro.group(1)}=...)")
-  return message
-
-
-def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-  """Flags, and the gin bindings given as --gin.NAME=VALUE (T5X's form)."""
-  parser = argparse.ArgumentParser(
-      prog="python -m spec_decode.infer",
-      description="T5X-style inference with speculative decoding (see the module docstring).")
-  parser.add_argument("--gin_file", action="append", default=[],
-                      help=f"gin config file (repeatable; default {DEFAULT_GIN_FILE})")
-  parser.add_argument("--gin_bindings", action="append", default=[],
-                      help="gin binding, e.g. \"BATCH_SIZE = 8\" (repeatable)")
-  parser.add_argument("--gin_search_paths", action="append", default=[],
-                      help="extra directories where gin files are looked up")
-  parser.add_argument("--text", action="append", default=None,
-                      help="an input to decode instead of the config's (repeatable)")
-  parser.add_argument("--input_file", default=None,
-                      help="decode this file's lines instead of the config's inputs")
-  parser.add_argument("--data_dir", default=None,
-                      help="data root of the seqio tasks (binds tasks.data_dir.path)")
-  known, rest = parser.parse_known_args(argv)
-  bindings = []
-  for arg in rest:
-    match = re.fullmatch(r"--gin\.([\w.%/]+)=(.*)", arg, re.DOTALL)
-    if not match:
-      parser.error(f"unrecognized argument {arg!r}")
-    bindings.append(f"{match.group(1)} = {match.group(2)}")
-  return known, bindings
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-  args, flag_bindings = _parse_args(sys.argv[1:] if argv is None else argv)
-  bindings = list(args.gin_bindings) + flag_bindings
+def _run(args: argparse.Namespace, bindings: list[str]) -> None:
   if args.text is not None and args.input_file is not None:
-    print("spec_decode.infer: error: give --text or --input_file, not both", file=sys.stderr)
-    return 2
+    raise UsageError("give --text or --input_file, not both")
   # The flags replace the config's input source, so they come after every other binding.
   if args.text is not None:
     bindings += ["MIXTURE_OR_TASK_NAME = None", "infer.DatasetConfig.input_file = None",
@@ -431,33 +482,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     bindings += ["MIXTURE_OR_TASK_NAME = None", "infer.DatasetConfig.texts = None",
                  f"infer.DatasetConfig.input_file = {args.input_file!r}"]
   if args.data_dir is not None:
-    bindings += ["from spec_decode import tasks", f"tasks.data_dir.path = {args.data_dir!r}"]
-  gin.clear_config()
-  for path in [str(paths.ROOT)] + list(args.gin_search_paths):
-    gin.add_config_file_search_path(path)
+    bindings += ["from __gin__ import dynamic_registration", "from spec_decode import tasks",
+                 f"tasks.data_dir.path = {args.data_dir!r}"]
+  gin_utils.parse_config(args.gin_file or [DEFAULT_GIN_FILE], bindings, args.gin_search_paths)
+  # The function the configs bind: they import `spec_decode.infer`, which is not this module
+  # when it runs as `python -m spec_decode.infer` (__main__).
+  infer_fn = importlib.import_module("spec_decode.infer").infer
+  gin_utils.check_bindings_take_effect([infer_fn])
   try:
-    gin_files = [paths.resolve(f) for f in args.gin_file or [DEFAULT_GIN_FILE]]
-    # gin logs an ERROR for every search path an include is not found in, even when a later
-    # one has it; a file found nowhere still raises IOError.
-    logging.disable(logging.ERROR)
-    try:
-      gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
-    finally:
-      logging.disable(logging.NOTSET)
-    gin.finalize()
-    # The function the config binds: gin configs import `spec_decode.infer`, which is not this
-    # module when it runs as `python -m spec_decode.infer` (__main__).
-    gin.get_configurable(importlib.import_module("spec_decode.infer").infer)()
-  except (UsageError, ValueError, FileNotFoundError, IOError, SyntaxError) as e:
-    print(f"spec_decode.infer: error: {_gin_error_message(e)}", file=sys.stderr)
-    return 2
-  except RuntimeError as e:  # gin's "Required bindings for ... not provided"
-    if "Required bindings" not in str(e):
-      raise
-    print(f"spec_decode.infer: error: {_gin_error_message(e)}", file=sys.stderr)
-    return 2
-  return 0
+    gin.get_configurable(infer_fn)()
+  except (ValueError, FileNotFoundError) as e:  # a model, checkpoint or input the config names
+    raise UsageError(gin_utils.first_line(e)) from None
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python -m spec_decode.infer",
+      description="T5X-style inference with speculative decoding (see the module docstring).")
+  gin_utils.add_gin_arguments(parser, DEFAULT_GIN_FILE)
+  parser.add_argument("--text", action="append", default=None,
+                      help="an input to decode instead of the config's (repeatable)")
+  parser.add_argument("--input_file", default=None,
+                      help="decode this file's lines instead of the config's inputs")
+  parser.add_argument("--data_dir", default=None,
+                      help="data root of the seqio tasks (binds tasks.data_dir.path)")
+  args, bindings = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
+  return gin_utils.run("spec_decode.infer", lambda: _run(args, bindings))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from spec_decode import gin_utils
 from spec_decode import losses
 from spec_decode import paths
 from spec_decode.t5 import checkpoints
+from spec_decode.t5 import demo_pair
 from spec_decode.engine import decoding
 from spec_decode.t5 import network
 from spec_decode.engine import sampling
@@ -113,15 +114,20 @@ def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Pa
   resolved = paths.resolve(path)
   if not resolved.startswith("gs://") and not os.path.exists(resolved):
     raise FileNotFoundError(f"checkpoint not found: {path}")
-  if os.path.isfile(os.path.join(resolved, "config.json")):
-    found, params = checkpoints.load_hf(resolved)
-    _check_same_architecture(module.config, found, path)
-  elif resolved.endswith(".safetensors"):
-    from spec_decode.t5 import demo_pair  # pylint: disable=g-import-not-at-top
-    found, params = demo_pair.load_model(resolved)
-    _check_same_architecture(module.config, found, path)
-  else:
-    params = checkpoints.load_t5x(resolved)
+  try:
+    if os.path.isfile(os.path.join(resolved, "config.json")):
+      found, params = checkpoints.load_hf(resolved)
+      _check_same_architecture(module.config, found, path)
+    elif resolved.endswith(".safetensors"):
+      found, params = demo_pair.load_model(resolved)
+      _check_same_architecture(module.config, found, path)
+    else:
+      params = checkpoints.load_t5x(resolved)
+  except (ValueError, FileNotFoundError):  # already name the file
+    raise
+  except Exception as e:  # pylint: disable=broad-except: a reader's own error (truncated file...)
+    raise ValueError(f"checkpoint {path} could not be read: {type(e).__name__}: "
+                     f"{gin_utils.first_line(e)}") from e
   checkpoints.check_params(checkpoints.expected_param_shapes(module.config), params, path)
   return params if dtype is None else checkpoints.cast_floats(params, dtype)
 
@@ -355,10 +361,11 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
   """An EncoderDecoderModel whose decode_fn may be speculative, with a draft model.
 
   `draft_module`: the draft `network.Transformer` (same vocabulary size as the target);
-  `draft_checkpoint_path`: its checkpoint (any format of `load_params`), read on first use;
-  `gamma`: drafts per iteration, passed to a speculative decode_fn (when None, the decode_fn's
-  own binding is used). With a non-speculative decode_fn (the baseline) the target runs alone
-  and no draft is needed.
+  `draft_checkpoint_path`: its checkpoint (any format of `load_params`), read on first use.
+  Every decoding setting (gamma, temperature, verifier, draft_policy, ...) belongs to the
+  decode_fn, bound in one place (`decoding.speculative_sample.gamma = 4` in a config, or a
+  functools.partial): the model only checks it. With a non-speculative decode_fn (the
+  baseline) the target runs alone and no draft is needed.
   """
 
   def __init__(self, module: network.Transformer, input_vocabulary: Any,
@@ -368,10 +375,9 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
                label_smoothing: float = 0.0, z_loss: float = 0.0,
                loss_normalizing_factor: float | None = None,
                draft_module: network.Transformer | None = None,
-               draft_checkpoint_path: str | None = None, gamma: int | None = None):
+               draft_checkpoint_path: str | None = None):
     self.draft_module = draft_module
     self.draft_checkpoint_path = draft_checkpoint_path
-    self.gamma = gamma
     super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def, decode_fn,
                      feature_converter_cls, label_smoothing, z_loss, loss_normalizing_factor)
     self._draft_params: Params | None = None
@@ -386,10 +392,9 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     if draft_vocab != target_vocab:
       raise ValueError(f"target and draft vocabularies differ: the target has {target_vocab} "
                        f"ids, the draft {draft_vocab}")
-    gamma = self.gamma if self.gamma is not None else decode_fn_arguments(decode_fn).get("gamma")
+    gamma = decode_fn_arguments(decode_fn).get("gamma")
     if gamma is None:
-      raise ValueError("gamma is not set: bind SpeculativeEncoderDecoderModel.gamma (or "
-                       "decoding.speculative_sample.gamma)")
+      raise ValueError("gamma is not set: bind decoding.speculative_sample.gamma")
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
       raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
     if self.draft_checkpoint_path is not None:
@@ -402,8 +407,6 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     settings = super().decode_settings
     if self.is_speculative:
       arguments = decode_fn_arguments(self.decode_fn)
-      if self.gamma is not None:
-        arguments["gamma"] = self.gamma
       settings.update({name: arguments[name] for name in SPECULATIVE_ARGUMENTS
                        if name in arguments})
     return settings
@@ -456,8 +459,6 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       return super()._decode(params, None, encoder_input_tokens, inputs, num_decodes,
                              decoder_params)
     max_decode_len = inputs.shape[1]
-    if self.gamma is not None:
-      decoder_params = {"gamma": self.gamma, **decoder_params}
     decodes, scores, stats = self.decode_fn(
         inputs=inputs,
         cache=network.init_decode_cache(self.module, params, encoder_input_tokens,

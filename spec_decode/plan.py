@@ -46,9 +46,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 
-from spec_decode import paths
 from spec_decode import gin_utils
-from spec_decode import models
 from spec_decode.t5 import network
 from spec_decode import partitioning
 
@@ -243,10 +241,9 @@ class RunConfig:
 
 def read_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
                 draft_gin_file: str | None = None) -> RunConfig:
-  """The target, draft, batch size and lengths a gin config describes (see the docstring)."""
-  gin.clear_config()
-  gin.add_config_file_search_path(str(paths.ROOT))
-  gin.parse_config_files_and_bindings([paths.resolve(f) for f in gin_files], bindings)
+  """The target, draft, batch size and lengths a gin config describes (see the docstring);
+  a run's required macros (checkpoint paths, ...) may stay unset."""
+  gin_utils.parse_config(gin_files, bindings, finalize=False)
   target = gin.get_configurable(network.T5Config)()
   if draft_gin_file is not None:
     draft = gin_utils.t5config_from_gin_file(draft_gin_file)
@@ -264,14 +261,11 @@ def read_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
 # --------------------------------------------------------------------------- command line
 
 
-def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
   parser = argparse.ArgumentParser(
       prog="python -m spec_decode.plan",
       description="Per-device memory of a sharded decode (see the module docstring).")
-  parser.add_argument("--gin_file", action="append", required=True,
-                      help="gin config (repeatable), e.g. a spec_decode/configs/paper/table2 file")
-  parser.add_argument("--gin_bindings", action="append", default=[],
-                      help="gin binding, e.g. \"BATCH_SIZE = 8\" (repeatable)")
+  gin_utils.add_gin_arguments(parser)
   parser.add_argument("--draft_gin_file", default=None,
                       help="model gin file of the draft (default: the config's draft_module)")
   parser.add_argument("--device_kind", default="tpu_v4", choices=DEVICE_KINDS)
@@ -286,13 +280,15 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument("--param_dtype", default=None,
                       help="dtype of floating parameters (default: the target config's dtype)")
   parser.add_argument("--parameter_partitioning_dims", type=int, default=1, choices=(1, 2))
-  return parser.parse_args(argv)
+  args, bindings = gin_utils.parse_args(parser, argv)
+  if not args.gin_file:
+    parser.error("give --gin_file, e.g. spec_decode/configs/paper/table2/ende_small_t0.gin")
+  return args, bindings
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  args = _parse_args(sys.argv[1:] if argv is None else argv)
+def _run(args: argparse.Namespace, bindings: list[str]) -> None:
   try:
-    config = read_config(args.gin_file, args.gin_bindings, args.draft_gin_file)
+    config = read_config(args.gin_file, bindings, args.draft_gin_file)
     sizes = {"batch size": args.batch_size or config.batch_size,
              "input length": args.input_length or config.input_length,
              "target length": args.target_length or config.target_length,
@@ -309,12 +305,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = shapes(config.target)
     draft = None if config.draft is None else shapes(config.draft)
     rows = plan(target, draft, param_dtype, args.num_devices, args.parameter_partitioning_dims)
-  except (ValueError, FileNotFoundError, TypeError) as e:
-    print(f"spec_decode.plan: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
-    return 2
+  except (ValueError, FileNotFoundError, TypeError) as e:  # what the config or flags name
+    raise gin_utils.UsageError(gin_utils.first_line(e)) from None
   print(format_plan(rows, target, draft, param_dtype, args.device_kind, batch_rows,
                     sizes["input length"], sizes["target length"]))
-  return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args, bindings = _parse_args(sys.argv[1:] if argv is None else argv)
+  return gin_utils.run("spec_decode.plan", lambda: _run(args, bindings))
 
 
 if __name__ == "__main__":

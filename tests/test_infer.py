@@ -53,8 +53,8 @@ models.SpeculativeEncoderDecoderModel:
   decode_fn = @decoding.speculative_sample
   draft_module = @models.transformer_from_gin_file()
   draft_checkpoint_path = '{draft.t5x_checkpoint}'
-  gamma = 3
 models.transformer_from_gin_file.gin_file = '{draft.gin_file}'
+decoding.speculative_sample.gamma = 3
 decoding.speculative_sample.temperature = 0.0
 CHECKPOINT_PATH = '{target.t5x_checkpoint}'
 TASK_FEATURE_LENGTHS = {{'inputs': 48, 'targets': 12}}

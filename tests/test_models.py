@@ -58,7 +58,7 @@ def _batch(seed=0):
           "decoder_target_tokens": targets, "decoder_loss_weights": weights}
 
 
-GREEDY_SPECULATIVE = functools.partial(decoding.speculative_sample, temperature=0.0)
+GREEDY_SPECULATIVE = functools.partial(decoding.speculative_sample, temperature=0.0, gamma=3)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def jitted(pair, vocabulary):
   baseline predict (all 2 decodes; the non-zero decoder_input_tokens are forced as a prompt, so
   zeros mean no prompt), score_batch, and teacher-forced logits."""
   target, _ = pair
-  model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
+  model = _model(pair, vocabulary, GREEDY_SPECULATIVE)
   baseline = model.baseline()
   options = dict(prompt_with_targets=True, return_all_decodes=True, num_decodes=2)
   return {
@@ -91,7 +91,7 @@ def _as_targets(decodes: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def test_get_initial_variables_follows_t5x(pair, vocabulary):
-  model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
+  model = _model(pair, vocabulary, GREEDY_SPECULATIVE)
   shapes = {"encoder_input_tokens": (2, LE), "decoder_input_tokens": (2, L)}
   variables = jax.eval_shape(functools.partial(model.get_initial_variables, input_shapes=shapes),
                              jax.random.PRNGKey(0))
@@ -177,7 +177,7 @@ def test_score_batch_is_the_weighted_target_log_likelihood(pair, jitted):
 
 def test_draft_params_load_once_from_either_format(pair, vocabulary):
   target, draft = pair
-  model = _model(pair, vocabulary, GREEDY_SPECULATIVE, gamma=3)
+  model = _model(pair, vocabulary, GREEDY_SPECULATIVE)
   loaded = model.draft_params
   assert model.draft_params is loaded  # kept, not re-read
   for path in (draft.t5x_checkpoint, draft.hf_folder):
@@ -202,15 +202,15 @@ def test_bad_configurations_fail_at_construction(pair, vocabulary):
   other_vocab = tiny_t5.tiny_config(VOCAB_SIZE + 128, tiny_t5.DRAFT_SHRINK)
   with pytest.raises(ValueError, match="target and draft vocabularies differ: the target has "
                                        "8000 ids, the draft 8128"):
-    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
-                                          draft_module=network.Transformer(other_vocab), gamma=3)
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, GREEDY_SPECULATIVE,
+                                          draft_module=network.Transformer(other_vocab))
   with pytest.raises(ValueError, match="gamma is not set"):
     models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
                                           draft_module=network.Transformer(draft.config))
   with pytest.raises(ValueError, match="needs a draft_module"):
-    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, gamma=3)
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, GREEDY_SPECULATIVE)
   with pytest.raises(FileNotFoundError, match="draft checkpoint not found"):
-    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, gamma=3,
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, GREEDY_SPECULATIVE,
                                           draft_module=network.Transformer(draft.config),
                                           draft_checkpoint_path="/nonexistent/draft")
   with pytest.raises(ValueError, match="needs a draft: use models.SpeculativeEncoderDecoderModel"):

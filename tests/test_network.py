@@ -1,7 +1,6 @@
 """Tests of spec_decode.t5.network: T5X tree, gin configs, relative buckets, cached decoding."""
 
 import math
-import pathlib
 
 import gin
 import jax

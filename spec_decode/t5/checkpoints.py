@@ -161,6 +161,12 @@ def _read_bytes(directory: str, key: str) -> bytes | None:
   return result.value if result.state == "value" else None
 
 
+def read_file(path: str) -> bytes | None:
+  """Contents of a local or gs:// file, or None when it does not exist."""
+  return _read_bytes(posixpath.dirname(path) if _gcs(path) else os.path.dirname(path),
+                     posixpath.basename(path))
+
+
 def _is_tensorstore_spec(value: Any) -> bool:
   return isinstance(value, Mapping) and "driver" in value and "metadata" in value
 

@@ -21,6 +21,8 @@ from collections.abc import Iterable
 
 import sentencepiece
 
+from spec_decode.t5 import checkpoints
+
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
@@ -66,17 +68,16 @@ class SentencePieceVocabulary:
                reverse_extra_ids: bool = True):
     if extra_ids < 0:
       raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
-    path = os.fspath(sentencepiece_model_file)
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f"SentencePiece model file not found: {path}")
-    self._sentencepiece_model_file = path
+    self._sentencepiece_model_file = os.fspath(sentencepiece_model_file)
     self._extra_ids = extra_ids
     self._reverse_extra_ids = reverse_extra_ids
     self._load()
 
   def _load(self) -> None:
-    with open(self._sentencepiece_model_file, "rb") as f:
-      sp_model = f.read()
+    sp_model = checkpoints.read_file(self._sentencepiece_model_file)  # local or gs://
+    if sp_model is None:
+      raise FileNotFoundError(
+          f"SentencePiece model file not found: {self._sentencepiece_model_file}")
     order = reversed(range(self._extra_ids)) if self._reverse_extra_ids else range(self._extra_ids)
     sp_model += b"".join(_user_defined_piece_record(f"▁<extra_id_{i}>") for i in order)
     tokenizer = sentencepiece.SentencePieceProcessor()

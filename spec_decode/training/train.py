@@ -1,7 +1,7 @@
 """A minimal T5X-style trainer for `network.Transformer` on parallel text.
 
 Run: `python -m spec_decode.training.train --gin_file=spec_decode/configs/train/<x>.gin --model_dir=out/<x>
-     [--gin=train.num_train_steps=100 ...]`.
+     [--gin.train.train.num_train_steps=100 ...]`.
 
 What it does (all knobs are arguments of the gin-configurable `train`):
 - teacher forcing on seqio-named batches from `spec_decode.training.data`; cross-entropy on
@@ -26,6 +26,7 @@ import functools
 import pathlib
 import re
 import shutil
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -38,6 +39,7 @@ import numpy as np
 import optax
 import sentencepiece as spm
 
+from spec_decode import gin_utils
 from spec_decode import losses
 from spec_decode import paths
 from spec_decode.training import bleu
@@ -246,18 +248,25 @@ def train(model_dir: str,
   return metrics
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--gin_file", action="append", default=[], help="Gin config file.")
-  parser.add_argument("--gin", action="append", default=[],
-                      help="Gin binding, e.g. train.num_train_steps=10.")
-  parser.add_argument("--model_dir", required=True, help="Checkpoint/output directory.")
-  args = parser.parse_args(argv)
-  gin.add_config_file_search_path(str(paths.ROOT))
-  gin.parse_config_files_and_bindings(args.gin_file, args.gin)
-  # The configs import spec_decode.training.train, not __main__ (python -m): bind that one.
-  gin.get_configurable(importlib.import_module("spec_decode.training.train").train)(args.model_dir)
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m spec_decode.training.train",
+                                   description=__doc__.split("\n")[0])
+  gin_utils.add_gin_arguments(parser)
+  parser.add_argument("--model_dir", required=True, help="checkpoint/output directory")
+  args, bindings = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
+
+  def run() -> None:
+    gin_utils.parse_config(args.gin_file, bindings, args.gin_search_paths)
+    # The configs import spec_decode.training.train, not __main__ (python -m): call that one.
+    train_fn = importlib.import_module("spec_decode.training.train").train
+    gin_utils.check_bindings_take_effect([train_fn])
+    try:
+      gin.get_configurable(train_fn)(args.model_dir)
+    except FileNotFoundError as e:  # a corpus or vocabulary the config names
+      raise gin_utils.UsageError(gin_utils.first_line(e)) from None
+
+  return gin_utils.run("spec_decode.training.train", run)
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -1,0 +1,93 @@
+"""What model calls cost on this machine: the c and v of the paper's Theorem 3.8, measured.
+
+`call_sequence_seconds(calls, batch_size, input_length, cache_length, loops, repetitions)`:
+median seconds of one pass through `calls`, a sequence of (module, params, num_tokens) cached
+decoder calls (`network.make_tokens_to_logits`, feeding `num_tokens` tokens per row) made in
+that order. Timed as one jitted `fori_loop` of `loops` passes divided by `loops`: the engine
+makes its calls inside a `while_loop` too, so no per-call dispatch is counted. Every call's
+logits feed a running max, so none is optimized away. Each cache has `init_decode_cache`'s
+shapes with zero keys and values (every input position unmasked): a call's cost does not depend
+on them, and running the encoder would cost one more compilation.
+
+`verification_costs(target, draft, gamma, ...)` -> {'c': draft 1-token call / target 1-token
+call, 'v': target (gamma+1)-token call / target 1-token call}, each model timed alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from spec_decode.engine import decoding
+from spec_decode.t5 import network
+
+Call = tuple[network.Transformer, Any, int]  # (module, params, tokens fed per row)
+
+
+def call_sequence_seconds(calls: Sequence[Call], batch_size: int, input_length: int,
+                          cache_length: int, loops: int, repetitions: int,
+                          compiler_options: Mapping[str, Any] | None = None) -> float:
+  """Median seconds of one pass through `calls` (see the module docstring)."""
+  encoder_tokens = jnp.ones((batch_size, input_length), jnp.int32)
+  models = list({id(params): (module, params) for module, params, _ in calls}.values())
+  slot = {id(params): i for i, (_, params) in enumerate(models)}
+  caches = []
+  for module, params in models:
+    shapes = jax.eval_shape(functools.partial(network.init_decode_cache, module,
+                                              max_decode_len=cache_length),
+                            params, encoder_tokens)
+    cache = jax.tree_util.tree_map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes)
+    cache["encoder_mask"] = jnp.ones_like(cache["encoder_mask"])
+    caches.append(cache)
+  sequences = jnp.zeros((batch_size, cache_length), jnp.int32)
+  num_starts = max(cache_length - max(num_tokens for _, _, num_tokens in calls), 1)
+  order = [(slot[id(params)], num_tokens) for _, params, num_tokens in calls]
+
+  @functools.partial(jax.jit, compiler_options=dict(compiler_options or {}))
+  def run_calls(all_params, caches):
+    tokens_to_logits = [network.make_tokens_to_logits(module, params)
+                        for (module, _), params in zip(models, all_params)]
+
+    def one_pass(i, carry):
+      caches, running_max = list(carry[0]), carry[1]
+      for model_slot, num_tokens in order:
+        state = decoding.DecodingState(
+            cur_index=jnp.full((batch_size,), i % num_starts, jnp.int32),
+            cur_token=jnp.full((batch_size, num_tokens), 3 + i % 5, jnp.int32),
+            sequences=sequences, cache=caches[model_slot])
+        logits, caches[model_slot] = tokens_to_logits[model_slot](state)
+        running_max = jnp.maximum(running_max, jnp.max(logits))
+      return caches, running_max
+
+    return jax.lax.fori_loop(0, loops, one_pass, (caches, jnp.float32(-jnp.inf)))[1]
+
+  all_params = [params for _, params in models]
+  jax.block_until_ready(run_calls(all_params, caches))  # compile, and the first run's costs
+  timings = []
+  for _ in range(repetitions):
+    start = time.perf_counter()
+    jax.block_until_ready(run_calls(all_params, caches))
+    timings.append((time.perf_counter() - start) / loops)
+  return statistics.median(timings)
+
+
+def verification_costs(target: tuple[network.Transformer, Any],
+                       draft: tuple[network.Transformer, Any], gamma: int, batch_size: int,
+                       input_length: int, cache_length: int, loops: int = 16,
+                       repetitions: int = 5) -> dict[str, float]:
+  """{'c', 'v', and the three calls' seconds} (see the module docstring)."""
+  seconds = {
+      name: call_sequence_seconds([(*model, num_tokens)], batch_size, input_length,
+                                  cache_length, loops, repetitions)
+      for name, model, num_tokens in (("target_1", target, 1),
+                                      ("target_verify", target, gamma + 1),
+                                      ("draft_1", draft, 1))}
+  return {"c": seconds["draft_1"] / seconds["target_1"],
+          "v": seconds["target_verify"] / seconds["target_1"],
+          **{f"{name}_seconds": value for name, value in seconds.items()}}

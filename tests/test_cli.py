@@ -1,0 +1,199 @@
+"""What a newcomer meets at the command line: one flag style, one place per setting, bindings
+that cannot take effect refused, and every mistake as one line naming it before anything
+compiles, with nothing written.
+
+Runs on the shipped demo config and a tiny pair on the demo vocabulary: no ../shared needed.
+"""
+
+import json
+import os
+import pathlib
+import stat
+import subprocess
+import sys
+
+import gin
+import pytest
+
+import tiny_t5
+from spec_decode import infer
+from spec_decode import paths
+from spec_decode import plan
+from spec_decode.training import train
+
+PROGRAMS = {"spec_decode.infer": infer.main, "spec_decode.plan": plan.main,
+            "spec_decode.training.train": train.main}
+
+
+@pytest.fixture
+def run_cli(capsys):
+  """main(args) of a program in this process: (status, stdout, stderr lines)."""
+
+  def run(program, args):
+    try:
+      status = PROGRAMS[program](args)
+    finally:
+      gin.clear_config()
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err.strip().splitlines()
+
+  return run
+
+
+def _assert_error(result, program, message, output_dir=None):
+  status, _, stderr = result
+  assert status == 2, stderr
+  assert len(stderr) == 1 and stderr[0].startswith(f"{program}: error: "), stderr
+  assert message in stderr[0], stderr[0]
+  if output_dir is not None:
+    assert not pathlib.Path(output_dir).exists()
+
+
+@pytest.fixture(scope="module")
+def pair_run_gin(tmp_path_factory):
+  """A run config of a tiny target/draft pair on the demo vocabulary (greedy, gamma 3)."""
+  directory = tmp_path_factory.mktemp("cli")
+  target, draft = tiny_t5.write_pair(directory, vocab_size=8000)
+  run_gin = directory / "run.gin"
+  run_gin.write_text(f"""
+include 'spec_decode/configs/runs/infer.gin'
+include '{target.gin_file}'
+from __gin__ import dynamic_registration
+from spec_decode.engine import decoding
+from spec_decode import models
+from spec_decode.t5 import network
+
+network.Transformer.config = @network.T5Config()
+VOCABULARY = @models.sentencepiece_vocabulary()
+models.sentencepiece_vocabulary.sentencepiece_model_file = '{tiny_t5.DEMO_VOCAB_FILE}'
+MODEL = @models.SpeculativeEncoderDecoderModel()
+models.SpeculativeEncoderDecoderModel:
+  module = @network.Transformer()
+  input_vocabulary = %VOCABULARY
+  output_vocabulary = %VOCABULARY
+  decode_fn = @decoding.speculative_sample
+  draft_module = @models.transformer_from_gin_file()
+  draft_checkpoint_path = '{draft.t5x_checkpoint}'
+models.transformer_from_gin_file.gin_file = '{draft.gin_file}'
+decoding.speculative_sample.gamma = 3
+decoding.speculative_sample.temperature = 0.0
+CHECKPOINT_PATH = '{target.t5x_checkpoint}'
+TASK_FEATURE_LENGTHS = {{'inputs': 16, 'targets': 8}}
+BATCH_SIZE = 2
+COMPARE_WITH_BASELINE = True
+""")
+  return str(run_gin)
+
+
+def test_decode_setting_bound_on_the_command_line_takes_effect(pair_run_gin, run_cli, tmp_path):
+  long_text = " ".join(["word"] * 200)
+  out = tmp_path / "out"
+  status, stdout, stderr = run_cli("spec_decode.infer", [
+      f"--gin_file={pair_run_gin}", "--gin.decoding.speculative_sample.gamma=5",
+      "--text=A dog runs.", f"--text={long_text}", f"--gin.INFER_OUTPUT_DIR='{out}'"])
+  assert status == 0, stderr
+  summary = json.loads((out / infer.SUMMARY_FILE).read_text())
+  assert summary["decode_settings"]["gamma"] == 5
+  assert summary["drafted_tokens"] <= 5 * summary["target_calls"]
+  assert summary["drafted_tokens"] > 3 * summary["target_calls"]  # gamma 3 could not draft this
+  # The long input was cut, with a warning that says so; the echo is shortened.
+  assert any(line.startswith("warning: 1 of 2 inputs are longer than "
+                             "TASK_FEATURE_LENGTHS['inputs'] = 16 tokens") for line in stderr)
+  assert long_text not in stdout and "…" in stdout
+  # What the run means, on screen: target calls saved, the measured v, the paper's prediction.
+  assert "fewer target calls than the baseline" in stdout
+  assert "6-token target call costs" in stdout and "(TPU/GPU at batch 1" in stdout
+  assert {"c", "v"} <= set(summary["costs"]) and summary["predicted_speedup_v1"] > 0
+  # Outputs are readable by others, as files usually are (umask), not 0600.
+  umask = os.umask(0)
+  os.umask(umask)
+  for name in (infer.PREDICTIONS_FILE, infer.SUMMARY_FILE):
+    assert stat.S_IMODE((out / name).stat().st_mode) == 0o666 & ~umask
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("--gin.GAMMA=5", "gin binding of macro GAMMA cannot take effect"),
+    ("--gin.decoding.speculative_sample.gamma=0", "gamma must be an integer >= 1, got 0"),
+    ("--gin.CHECKPOINT_PATH=/x", "strings need inner quotes: --gin.CHECKPOINT_PATH=\"'/x'\""),
+    ("--gin.INFER_OUTPUT_DIR=out/x",
+     "strings need inner quotes: --gin.INFER_OUTPUT_DIR=\"'out/x'\""),
+])
+def test_bad_bindings(binding, message, run_cli, tmp_path):
+  _assert_error(run_cli("spec_decode.infer", [binding, f"--gin.INFER_OUTPUT_DIR='{tmp_path}/o'"]
+                        if "INFER_OUTPUT_DIR" not in binding else [binding]),
+                "spec_decode.infer", message, tmp_path / "o")
+
+
+def test_a_setting_of_an_unused_decode_fn_cannot_take_effect(pair_run_gin, run_cli, tmp_path):
+  baseline_gin = tmp_path / "baseline.gin"
+  baseline_gin.write_text(pathlib.Path(pair_run_gin).read_text().replace(
+      "decode_fn = @decoding.speculative_sample", "decode_fn = @decoding.temperature_sample"
+  ).replace("COMPARE_WITH_BASELINE = True", "COMPARE_WITH_BASELINE = False") + (
+      "decoding.temperature_sample.temperature = 0.0\n"))
+  _assert_error(run_cli("spec_decode.infer", [f"--gin_file={baseline_gin}", "--text=Hi",
+                                              f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'o'}'"]),
+                "spec_decode.infer", "gin binding of decoding.speculative_sample.{gamma, "
+                "temperature} cannot take effect", tmp_path / "o")
+
+
+@pytest.mark.parametrize("program, extra", [("spec_decode.infer", []),
+                                            ("spec_decode.plan", []),
+                                            ("spec_decode.training.train", ["--model_dir=x"])])
+def test_missing_gin_file(program, extra, run_cli):
+  _assert_error(run_cli(program, ["--gin_file=spec_decode/configs/nope.gin", *extra]), program,
+                "gin file not found: spec_decode/configs/nope.gin")
+
+
+@pytest.mark.parametrize("program", ["spec_decode.infer", "spec_decode.plan",
+                                     "spec_decode.training.train", "spec_decode.bench"])
+def test_every_program_shows_the_gin_flags(program):
+  run = subprocess.run([sys.executable, "-m", program, "--help"], capture_output=True,
+                       text=True, cwd=paths.ROOT, timeout=300)
+  assert run.returncode == 0, run.stderr
+  for flag in ("--gin_file", "--gin.NAME=VALUE", "--gin_bindings", "--gin_search_paths"):
+    assert flag in run.stdout, (flag, run.stdout)
+
+
+def test_output_dir_problems_are_found_before_anything_runs(run_cli, tmp_path):
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  _assert_error(run_cli("spec_decode.infer", [f"--gin.INFER_OUTPUT_DIR='{a_file}'"]),
+                "spec_decode.infer", f"INFER_OUTPUT_DIR {a_file} exists and is not a directory")
+  _assert_error(run_cli("spec_decode.infer", [f"--gin.INFER_OUTPUT_DIR='{a_file}/out'"]),
+                "spec_decode.infer", f"INFER_OUTPUT_DIR {a_file}/out is under {a_file}, which "
+                "is a file")
+  assert a_file.read_text() == ""
+
+
+def test_input_file_problems_name_the_file(run_cli, tmp_path):
+  bad = tmp_path / "bad.en"
+  bad.write_bytes(b"fine line\nbad \xff\xfe line\n")
+  empty = tmp_path / "empty.en"
+  empty.write_text("\n  \n")
+  out = tmp_path / "out"
+  _assert_error(run_cli("spec_decode.infer", [f"--input_file={bad}",
+                                              f"--gin.INFER_OUTPUT_DIR='{out}'"]),
+                "spec_decode.infer", f"input file {bad}, line 2: not UTF-8", out)
+  _assert_error(run_cli("spec_decode.infer", [f"--input_file={empty}",
+                                              f"--gin.INFER_OUTPUT_DIR='{out}'"]),
+                "spec_decode.infer", f"input file {empty} is empty", out)
+
+
+@pytest.mark.parametrize("which", ["target", "draft"])
+def test_truncated_safetensors_checkpoint(which, run_cli, tmp_path):
+  truncated = tmp_path / f"{which}.safetensors"
+  truncated.write_bytes((paths.DEMO_ASSETS / f"{which}.safetensors").read_bytes()[:2**20])
+  macro = {"target": "CHECKPOINT_PATH",
+           "draft": "models.SpeculativeEncoderDecoderModel.draft_checkpoint_path"}[which]
+  out = tmp_path / "out"
+  _assert_error(run_cli("spec_decode.infer", [f"--gin.{macro}='{truncated}'",
+                                              f"--gin.INFER_OUTPUT_DIR='{out}'"]),
+                "spec_decode.infer", f"checkpoint {truncated} could not be read: "
+                "SafetensorError", out)
+
+
+def test_train_names_a_missing_corpus(run_cli, tmp_path):
+  _assert_error(run_cli("spec_decode.training.train", [
+      "--gin_file=spec_decode/configs/train/tiny.gin", f"--model_dir={tmp_path / 'm'}",
+      f"--gin.train.train.data_root='{tmp_path / 'no_data'}'"]),
+      "spec_decode.training.train", f"{tmp_path / 'no_data'}")
