@@ -1,5 +1,7 @@
 """Engine behavior on toy models: greedy identity, per-row bookkeeping, contracts, errors."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,6 +68,42 @@ def test_adaptive_policies_draft_fewer_tokens():
   assert float(fixed_per_call[0, 0]) == 5.0
   assert float(adaptive_per_call[0, 0]) < 5.0
   assert int(adaptive_stats.drafted_tokens[0, 0]) <= int(adaptive_stats.draft_calls[0, 0])
+
+
+# Bindings under which each adaptive policy stops blocks before gamma on the toy model at each
+# temperature; without early stops the alpha test below would have no power. At temperature 0
+# every draft distribution is a point mass, so 'confidence' stops only at a threshold above 1
+# (after every first draft); 'expected_speedup' stops early on a pessimistic prior alpha.
+EARLY_STOPPING_BINDINGS = {
+    ("confidence", 1.0): dict(threshold=0.5),
+    ("confidence", 0.0): dict(threshold=1.5),
+    ("expected_speedup", 1.0): dict(prior_alpha=0.2),
+    ("expected_speedup", 0.0): dict(prior_alpha=0.2),
+}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+@pytest.mark.parametrize("verifier", sorted({**verify.EXACT_RULES, **verify.LOSSY_RULES}))
+@pytest.mark.parametrize("draft_policy", sorted(drafting.POLICIES))
+def test_draft_equal_to_target_has_alpha_one(draft_policy, verifier, temperature):
+  """With the target as its own draft every verified position has sum_x min(p, q) = 1, so alpha
+  is exactly 1 in every row, including rows that an adaptive policy stopped after m < gamma
+  drafts: the bonus token at block offset m was never drafted and must not count."""
+  model, _ = toy_setup.make_pair(VOCAB, "same", eos_shift=-1.0)
+  bindings = EARLY_STOPPING_BINDINGS.get((draft_policy, temperature))
+  policy = functools.partial(drafting.POLICIES[draft_policy], **(bindings or {}))
+  inputs = jnp.asarray(toy_setup.random_prompts(np.random.default_rng(4), 7, LENGTH, VOCAB, 4))
+  for gamma in (2, 3, 5):
+    _, _, stats = toy_setup.speculative(model, model, inputs, jax.random.PRNGKey(gamma), gamma,
+                                        sampling_args=(temperature, 0, 0.0), verifier=verifier,
+                                        draft_policy=policy)
+    np.testing.assert_allclose(stats.alpha, 1.0, atol=1e-6, err_msg=f"gamma={gamma}")
+    # Every draft is accepted. accepted_tokens counts only the kept ones, and a row's last block
+    # alone can lose drafts (past EOS or the length limit): fewer than gamma, as its first fits.
+    lost_drafts = np.asarray(stats.drafted_tokens - stats.accepted_tokens)
+    assert np.all((lost_drafts >= 0) & (lost_drafts < gamma)), f"gamma={gamma}: {lost_drafts}"
+    if bindings is not None:
+      assert np.any(stats.drafted_tokens < gamma * stats.target_calls), f"gamma={gamma}"
 
 
 def test_rows_progress_independently():

@@ -404,7 +404,10 @@ def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
   active = ~rows.done
   # Drafts the verifier weighed and whose position the row kept: up to the first rejection,
   # never past EOS or the length limit; forced positions (alpha 1 by construction) do not count.
-  verified = offsets[:gamma] < num_committed[:, None]
+  # Only the row's own num_drafted offsets: after m < gamma drafts all accepted, the bonus token
+  # at offset m was never drafted (draft_probs there are zeros, or a proposal made only because
+  # other rows kept drafting, which the verifier ignored).
+  verified = offsets[:gamma] < jnp.minimum(num_drafted, num_committed)[:, None]
   verified &= _gather(problem.forced, block[:, 1:]) == 0
   rates = verify.acceptance_rates(draft_probs, target_probs)
   count = lambda x: jnp.where(active, x, 0).astype(jnp.int32)
