@@ -188,8 +188,8 @@ def run(program: str, main: Callable[[], int | None]) -> int:
   """`main()`'s status, or 2 after printing a UsageError as one line on stderr."""
   try:
     return main() or 0
-  except UsageError as e:
-    print(f"{program}: error: {e}", file=sys.stderr)
+  except UsageError as e:  # raised inside a configurable, gin appends lines naming it
+    print(f"{program}: error: {first_line(e)}", file=sys.stderr)
     return 2
 
 

@@ -54,35 +54,8 @@ def pair_run_gin(tmp_path_factory):
   """A run config of a tiny target/draft pair on the demo vocabulary (greedy, gamma 3)."""
   directory = tmp_path_factory.mktemp("cli")
   target, draft = tiny_t5.write_pair(directory, vocab_size=8000)
-  run_gin = directory / "run.gin"
-  run_gin.write_text(f"""
-include 'spec_decode/configs/runs/infer.gin'
-include '{target.gin_file}'
-from __gin__ import dynamic_registration
-from spec_decode.engine import decoding
-from spec_decode import models
-from spec_decode.t5 import network
-
-network.Transformer.config = @network.T5Config()
-VOCABULARY = @models.sentencepiece_vocabulary()
-models.sentencepiece_vocabulary.sentencepiece_model_file = '{tiny_t5.DEMO_VOCAB_FILE}'
-MODEL = @models.SpeculativeEncoderDecoderModel()
-models.SpeculativeEncoderDecoderModel:
-  module = @network.Transformer()
-  input_vocabulary = %VOCABULARY
-  output_vocabulary = %VOCABULARY
-  decode_fn = @decoding.speculative_sample
-  draft_module = @models.transformer_from_gin_file()
-  draft_checkpoint_path = '{draft.t5x_checkpoint}'
-models.transformer_from_gin_file.gin_file = '{draft.gin_file}'
-decoding.speculative_sample.gamma = 3
-decoding.speculative_sample.temperature = 0.0
-CHECKPOINT_PATH = '{target.t5x_checkpoint}'
-TASK_FEATURE_LENGTHS = {{'inputs': 16, 'targets': 8}}
-BATCH_SIZE = 2
-COMPARE_WITH_BASELINE = True
-""")
-  return str(run_gin)
+  return tiny_t5.write_run_gin(directory / "run.gin", target, draft, tiny_t5.DEMO_VOCAB_FILE, 0,
+                               {"inputs": 16, "targets": 8}, batch_size=2)
 
 
 def test_decode_setting_bound_on_the_command_line_takes_effect(pair_run_gin, run_cli, tmp_path):

@@ -93,17 +93,17 @@ def test_draft_equal_to_target_has_alpha_one(draft_policy, verifier, temperature
   bindings = EARLY_STOPPING_BINDINGS.get((draft_policy, temperature))
   policy = functools.partial(drafting.POLICIES[draft_policy], **(bindings or {}))
   inputs = jnp.asarray(toy_setup.random_prompts(np.random.default_rng(4), 7, LENGTH, VOCAB, 4))
-  for gamma in (2, 3, 5):
-    _, _, stats = toy_setup.speculative(model, model, inputs, jax.random.PRNGKey(gamma), gamma,
-                                        sampling_args=(temperature, 0, 0.0), verifier=verifier,
-                                        draft_policy=policy)
-    np.testing.assert_allclose(stats.alpha, 1.0, atol=1e-6, err_msg=f"gamma={gamma}")
-    # Every draft is accepted. accepted_tokens counts only the kept ones, and a row's last block
-    # alone can lose drafts (past EOS or the length limit): fewer than gamma, as its first fits.
-    lost_drafts = np.asarray(stats.drafted_tokens - stats.accepted_tokens)
-    assert np.all((lost_drafts >= 0) & (lost_drafts < gamma)), f"gamma={gamma}: {lost_drafts}"
-    if bindings is not None:
-      assert np.any(stats.drafted_tokens < gamma * stats.target_calls), f"gamma={gamma}"
+  gamma = 3  # one compilation per case: 12 cases already
+  _, _, stats = toy_setup.speculative(model, model, inputs, jax.random.PRNGKey(gamma), gamma,
+                                      sampling_args=(temperature, 0, 0.0), verifier=verifier,
+                                      draft_policy=policy)
+  np.testing.assert_allclose(stats.alpha, 1.0, atol=1e-6)
+  # Every draft is accepted. accepted_tokens counts only the kept ones, and a row's last block
+  # alone can lose drafts (past EOS or the length limit): fewer than gamma, as its first fits.
+  lost_drafts = np.asarray(stats.drafted_tokens - stats.accepted_tokens)
+  assert np.all((lost_drafts >= 0) & (lost_drafts < gamma)), lost_drafts
+  if bindings is not None:
+    assert np.any(stats.drafted_tokens < gamma * stats.target_calls)
 
 
 def test_rows_progress_independently():

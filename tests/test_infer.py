@@ -31,38 +31,9 @@ needs_shared = pytest.mark.skipif(
 
 def _run_gin(directory: pathlib.Path, target: tiny_t5.TinyModel, draft: tiny_t5.TinyModel,
              vocabulary_file: pathlib.Path, extra_ids: int) -> str:
-  """A run config for a tiny target/draft pair (greedy, gamma 3, compared with the baseline)."""
-  path = directory / "run.gin"
-  path.write_text(f"""
-include 'spec_decode/configs/runs/infer.gin'
-include '{target.gin_file}'
-from __gin__ import dynamic_registration
-from spec_decode.engine import decoding
-from spec_decode import models
-from spec_decode.t5 import network
-
-network.Transformer.config = @network.T5Config()
-VOCABULARY = @models.sentencepiece_vocabulary()
-models.sentencepiece_vocabulary.sentencepiece_model_file = '{vocabulary_file}'
-models.sentencepiece_vocabulary.extra_ids = {extra_ids}
-MODEL = @models.SpeculativeEncoderDecoderModel()
-models.SpeculativeEncoderDecoderModel:
-  module = @network.Transformer()
-  input_vocabulary = %VOCABULARY
-  output_vocabulary = %VOCABULARY
-  decode_fn = @decoding.speculative_sample
-  draft_module = @models.transformer_from_gin_file()
-  draft_checkpoint_path = '{draft.t5x_checkpoint}'
-models.transformer_from_gin_file.gin_file = '{draft.gin_file}'
-decoding.speculative_sample.gamma = 3
-decoding.speculative_sample.temperature = 0.0
-CHECKPOINT_PATH = '{target.t5x_checkpoint}'
-TASK_FEATURE_LENGTHS = {{'inputs': 48, 'targets': 12}}
-BATCH_SIZE = 8
-COMPARE_WITH_BASELINE = True
-INPUT_PREFIX = '{PREFIX}'
-""")
-  return str(path)
+  return tiny_t5.write_run_gin(directory / "run.gin", target, draft, vocabulary_file, extra_ids,
+                               {"inputs": 48, "targets": 12}, batch_size=8,
+                               extra=f"INPUT_PREFIX = '{PREFIX}'")
 
 
 @pytest.fixture(scope="module")
