@@ -37,8 +37,8 @@ from spec_decode.training import data
 from spec_decode.t5 import demo_pair
 from spec_decode.t5 import vocab
 
-# The paper's Table 2 rows for the same task (EnDe, T5-XXL target, T5-small draft, TPU-v4).
-PAPER_ROWS = {0.0: "alpha 0.75, gamma 7: 3.4x", 1.0: "alpha 0.62, gamma 7: 2.6x"}
+# The paper's Table 2 rows of the same task and draft size, by temperature.
+PAPER_ROWS = {0.0: bench.paper.TABLE2["ende_small_t0"], 1.0: bench.paper.TABLE2["ende_small_t1"]}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -62,14 +62,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def translations(decodes: Sequence[np.ndarray], vocabulary: vocab.SentencePieceVocabulary
                  ) -> list[str]:
-  """Text of each decode [1, L], up to (not including) its first EOS."""
-  texts = []
-  for row in decodes:
-    ids = [int(t) for t in np.asarray(row)[0]]
-    if vocabulary.eos_id in ids:
-      ids = ids[:ids.index(vocabulary.eos_id)]
-    texts.append(vocabulary.decode(ids))
-  return texts
+  """Text of each decode [1, L] (`vocabulary.decode` stops at its first EOS)."""
+  return [vocabulary.decode(np.asarray(row)[0]) for row in decodes]
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -145,8 +139,9 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"{row['predicted_measured_v']:.2f}x | {row['predicted_realized']:.2f}x | "
         f"{row['bleu_baseline']:.2f} | {row['bleu_speculative']:.2f} |")
   lines.append("")
-  lines.append("Paper (T5-XXL target, T5-small draft, TPU-v4): " + "; ".join(
-      f"T={t:g}: {text}" for t, text in PAPER_ROWS.items()) + ".")
+  draft = PAPER_ROWS[0.0].draft
+  lines.append(f"Paper ({bench.paper.TARGET} target, {draft} draft, {bench.paper.HARDWARE}): "
+               + "; ".join(f"T={t:g}: {row.summary()}" for t, row in PAPER_ROWS.items()) + ".")
   return "\n".join(lines) + "\n"
 
 

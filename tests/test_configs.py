@@ -16,6 +16,7 @@ import pytest
 
 import tiny_t5
 from spec_decode import paths
+from spec_decode.bench import paper
 from spec_decode import infer
 from spec_decode import models
 from spec_decode.t5 import network
@@ -31,15 +32,6 @@ MODEL_FILES = [f for f in ALL if f.startswith("spec_decode/configs/models/")
 TRAIN_FILES = [f for f in ALL if f.startswith("spec_decode/configs/train/")]
 FRAGMENTS = [f for f in ALL if f not in RUNS + MODEL_FILES + TRAIN_FILES]
 
-# Leviathan et al. (2023), Table 2: (task, draft, temperature) -> (gamma, alpha, speedup).
-PAPER = {
-    ("ende", "small", 0): (7, 0.75, 3.4), ("ende", "small", 1): (7, 0.62, 2.6),
-    ("ende", "base", 0): (7, 0.80, 2.8), ("ende", "base", 1): (5, 0.68, 2.4),
-    ("ende", "large", 0): (7, 0.82, 1.7), ("ende", "large", 1): (3, 0.71, 1.4),
-    ("cnndm", "small", 0): (5, 0.65, 3.1), ("cnndm", "small", 1): (5, 0.53, 2.3),
-    ("cnndm", "base", 0): (5, 0.73, 3.0), ("cnndm", "base", 1): (3, 0.55, 2.2),
-    ("cnndm", "large", 0): (3, 0.74, 2.2), ("cnndm", "large", 1): (3, 0.56, 1.7),
-}
 DRAFT_FILES = {"small": "spec_decode/configs/models/t5_1_1/small.gin", "base": "spec_decode/configs/models/t5_1_1/base.gin",
                "large": "spec_decode/configs/models/t5_1_1/large.gin"}
 
@@ -54,6 +46,7 @@ def clean_gin():
 
 def test_every_config_is_tested():
   assert len(TABLE2) == 12
+  assert {f.rsplit("/", 1)[1].removesuffix(".gin") for f in TABLE2} == set(paper.TABLE2)
   assert set(RUNS + MODEL_FILES + TRAIN_FILES + FRAGMENTS) == set(ALL)
 
 
@@ -126,18 +119,20 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
       "inputs", "targets"}
 
   if gin_file in TABLE2:
-    task, draft, temperature = re.fullmatch(r"spec_decode/configs/paper/table2/(\w+)_(\w+)_t([01])\.gin",
-                                            gin_file).groups()
-    gamma, alpha, speedup = PAPER[(task, draft, int(temperature))]
-    expected = {"temperature": float(temperature), "topk": 0, "topp": 0.0,
-                "max_decode_steps": None, "gamma": gamma, "verifier": "token"}
+    row_name = re.fullmatch(r"spec_decode/configs/paper/table2/(\w+)\.gin", gin_file).group(1)
+    task, draft = row_name.split("_")[:2]
+    row = paper.TABLE2[row_name]  # the paper's row: the config decodes with its settings
+    assert (row.task.lower(), row.draft) == (task, f"T5-{draft}")
+    assert row_name.endswith(f"_t{row.temperature:g}")
+    expected = {"temperature": row.temperature, "topk": 0, "topp": 0.0,
+                "max_decode_steps": None, "gamma": row.gamma, "verifier": "token"}
     assert {name: model.decode_settings[name] for name in expected} == expected
     assert dataset_cfg.batch_size == 1
     assert dataset_cfg.mixture_or_task_name == {"ende": "wmt_ende", "cnndm": "cnn_dailymail"}[task]
     assert draft_config == models.transformer_from_gin_file(
         DRAFT_FILES[draft], tiny_t5.DRAFT_SHRINK).config
     text = (tiny_t5.REPO_ROOT / gin_file).read_text()
-    assert f"alpha {alpha:.2f}, walltime speedup {speedup}x" in text
+    assert f"TABLE2['{row_name}']" in text  # the comment points at the paper's numbers
     assert model.input_vocabulary.vocab_size == 32100
   else:
     assert dataset_cfg.input_file is not None and dataset_cfg.mixture_or_task_name is None

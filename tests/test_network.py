@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax.traverse_util import flatten_dict, unflatten_dict
+from flax.traverse_util import flatten_dict
 
 from spec_decode import paths
+from spec_decode.t5 import checkpoints
 from spec_decode.t5 import network
 from spec_decode.engine.decoding import DecodingState
 
@@ -180,33 +181,13 @@ def test_relative_position_bucket_known_values():
 # ------------------------------------------------------------------ decoding
 
 
-def random_params(config: network.T5Config, seed: int) -> dict:
-  """Random values for every parameter, scaled so that activations stay O(1).
-
-  Faster than compiling `init` and, unlike T5X's init (layer norm scales of 1), makes every
-  parameter matter.
-  """
-  rng = np.random.default_rng(seed)
-  shapes = flatten_dict(init_shapes(network.Transformer(config))["params"])
-
-  def draw(path, shape):
-    if path[-1] == "scale":
-      return 1.0 + 0.2 * rng.standard_normal(shape)
-    if path[-1] == "kernel":
-      return rng.standard_normal(shape) / np.sqrt(shape[0])
-    return rng.standard_normal(shape)  # the embedding and the relative-position tables
-
-  return unflatten_dict({path: jnp.asarray(draw(path, leaf.shape), jnp.float32)
-                         for path, leaf in shapes.items()})
-
-
 class TinyModel:
   """A tiny model with random parameters and jitted entry points (each compiles once)."""
 
   def __init__(self, family: str):
     self.config = tiny_config(family)
     module = network.Transformer(self.config)
-    self.params = random_params(self.config, seed=len(family))
+    self.params = jax.device_put(checkpoints.random_params(self.config, seed=len(family)))
     self.forward = jax.jit(lambda encoder_tokens, decoder_inputs, decoder_targets: module.apply(
         {"params": self.params}, encoder_tokens, decoder_inputs, decoder_targets))
     self.init_cache = jax.jit(lambda encoder_tokens: network.init_decode_cache(

@@ -20,7 +20,7 @@ def _load_script():
 
 @pytest.fixture(scope="module")
 def script():
-  if not bench._demo_files_exist():  # pylint: disable=protected-access
+  if not bench.demo_files_exist():
     pytest.skip("the demo pair is not shipped")
   return _load_script()
 

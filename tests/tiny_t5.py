@@ -9,9 +9,6 @@ that shrink any T5.1.1 config to the tiny target (`DRAFT_SHRINK` to the draft).
 import dataclasses
 import pathlib
 
-import jax
-import numpy as np
-
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import network
 
@@ -40,18 +37,6 @@ def tiny_config(vocab_size: int, shrink: dict) -> network.T5Config:
                           dropout_rate=0.0, logits_via_embedding=False, **shrink)
 
 
-def random_params(config: network.T5Config, seed: int) -> dict:
-  """Random float32 parameters of the network's shapes, drawn in numpy (nothing compiles)."""
-  rng = np.random.default_rng(seed)
-
-  def draw(shape: jax.ShapeDtypeStruct) -> np.ndarray:
-    scale = 1.0 if len(shape.shape) == 1 else 1.0 / np.sqrt(shape.shape[0])
-    center = 1.0 if len(shape.shape) == 1 else 0.0  # layer norm scales around 1
-    return (center + scale * rng.standard_normal(shape.shape)).astype(np.float32)
-
-  return jax.tree_util.tree_map(draw, checkpoints.expected_param_shapes(config))
-
-
 def _gin_text(config: network.T5Config) -> str:
   lines = ["from __gin__ import dynamic_registration", "from spec_decode.t5 import network"]
   for field in dataclasses.fields(config):
@@ -61,7 +46,7 @@ def _gin_text(config: network.T5Config) -> str:
 
 def write_model(directory: pathlib.Path, name: str, config: network.T5Config,
                 seed: int) -> TinyModel:
-  params = random_params(config, seed)
+  params = checkpoints.random_params(config, seed)
   directory.mkdir(parents=True, exist_ok=True)
   gin_file = directory / f"{name}.gin"
   gin_file.write_text(_gin_text(config))

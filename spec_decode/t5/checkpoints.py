@@ -27,6 +27,9 @@ linear weights [out, in] are transposed to kernels [in, out]; relative-attention
 1/sqrt(d_model) before the shared embedding (`logits_via_embedding=True`); untied (T5.1.1)
 models have `lm_head` (`decoder/logits_dense`). torch is imported only for `.bin` files.
 
+`expected_param_shapes(config)` is the parameter tree's shapes; `random_params(config, seed)`
+draws values of those shapes (for benchmarks and tests).
+
 Mismatches are errors: `check_params` names the first missing, unexpected or misshapen
 parameter path (with both shapes); missing files raise FileNotFoundError naming the path.
 """
@@ -97,6 +100,24 @@ def expected_param_shapes(config: T5Config) -> Params:
   variables = jax.eval_shape(
       lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens))
   return unfreeze(variables["params"])
+
+
+def random_params(config: T5Config, seed: int) -> Params:
+  """Random float32 parameters of `config`'s shapes, drawn by numpy (nothing is compiled).
+
+  Layer-norm scales (the 1-D leaves) are 1 + N(0, 1), so that every parameter matters; every
+  other leaf is N(0, 1/fan_in) with fan_in its first axis, so activations stay of order 1.
+  T5.1.1-large's 780M values take seconds, where a compiled `init` would take minutes; the
+  benchmark needs only the shapes, the tests also values that exercise every parameter.
+  """
+  rng = np.random.default_rng(seed)
+
+  def draw(leaf: jax.ShapeDtypeStruct) -> np.ndarray:
+    if len(leaf.shape) == 1:
+      return (1.0 + rng.standard_normal(leaf.shape)).astype(np.float32)
+    return (rng.standard_normal(leaf.shape) * (1.0 / np.sqrt(leaf.shape[0]))).astype(np.float32)
+
+  return jax.tree_util.tree_map(draw, expected_param_shapes(config))
 
 
 def check_params(expected: Mapping[str, Any], params: Mapping[str, Any], source: str) -> None:

@@ -1,0 +1,100 @@
+"""`python -m spec_decode.bench`: how fast speculative decoding is, and against what.
+
+Run: `python -m spec_decode.bench [--gin_file=FILE ...] [--gin_bindings=B ...] [--smoke]
+[--suites=own_baseline,peer,simulated_table2,physical_limit] [--output_dir=DIR]`.
+Without --gin_file it reads `spec_decode/configs/bench/default.gin`; `--smoke` adds
+`spec_decode/configs/bench/smoke.gin` (tiny random models, one repetition). Bindings name the
+configs as the package exports them, e.g. `--gin_bindings="bench.PairConfig.gamma = 4"`. It
+writes `DIR/bench.json` (every number, the machine and the operative gin config) and
+`DIR/bench.md` (the same as markdown tables), and prints the tables.
+
+`run_suites(BenchConfig)` runs the selected suites (`bench.suites`) on one shared `Workspace`
+with the gin-bound configs and returns the report (`bench.report`), goals included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any, Sequence
+
+import gin
+
+from spec_decode import gin_utils
+from spec_decode import paths
+from spec_decode.bench.config import (SUITES, BenchConfig, OwnBaselineConfig, PairConfig,
+                                      PeerConfig, PhysicalLimitConfig, SimulatedTable2Config)
+from spec_decode.bench.goals import goals
+from spec_decode.bench.machine import describe_machine
+from spec_decode.bench.report import JSON_FILE, MARKDOWN_FILE, plain, write_report
+from spec_decode.bench.suites.own_baseline import own_baseline_suite
+from spec_decode.bench.suites.peer import peer_suite
+from spec_decode.bench.suites.physical_limit import physical_limit_suite
+from spec_decode.bench.suites.simulated_table2 import simulated_table2_suite
+from spec_decode.bench.workspace import Workspace
+
+DEFAULT_GIN_FILE = "spec_decode/configs/bench/default.gin"
+SMOKE_GIN_FILE = "spec_decode/configs/bench/smoke.gin"
+
+
+def _bound(config_class: type) -> Any:
+  """An instance of a config dataclass with the bindings in force (its defaults if no config
+  binds it)."""
+  return gin_utils.configured(config_class)()
+
+
+def run_suites(bench_config: BenchConfig) -> dict[str, Any]:
+  """Runs the selected suites with the gin-bound configs and returns the report."""
+  unknown = [suite for suite in bench_config.suites if suite not in SUITES]
+  if unknown:
+    raise ValueError(f"unknown suites {unknown}; choose from {list(SUITES)}")
+  os.makedirs(bench_config.output_dir, exist_ok=True)
+  simulated_config = _bound(SimulatedTable2Config)
+  workspace = Workspace(_bound(PairConfig), simulated_config, bench_config.compiler_options)
+  report: dict[str, Any] = {"machine": describe_machine(),
+                            "compiler_options": dict(bench_config.compiler_options),
+                            "suites": {}, "timings_s": {}}
+  runners = {
+      "own_baseline": lambda: own_baseline_suite(workspace, _bound(OwnBaselineConfig)),
+      "peer": lambda: peer_suite(workspace, _bound(PeerConfig), bench_config.output_dir),
+      "simulated_table2": lambda: simulated_table2_suite(workspace, simulated_config),
+      "physical_limit": lambda: physical_limit_suite(workspace, _bound(PhysicalLimitConfig)),
+  }
+  for suite in SUITES:
+    if suite in bench_config.suites:
+      start = time.perf_counter()
+      report["suites"][suite] = plain(runners[suite]())
+      report["timings_s"][suite] = time.perf_counter() - start
+  report["goals"] = goals(report["suites"])
+  report["gin_config"] = gin.config_str()
+  return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m spec_decode.bench",
+                                   description=__doc__.split("\n", 1)[0])
+  parser.add_argument("--gin_file", action="append", default=None,
+                      help=f"gin config file (repeatable; default {DEFAULT_GIN_FILE})")
+  parser.add_argument("--gin_bindings", action="append", default=[],
+                      help="gin binding, e.g. \"bench.PairConfig.gamma = 4\" (repeatable)")
+  parser.add_argument("--smoke", action="store_true",
+                      help=f"add {SMOKE_GIN_FILE}: tiny models, one repetition")
+  parser.add_argument("--suites", help=f"comma-separated subset of {','.join(SUITES)}")
+  parser.add_argument("--output_dir", help="where bench.json and bench.md go")
+  args = parser.parse_args(argv)
+  gin_files = [paths.resolve(path) for path in (args.gin_file or [DEFAULT_GIN_FILE])]
+  if args.smoke:
+    gin_files.append(paths.resolve(SMOKE_GIN_FILE))
+  bindings = list(args.gin_bindings)
+  if args.suites:
+    bindings.append(f"bench.BenchConfig.suites = {args.suites.split(',')!r}")
+  if args.output_dir:
+    bindings.append(f"bench.BenchConfig.output_dir = {args.output_dir!r}")
+  gin.clear_config()
+  gin.parse_config_files_and_bindings(gin_files, bindings)
+  bench_config = _bound(BenchConfig)
+  report = run_suites(bench_config)
+  print(write_report(report, bench_config.output_dir))
+  print(f"\nwrote {os.path.join(bench_config.output_dir, JSON_FILE)} and {MARKDOWN_FILE}")
+  return 0

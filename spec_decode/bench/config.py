@@ -1,0 +1,107 @@
+"""The benchmark's settings: one frozen dataclass per suite, plus the pair and the run.
+
+Nothing here registers with gin. The configs in spec_decode/configs/bench/*.gin register and bind
+these classes themselves (`from spec_decode import bench`, then `bench.PairConfig.gamma = 2`;
+the package re-exports them), and the CLI reads a bound instance with
+`gin_utils.configured(PairConfig)()`. Defaults are the documented values of default.gin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+# The suites in the order they run; `BenchConfig.suites` selects among them.
+SUITES = ("own_baseline", "peer", "simulated_table2", "physical_limit")
+
+
+@dataclasses.dataclass(frozen=True)
+class PairConfig:
+  """The target/draft pair of own_baseline and peer, and how it decodes.
+
+  `source`: 'demo' (the shipped pair of `spec_decode.t5.demo_pair`, with its bundled English inputs),
+  'random' (random weights with the configs of `target_gin`/`draft_gin` plus the overrides, and
+  random inputs), or 'auto' (demo when its files exist, else random). A random pair decodes
+  with no EOS (every row runs to `max_decode_len`), so its timings do not depend on where a
+  random model happens to stop. `gamma` is the speculative decoders' (own_baseline's main one and
+  the peer comparison's). `step_calls` decoder calls (or iterations' worth of calls) make one
+  timed loop of `timing.call_sequence_seconds` (c, v, the interleaved iteration,
+  physical_limit); the median of `step_repetitions` loops counts.
+  """
+  source: str = "auto"
+  target_gin: str = "spec_decode/configs/demo/target.gin"
+  draft_gin: str = "spec_decode/configs/demo/draft.gin"
+  target_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  draft_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  input_prefix: str = "translate English to German: "
+  input_length: int = 64
+  max_decode_len: int = 64
+  gamma: int = 5
+  num_random_inputs: int = 32
+  step_calls: int = 32
+  step_repetitions: int = 5
+  seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnBaselineConfig:
+  """`sweep_gammas`, the block verifier and the adaptive policies (drafting up to the largest
+  swept gamma) are timed at `comparison_batch_sizes` only."""
+  temperatures: Sequence[float] = (0.0, 1.0)
+  batch_sizes: Sequence[int] = (1, 8)
+  comparison_batch_sizes: Sequence[int] = (1,)
+  sweep_gammas: Sequence[int] = (3, 5, 7)
+  repetitions: int = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerConfig:
+  """`num_threads` for PyTorch: None = the cores this process may use (as JAX uses). The
+  assistant drafts `PairConfig.gamma` tokens per iteration with `assistant_schedule`
+  (Hugging Face's 'constant', or its own 'heuristic')."""
+  temperatures: Sequence[float] = (0.0, 1.0)
+  repetitions: int = 5
+  num_threads: int | None = None
+  assistant_schedule: str = "constant"
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatedTable2Config:
+  """Random-weight models with the paper's dimensions; `rows` are keys of `paper.TABLE2`.
+
+  Every row uses the same `draft_gin` (the paper's rows differ in their draft; here only alpha,
+  gamma and the temperature change), decodes `max_decode_len` tokens with no EOS. `step_calls`
+  and `step_repetitions` as in `PairConfig`.
+  """
+  target_gin: str = "spec_decode/configs/models/t5_1_1/large.gin"
+  draft_gin: str = "spec_decode/configs/models/t5_1_1/small.gin"
+  target_overrides: Mapping[str, Any] = dataclasses.field(
+      default_factory=lambda: {"dtype": "float32"})
+  draft_overrides: Mapping[str, Any] = dataclasses.field(
+      default_factory=lambda: {"dtype": "float32"})
+  rows: Sequence[str] = ("ende_small_t0", "ende_small_t1")
+  input_length: int = 32
+  max_decode_len: int = 32
+  batch_size: int = 1
+  repetitions: int = 2
+  step_calls: int = 8
+  step_repetitions: int = 3
+  seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PhysicalLimitConfig:
+  """`targets`: 'pair' (the pair's target) and/or 'simulated' (simulated_table2's target)."""
+  targets: Sequence[str] = ("pair", "simulated")
+  copy_mib: int = 512
+  copy_repetitions: int = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+  """`compiler_options`: XLA options for every compiled decoder and timing loop. Empty for a
+  measurement; the smoke config lowers optimization to halve compile times, which makes its
+  timings unrepresentative (the report says so)."""
+  suites: Sequence[str] = SUITES
+  output_dir: str = "out/bench"
+  compiler_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)

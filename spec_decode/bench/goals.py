@@ -1,0 +1,80 @@
+"""The issue's speed goals, recorded with how far each is from its target; nothing is asserted.
+
+`goals(suites)` takes the report's suite results and returns one entry per goal: `goal` (what),
+`measured` (None = not measured here), `target`, `met` (True, False or None) and `status`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+GOAL_MEASURED_OVER_PREDICTED = 0.9
+GOAL_OURS_OVER_HF_ASSISTED = 2.0
+GOAL_BANDWIDTH_FRACTION = 0.5
+GOAL_BANDWIDTH_MIN_PARAMS = 200_000_000
+
+
+def _goal(name: str, measured: float | None, target: float, note: str = "",
+          strict: bool = False) -> dict[str, Any]:
+  """A goal `measured >= target` (`>` when strict); `measured` None = not measured here."""
+  goal = {"goal": name, "measured": measured, "target": target, "note": note}
+  if measured is None:
+    goal.update(met=None, status=f"not measured ({note})" if note else "not measured")
+  elif measured > target or (measured == target and not strict):
+    goal.update(met=True, status="met")
+  else:
+    goal.update(met=False, status=f"missed by {target - measured:.3g} "
+                f"({measured / target:.0%} of the target)")
+  return goal
+
+
+def _theory_goals(where: str, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+  """Decoding-loop speedup >= 0.9x each prediction of `compare_with_theory`: from alpha (the
+  issue's goal), from the realized counts, and from those priced with interleaved calls."""
+  predictions = (("Theorem 3.8 with alpha", "measured_over_predicted"),
+                 ("the realized tokens per target call", "measured_over_realized"),
+                 ("the realized tokens per call and interleaved model calls",
+                  "measured_over_interleaved"))
+  return [_goal(f"{where}: measured decoding-loop speedup >= {GOAL_MEASURED_OVER_PREDICTED}x "
+                f"predicted from {name}", row[key], GOAL_MEASURED_OVER_PREDICTED)
+          for name, key in predictions]
+
+
+def goals(suites: Mapping[str, Any]) -> list[dict[str, Any]]:
+  """The issue's speed goals, each with its measured value and how far it is from the target."""
+  result = []
+  own = suites.get("own_baseline")
+  if own:
+    for group in own["groups"]:
+      where = f"T={group['temperature']:g} batch {group['batch_size']}"
+      if group["batch_size"] == 1:
+        result += _theory_goals(f"own pair ({own['pair']['name']}) {where}",
+                                group["speculative"])
+      else:
+        result.append(_goal(f"own pair {where}: speculative tokens/s > baseline tokens/s "
+                            "(speedup > 1)", group["speculative"]["speedup"], 1.0,
+                            strict=True))
+  table2 = suites.get("simulated_table2")
+  if table2:
+    for row in table2["rows"]:
+      result += _theory_goals(f"{row['label']} gamma={row['gamma']}", row)
+  peer = suites.get("peer")
+  if peer:
+    for entry in peer["temperatures"]:
+      mode = "greedy" if entry["temperature"] == 0 else f"sampling T={entry['temperature']:g}"
+      result.append(_goal(f"batch 1 {mode}: ours speculative tokens/s >= "
+                          f"{GOAL_OURS_OVER_HF_ASSISTED}x HF assisted generation",
+                          entry.get("ours_speculative_over_hf_assisted"),
+                          GOAL_OURS_OVER_HF_ASSISTED, entry.get("error", "")))
+  limit = suites.get("physical_limit")
+  if limit:
+    large = [t for t in limit["targets"] if t["num_params"] >= GOAL_BANDWIDTH_MIN_PARAMS]
+    name = (f"baseline decode step weight traffic >= {GOAL_BANDWIDTH_FRACTION:.0%} of copy "
+            f"bandwidth (target >= {GOAL_BANDWIDTH_MIN_PARAMS / 1e6:.0f}M params)")
+    for target in large:
+      result.append(_goal(f"{name}: {target['model']}", target["fraction_of_copy_bandwidth"],
+                          GOAL_BANDWIDTH_FRACTION))
+    if not large:
+      result.append(_goal(name, None, GOAL_BANDWIDTH_FRACTION,
+                          "no target of that size was measured in this run"))
+  return result

@@ -1,0 +1,159 @@
+"""The models the benchmark times: `Model` (a network with its parameters) and `Pair` (a target,
+its draft and the inputs they decode).
+
+  shipped_pair(texts, ...)   the shipped demo pair (spec_decode/assets/demo) on given English
+                             texts; `demo_files_exist()` says whether it is shipped.
+  random_pair(name, config)  random weights with the config's model gin files, random inputs,
+                             no EOS (every row decodes to the length limit).
+  build_pair(PairConfig)     the pair PairConfig.source names.
+Inputs are [N, input_length] int32, 0-padded, each row ending in EOS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from spec_decode import models
+from spec_decode.bench.config import PairConfig, SimulatedTable2Config
+from spec_decode.t5 import checkpoints
+from spec_decode.t5 import demo_pair
+from spec_decode.t5 import network
+from spec_decode.t5 import vocab
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Model:
+  """A named `network.Transformer` with its parameters (on the default device)."""
+  name: str
+  module: network.Transformer
+  params: Any
+
+  @property
+  def config(self) -> network.T5Config:
+    return self.module.config
+
+  @property
+  def num_params(self) -> int:
+    return int(sum(np.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(self.params)))
+
+  @property
+  def decode_step_weight_bytes(self) -> int:
+    """Parameter bytes one cached decoder call reads: the decoder stack and its logits layer
+    (the shared embedding too when the logits go through it; otherwise the token lookup reads
+    only a few rows, neglected)."""
+    trees = [self.params["decoder"]]
+    if self.config.logits_via_embedding:
+      trees.append(self.params["token_embedder"])
+    return int(sum(leaf.size * leaf.dtype.itemsize
+                   for leaf in jax.tree_util.tree_leaves(trees)))
+
+  def describe(self) -> dict[str, Any]:
+    config = dataclasses.asdict(self.config)
+    config["dtype"] = np.dtype(self.config.dtype).name
+    return {"name": self.name, "num_params": self.num_params, "config": config}
+
+
+def random_model(name: str, gin_file: str, overrides: Mapping[str, Any], seed: int) -> Model:
+  """A model with the config of a model gin file (plus overrides) and random weights
+  (`checkpoints.random_params`: only the shapes matter for speed)."""
+  module = models.transformer_from_gin_file(gin_file, dict(overrides))
+  return Model(name, module, jax.device_put(checkpoints.random_params(module.config, seed)))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Pair:
+  """A target, its draft, the encoder inputs they decode ([N, input_length], 0-padded), the EOS
+  id (`target.config.vocab_size` = none: every row runs to its length limit) and the decode
+  length."""
+  name: str
+  target: Model
+  draft: Model
+  inputs: np.ndarray
+  eos_id: int
+  max_decode_len: int
+  description: str
+
+  @property
+  def has_eos(self) -> bool:
+    return self.eos_id < self.target.config.vocab_size
+
+  def batch(self, index: int, batch_size: int) -> np.ndarray:
+    """The index-th batch of inputs, cycling through them (each repetition sees new ones)."""
+    rows = [(index * batch_size + i) % len(self.inputs) for i in range(batch_size)]
+    return self.inputs[rows]
+
+  def describe(self) -> dict[str, Any]:
+    return {"name": self.name, "description": self.description, "eos_id": self.eos_id,
+            "has_eos": self.has_eos, "input_length": int(self.inputs.shape[1]),
+            "num_inputs": int(self.inputs.shape[0]), "max_decode_len": self.max_decode_len,
+            "target": self.target.describe(), "draft": self.draft.describe()}
+
+
+def random_inputs(vocab_size: int, input_length: int, count: int, seed: int) -> np.ndarray:
+  """`count` rows of random tokens (ids >= 3, past T5's pad/eos/unk) of random length, each
+  ending in EOS, 0-padded to input_length."""
+  rng = np.random.default_rng(seed)
+  inputs = np.zeros((count, input_length), np.int32)
+  for row in inputs:
+    length = int(rng.integers(input_length // 2, input_length))
+    row[:length - 1] = rng.integers(vocab.UNK_ID + 1, vocab_size, length - 1)
+    row[length - 1] = vocab.EOS_ID
+  return inputs
+
+
+def demo_files_exist() -> bool:
+  """Whether the shipped demo pair's weights are present (they are optional in a checkout)."""
+  return all((demo_pair.ASSET_DIR / f"{name}.safetensors").exists()
+             for name in ("target", "draft"))
+
+
+def shipped_pair(texts: Sequence[str], input_prefix: str, input_length: int,
+                 max_decode_len: int, description: str) -> Pair:
+  """The shipped demo pair decoding `texts` (English; prefixed, encoded and cut to input_length
+  with EOS kept last, `vocab.trim_with_eos`, then 0-padded)."""
+  if not demo_files_exist():
+    raise FileNotFoundError(f"{demo_pair.ASSET_DIR} lacks target.safetensors or draft.safetensors")
+  loaded = {}
+  for name in ("target", "draft"):
+    model_config, params = demo_pair.load_model(name)
+    loaded[name] = Model(f"demo {name}", network.Transformer(model_config),
+                         jax.device_put(params))
+  vocabulary = vocab.SentencePieceVocabulary(str(demo_pair.VOCAB_PATH))
+  inputs = np.zeros((len(texts), input_length), np.int32)
+  for row, text in zip(inputs, texts):
+    ids = vocab.trim_with_eos(vocabulary.encode(input_prefix + text), input_length,
+                              vocabulary.eos_id)
+    row[:len(ids)] = ids
+  return Pair("demo", loaded["target"], loaded["draft"], inputs, vocabulary.eos_id,
+              max_decode_len, description)
+
+
+def random_pair(name: str, config: PairConfig | SimulatedTable2Config, num_inputs: int
+                ) -> Pair:
+  """Random weights with the configs' model gin files, random inputs, no EOS."""
+  target = random_model(f"{name} target", config.target_gin, config.target_overrides,
+                        config.seed)
+  draft = random_model(f"{name} draft", config.draft_gin, config.draft_overrides,
+                       config.seed + 1)
+  vocab_size = target.config.vocab_size
+  inputs = random_inputs(vocab_size, config.input_length, num_inputs, config.seed)
+  return Pair(name, target, draft, inputs, vocab_size, config.max_decode_len,
+              f"random weights ({config.target_gin}, {config.draft_gin}), random inputs, no EOS")
+
+
+def build_pair(config: PairConfig) -> Pair:
+  """The pair `config.source` names: 'demo' (the shipped pair on its bundled English
+  sentences), 'random', or 'auto' (demo when its files exist, else random)."""
+  if config.source not in ("auto", "demo", "random"):
+    raise ValueError(f"PairConfig.source must be 'auto', 'demo' or 'random', got "
+                     f"{config.source!r}")
+  if config.source == "demo" or (config.source == "auto" and demo_files_exist()):
+    texts = (demo_pair.ASSET_DIR / "examples.en").read_text().splitlines()
+    return shipped_pair(texts, config.input_prefix, config.input_length, config.max_decode_len,
+                        "the shipped demo pair (spec_decode/assets/demo), bundled English "
+                        "sentences")
+  return random_pair("random", config, config.num_random_inputs)

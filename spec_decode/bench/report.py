@@ -1,0 +1,201 @@
+"""The report of a run: `write_report(report, output_dir)` writes `bench.json` (every number,
+the machine and the operative gin config, via `plain`) and `bench.md` (`to_markdown`: one section
+of tables per suite that ran, then the goals).
+
+A report is `{"machine": describe_machine(), "compiler_options": {...}, "suites": {name:
+result}, "timings_s": {name: seconds}, "goals": [...], "gin_config": str}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from spec_decode.bench import paper
+from spec_decode.bench.simulated import SIMULATED
+
+JSON_FILE = "bench.json"
+MARKDOWN_FILE = "bench.md"
+
+_THEORY_NOTE = (
+    "tok/s and speedup: whole calls (encoders included). Loop speedup: the decoding loops "
+    "alone, which Theorem 3.8 predicts. Predictions (`bench.compare_with_theory`), each "
+    "dropping one assumption: from alpha (the paper's formula, i.i.d. acceptance, endless "
+    "output); from the realized tokens per target call; and the same priced with one "
+    "iteration's model calls timed together (interleaved) rather than each model alone. Loop "
+    "speedup / the last = the engine's own overhead.")
+
+
+def plain(value: Any) -> Any:
+  """JSON-ready copy of a result: numpy scalars and arrays become Python numbers and lists."""
+  if isinstance(value, Mapping):
+    return {str(key): plain(item) for key, item in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [plain(item) for item in value]
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  if isinstance(value, np.generic):
+    return value.item()
+  return value
+
+
+def _number(value: Any, digits: int = 3) -> str:
+  if value is None:
+    return "-"
+  if isinstance(value, float):
+    return f"{value:.{digits}g}"
+  return str(value)
+
+
+def _rate(summary: Mapping[str, Any]) -> str:
+  """tokens/s as 'median [min-max]'."""
+  return (f"{summary['tokens_per_s']:.1f} [{summary['tokens_per_s_min']:.1f}-"
+          f"{summary['tokens_per_s_max']:.1f}]")
+
+
+def _predictions(row: Mapping[str, Any]) -> str:
+  return (f"{row['predicted_speedup']:.2f} / {row['predicted_speedup_realized']:.2f} / "
+          f"{row['predicted_speedup_interleaved']:.2f}")
+
+
+def _over_predictions(row: Mapping[str, Any]) -> str:
+  return (f"{row['measured_over_predicted']:.2f} / {row['measured_over_realized']:.2f} / "
+          f"{row['measured_over_interleaved']:.2f}")
+
+
+def _model_call_shares(baseline: Mapping[str, Any], speculative: Mapping[str, Any]) -> str:
+  return f"{baseline['model_call_share']:.2f} / {speculative['model_call_share']:.2f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(_number(cell) for cell in row) + " |" for row in rows]
+  return lines + [""]
+
+
+def _own_baseline_section(own: Mapping[str, Any]) -> list[str]:
+  lines = [f"## own_baseline: {own['pair']['description']}", ""]
+  rows = []
+  for group in own["groups"]:
+    spec = group["speculative"]
+    rows.append([group["temperature"], group["batch_size"], group["gamma"],
+                 _rate(group["baseline"]), _rate(spec), spec["speedup"],
+                 spec["decode_speedup"], spec["alpha"], spec["tokens_per_target_call"],
+                 spec["c"], spec["v"], spec["interleaved_over_isolated"], _predictions(spec),
+                 _over_predictions(spec), _model_call_shares(group["baseline"], spec)])
+  lines += [_THEORY_NOTE, ""]
+  lines += _table(["T", "batch", "gamma", "baseline tok/s", "speculative tok/s", "speedup",
+                   "loop speedup", "alpha", "tokens/target call", "c", "v",
+                   "interleaved / isolated calls", "predicted: alpha / realized / interleaved",
+                   "loop speedup / each prediction", "model-call share base / spec"], rows)
+  rows = []
+  for group in own["groups"]:
+    if "best_fixed" not in group:
+      continue
+    for label, row in group["variants"].items():
+      rows.append([group["temperature"], group["batch_size"],
+                   label + (" (best fixed)" if label == group["best_fixed"] else ""),
+                   _rate(row), row["speedup"], group["tokens_per_s_over_best_fixed"][label],
+                   row["accepted_per_target_call"], row["tokens_per_target_call"],
+                   row["alpha"]])
+  if rows:
+    lines += ["### Verifiers and drafting policies", ""]
+    lines += _table(["T", "batch", "decoder", "tok/s", "speedup", "vs best fixed",
+                     "accepted/target call", "tokens/target call", "alpha"], rows)
+  return lines
+
+
+def _peer_section(peer: Mapping[str, Any]) -> list[str]:
+  lines = [f"## peer: Hugging Face generate (torch {peer.get('torch_version')}, "
+           f"transformers {peer.get('transformers_version')}, {peer['torch_num_threads']} "
+           f"threads), batch 1, gamma {peer['gamma']}", ""]
+  if "error" in peer:
+    lines += [f"Not run: {peer['error']}", ""]
+  rows = []
+  for entry in peer["temperatures"]:
+    if "error" in entry:
+      rows.append([entry["temperature"], f"error: {entry['error']}"] + [""] * 7)
+      continue
+    agreement = entry.get("greedy_agreement_with_ours_baseline")
+    agree = "-" if agreement is None else ", ".join(
+        f"{label} {a['identical']}/{a['compared']}" for label, a in agreement.items())
+    rows.append([entry["temperature"], _rate(entry["ours baseline"]),
+                 _rate(entry["ours speculative"]), entry["ours_speedup"],
+                 _rate(entry["hf generate"]), _rate(entry["hf assisted"]),
+                 entry["hf_speedup"], entry["ours_speculative_over_hf_assisted"], agree])
+  return lines + _table(["T", "ours baseline", "ours speculative", "ours speedup",
+                         "HF generate", "HF assisted", "HF speedup", "ours spec / HF assisted",
+                         "greedy identical to ours baseline"], rows)
+
+
+def _simulated_table2_section(table2: Mapping[str, Any]) -> list[str]:
+  lines = [f"## simulated_table2 ({SIMULATED})", "", table2["note"] + "; target "
+           f"{table2['pair']['target']['num_params'] / 1e6:.3g}M params, draft "
+           f"{table2['pair']['draft']['num_params'] / 1e6:.3g}M params.", "", _THEORY_NOTE, ""]
+  rows = [[row["label"], row["gamma"], row["forced_alpha"], row["paper_speedup"],
+           f"{row['speculative']['tokens_per_target_call']:.2f} / "
+           f"{row['expected_tokens_per_target_call']:.2f}", row["c"], row["v"],
+           row["interleaved_over_isolated"], _predictions(row), row["decode_speedup"],
+           _over_predictions(row), _model_call_shares(row["baseline"], row["speculative"])]
+          for row in table2["rows"]]
+  return lines + _table(["row", "gamma", "alpha (forced)",
+                         f"paper speedup ({paper.TARGET}, {paper.HARDWARE})",
+                         "tokens/call realized / expected", "c", "v",
+                         "interleaved / isolated calls",
+                         "predicted: alpha / realized / interleaved", "measured loop speedup",
+                         "loop speedup / each prediction", "model-call share base / spec"],
+                        rows)
+
+
+def _physical_limit_section(limit: Mapping[str, Any]) -> list[str]:
+  copy = limit["copy"]
+  lines = ["## physical_limit", "", f"Copy bandwidth: {copy['bytes_per_s'] / 1e9:.2f} GB/s "
+           f"(read + write of a {copy['array_bytes'] / 2**20:.0f} MiB array; XLA "
+           f"{copy['xla_bytes_per_s'] / 1e9:.2f}, numpy {copy['numpy_bytes_per_s'] / 1e9:.2f})."
+           " Weights that fit in the CPU caches can exceed it.", ""]
+  rows = [[t["model"], f"{t['num_params'] / 1e6:.3g}M", t["weight_bytes_per_step"] / 1e6,
+           t["step_s"] * 1e3, t["weight_bytes_per_s"] / 1e9, t["fraction_of_copy_bandwidth"],
+           t["fraction_with_kv_cache"]] for t in limit["targets"]]
+  return lines + _table(["target", "params", "weight MB/step", "step ms", "weights GB/s",
+                         "fraction of copy", "fraction incl. KV cache"], rows)
+
+
+_SECTIONS = (("own_baseline", _own_baseline_section), ("peer", _peer_section),
+             ("simulated_table2", _simulated_table2_section),
+             ("physical_limit", _physical_limit_section))
+
+
+def to_markdown(report: Mapping[str, Any]) -> str:
+  """The report's tables: one section per suite that ran, then the goals."""
+  machine = report["machine"]
+  load = machine["load_average_at_start"]
+  load = "unknown" if load is None else " ".join(f"{value:.1f}" for value in load)
+  lines = ["# spec_decode benchmark", "",
+           f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, load average at "
+           f"start {load}; jax {machine['jax_version']} "
+           f"({machine['jax_backend']}). tokens/s are medians [min-max] over interleaved "
+           "repetitions.", ""]
+  if report["compiler_options"]:
+    lines += [f"**XLA compiler options {report['compiler_options']}: compiled for a quick "
+              "check, so these timings are not representative.**", ""]
+  for suite, section in _SECTIONS:
+    if report["suites"].get(suite):
+      lines += section(report["suites"][suite])
+  lines += ["## Goals (recorded, not asserted)", ""]
+  lines += _table(["goal", "measured", "target", "status"],
+                  [[g["goal"], g["measured"], g["target"], g["status"]]
+                   for g in report["goals"]])
+  return "\n".join(lines)
+
+
+def write_report(report: Mapping[str, Any], output_dir: str) -> str:
+  """Writes bench.json and bench.md to output_dir; returns the markdown."""
+  markdown = to_markdown(report)
+  with open(os.path.join(output_dir, JSON_FILE), "w") as f:
+    json.dump(plain(report), f, indent=2)
+  with open(os.path.join(output_dir, MARKDOWN_FILE), "w") as f:
+    f.write(markdown + "\n")
+  return markdown
