@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -68,12 +68,19 @@ def call_sequence_seconds(calls: Sequence[Call], batch_size: int, input_length: 
     return jax.lax.fori_loop(0, loops, one_pass, (caches, jnp.float32(-jnp.inf)))[1]
 
   all_params = [params for _, params in models]
-  jax.block_until_ready(run_calls(all_params, caches))  # compile, and the first run's costs
+  return median_seconds(lambda: jax.block_until_ready(run_calls(all_params, caches)),
+                        repetitions, divisor=loops)
+
+
+def median_seconds(run: Callable[[], Any], repetitions: int, divisor: int = 1) -> float:
+  """Median seconds of `repetitions` calls of `run` (after one untimed call: compilation and a
+  first run's one-off costs), each divided by `divisor`."""
+  run()
   timings = []
   for _ in range(repetitions):
     start = time.perf_counter()
-    jax.block_until_ready(run_calls(all_params, caches))
-    timings.append((time.perf_counter() - start) / loops)
+    run()
+    timings.append((time.perf_counter() - start) / divisor)
   return statistics.median(timings)
 
 

@@ -1,10 +1,10 @@
 """`python -m spec_decode.bench`: how fast speculative decoding is, and against what.
 
-Run: `python -m spec_decode.bench [--gin_file=FILE ...] [--gin_bindings=B ...] [--smoke]
+Run: `python -m spec_decode.bench [--gin_file=FILE ...] [--gin.NAME=VALUE ...] [--smoke]
 [--suites=own_baseline,peer,simulated_table2,physical_limit] [--output_dir=DIR]`.
 Without --gin_file it reads `spec_decode/configs/bench/default.gin`; `--smoke` adds
 `spec_decode/configs/bench/smoke.gin` (tiny random models, one repetition). Bindings name the
-configs as the package exports them, e.g. `--gin_bindings="bench.PairConfig.gamma = 4"`. It
+configs as the package exports them, e.g. `--gin.bench.PairConfig.gamma=4`. It
 writes `DIR/bench.json` (every number, the machine and the operative gin config) and
 `DIR/bench.md` (the same as markdown tables), and prints the tables.
 
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any, Sequence
 
 import gin
 
 from spec_decode import gin_utils
-from spec_decode import paths
 from spec_decode.bench.config import (SUITES, BenchConfig, OwnBaselineConfig, PairConfig,
                                       PeerConfig, PhysicalLimitConfig, SimulatedTable2Config)
 from spec_decode.bench.goals import goals
@@ -74,27 +74,30 @@ def run_suites(bench_config: BenchConfig) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m spec_decode.bench",
                                    description=__doc__.split("\n", 1)[0])
-  parser.add_argument("--gin_file", action="append", default=None,
-                      help=f"gin config file (repeatable; default {DEFAULT_GIN_FILE})")
-  parser.add_argument("--gin_bindings", action="append", default=[],
-                      help="gin binding, e.g. \"bench.PairConfig.gamma = 4\" (repeatable)")
+  gin_utils.add_gin_arguments(parser, DEFAULT_GIN_FILE)
   parser.add_argument("--smoke", action="store_true",
                       help=f"add {SMOKE_GIN_FILE}: tiny models, one repetition")
   parser.add_argument("--suites", help=f"comma-separated subset of {','.join(SUITES)}")
   parser.add_argument("--output_dir", help="where bench.json and bench.md go")
-  args = parser.parse_args(argv)
-  gin_files = [paths.resolve(path) for path in (args.gin_file or [DEFAULT_GIN_FILE])]
-  if args.smoke:
-    gin_files.append(paths.resolve(SMOKE_GIN_FILE))
-  bindings = list(args.gin_bindings)
-  if args.suites:
-    bindings.append(f"bench.BenchConfig.suites = {args.suites.split(',')!r}")
-  if args.output_dir:
-    bindings.append(f"bench.BenchConfig.output_dir = {args.output_dir!r}")
-  gin.clear_config()
-  gin.parse_config_files_and_bindings(gin_files, bindings)
-  bench_config = _bound(BenchConfig)
-  report = run_suites(bench_config)
-  print(write_report(report, bench_config.output_dir))
-  print(f"\nwrote {os.path.join(bench_config.output_dir, JSON_FILE)} and {MARKDOWN_FILE}")
-  return 0
+  args, bindings = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
+
+  def run() -> None:
+    gin_files = list(args.gin_file or [DEFAULT_GIN_FILE])
+    if args.smoke:
+      gin_files.append(SMOKE_GIN_FILE)
+    if args.suites:
+      bindings.append(f"bench.BenchConfig.suites = {args.suites.split(',')!r}")
+    if args.output_dir:
+      bindings.append(f"bench.BenchConfig.output_dir = {args.output_dir!r}")
+    gin_utils.parse_config(gin_files, bindings, args.gin_search_paths)
+    gin_utils.check_bindings_take_effect([BenchConfig, PairConfig, OwnBaselineConfig, PeerConfig,
+                                          SimulatedTable2Config, PhysicalLimitConfig])
+    bench_config = _bound(BenchConfig)
+    try:
+      report = run_suites(bench_config)
+    except ValueError as e:  # e.g. an unknown suite
+      raise gin_utils.UsageError(gin_utils.first_line(e)) from None
+    print(write_report(report, bench_config.output_dir))
+    print(f"\nwrote {os.path.join(bench_config.output_dir, JSON_FILE)} and {MARKDOWN_FILE}")
+
+  return gin_utils.run("spec_decode.bench", run)

@@ -14,19 +14,17 @@ Every compiled function runs once before it is timed; a timed call ends at
 
 from __future__ import annotations
 
-import functools
 import statistics
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import call_costs
 from spec_decode.bench.decoders import RunOutput
 from spec_decode.bench.pairs import Model
 from spec_decode.engine import decoding
-from spec_decode.t5 import network
 
 
 def interleave(runs: Mapping[str, Callable[[int], RunOutput]], repetitions: int
@@ -75,64 +73,14 @@ def summarize(outputs: Sequence[RunOutput]) -> dict[str, Any]:
   return summary
 
 
-def _median_seconds(run: Callable[[], Any], repetitions: int, divisor: int = 1) -> float:
-  """Median seconds of `repetitions` calls of `run` (after one untimed call), each / divisor."""
-  run()
-  timings = []
-  for _ in range(repetitions):
-    start = time.perf_counter()
-    run()
-    timings.append((time.perf_counter() - start) / divisor)
-  return statistics.median(timings)
-
-
 def call_sequence_seconds(calls: Sequence[tuple[Model, int]], batch_size: int,
                           input_length: int, cache_length: int, loops: int, repetitions: int,
                           compiler_options: Mapping[str, Any]) -> float:
-  """Median seconds of one pass through `calls`: cached decoder calls, each (model, number of
-  tokens fed per row), made in that order.
-
-  Timed as one jitted `fori_loop` of `loops` passes, divided by `loops`: the engine makes its
-  calls inside a `while_loop` too, so no per-call dispatch is counted. Every call's logits feed
-  a running max, so none is optimized away. Each model's cache has `init_decode_cache`'s shapes
-  but zero keys and values (every input position unmasked): the cost of a call does not depend
-  on them, and running the encoder would cost one more compilation per timing.
-  """
-  encoder_tokens = jnp.ones((batch_size, input_length), jnp.int32)
-  models = list({id(model): model for model, _ in calls}.values())
-  caches = []
-  for model in models:
-    shapes = jax.eval_shape(
-        functools.partial(network.init_decode_cache, model.module, max_decode_len=cache_length),
-        model.params, encoder_tokens)
-    cache = jax.tree_util.tree_map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes)
-    cache["encoder_mask"] = jnp.ones_like(cache["encoder_mask"])
-    caches.append(cache)
-  slot = {id(model): i for i, model in enumerate(models)}
-  sequences = jnp.zeros((batch_size, cache_length), jnp.int32)
-  num_starts = max(cache_length - max(num_tokens for _, num_tokens in calls), 1)
-
-  @functools.partial(jax.jit, compiler_options=dict(compiler_options))
-  def run_calls(params, caches):
-    tokens_to_logits = [network.make_tokens_to_logits(model.module, model_params)
-                        for model, model_params in zip(models, params)]
-
-    def one_pass(i, carry):
-      caches, running_max = list(carry[0]), carry[1]
-      for model, num_tokens in calls:
-        state = decoding.DecodingState(
-            cur_index=jnp.full((batch_size,), i % num_starts, jnp.int32),
-            cur_token=jnp.full((batch_size, num_tokens), 3 + i % 5, jnp.int32),
-            sequences=sequences, cache=caches[slot[id(model)]])
-        logits, caches[slot[id(model)]] = tokens_to_logits[slot[id(model)]](state)
-        running_max = jnp.maximum(running_max, jnp.max(logits))
-      return caches, running_max
-
-    return jax.lax.fori_loop(0, loops, one_pass, (caches, jnp.float32(-jnp.inf)))[1]
-
-  params = [model.params for model in models]
-  return _median_seconds(lambda: jax.block_until_ready(run_calls(params, caches)), repetitions,
-                         divisor=loops)
+  """`call_costs.call_sequence_seconds` of the bench's models: median seconds of one pass
+  through `calls`, each (model, number of tokens fed per row), made in that order."""
+  return call_costs.call_sequence_seconds(
+      [(model.module, model.params, num_tokens) for model, num_tokens in calls], batch_size,
+      input_length, cache_length, loops, repetitions, compiler_options)
 
 
 def step_seconds(model: Model, batch_size: int, num_tokens: int, input_length: int,
@@ -163,8 +111,8 @@ def copy_bandwidth(mib: int, repetitions: int, compiler_options: Mapping[str, An
   destination = np.empty_like(source)
   moved = 2 * size * 4
   result = {"array_bytes": size * 4,
-            "xla_bytes_per_s": moved / _median_seconds(xla_pass, repetitions),
-            "numpy_bytes_per_s": moved / _median_seconds(
+            "xla_bytes_per_s": moved / call_costs.median_seconds(xla_pass, repetitions),
+            "numpy_bytes_per_s": moved / call_costs.median_seconds(
                 lambda: np.copyto(destination, source), repetitions)}
   result["bytes_per_s"] = max(result["xla_bytes_per_s"], result["numpy_bytes_per_s"])
   return result
