@@ -1,6 +1,10 @@
 """spec_decode: speculative decoding of T5 models in the T5X ecosystem."""
 import setuptools
 
+T5X_DEPENDENCIES = ["absl-py", "cached_property", "chex", "clu", "fiddle", "gin-config", "jaxtyping",
+                    "optax", "orbax-checkpoint", "seqio==0.0.20", "tensorstore", "tensorboard",
+                    "grain"]
+
 setuptools.setup(
     name="spec_decode",
     version="0.1.0",
@@ -26,6 +30,10 @@ setuptools.setup(
         "tasks": ["seqio==0.0.20"],
         # scripts/reproduce_table2.py's plot.
         "plot": ["matplotlib"],
+        # What `t5x` (not on the registry; scripts/test.sh installs it from ../shared/wheels)
+        # imports, for the T5X hook (spec_decode.t5x). tensorboard is an undeclared import of
+        # t5x.checkpoints; t5x's own `tensorflow-cpu` is left out: seqio brings `tensorflow`.
+        "t5x": T5X_DEPENDENCIES,
         "test": [
             "matplotlib",
             "pytest",
@@ -33,6 +41,7 @@ setuptools.setup(
             "torch==2.13.0",
             "transformers",
             "seqio==0.0.20",
+            *T5X_DEPENDENCIES,
         ],
     },
 )

@@ -3,6 +3,11 @@
 # (XLA_FLAGS must be set before JAX starts, so they cannot share the first process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# T5X is not on the package registry: where ../shared/wheels holds it (and the two GitHub-only
+# packages it imports), install it without dependencies; `pip install '.[test]'` brought those.
+if [ -d ../shared/wheels ] && ! python -m pip show -q t5x >/dev/null 2>&1; then
+  python -m pip install -q --no-deps ../shared/wheels/*.whl
+fi
 python -m pytest -q tests --ignore=tests/sharding "$@"
 if [ -d tests/sharding ]; then
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m pytest -q tests/sharding "$@"

@@ -163,8 +163,10 @@ def check_bindings_take_effect(entry_points: Sequence[Callable[..., Any]]) -> No
   Unscoped bindings of a selector apply in every scope, so any reference to it reaches them.
   """
   bindings = dict(gin_config._CONFIG)  # pylint: disable=protected-access
-  # A configs' registration names a function or class by its module path.
-  reached_keys = {("", f"{fn.__module__}.{fn.__qualname__}") for fn in entry_points}
+  # The selectors configs registered the entry points under (a re-export's module path too).
+  reached_keys = {("", selector) for selector, configurable in
+                  gin_config._REGISTRY.items()  # pylint: disable=protected-access
+                  if any(configurable.wrapped is fn for fn in entry_points)}
   pending = list(reached_keys)
   while pending:
     scope, selector = pending.pop()
