@@ -31,9 +31,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from spec_decode import corpora
 from spec_decode import bench
 from spec_decode.training import bleu
-from spec_decode.training import data
 from spec_decode.t5 import demo_pair
 from spec_decode.t5 import vocab
 
@@ -67,9 +67,9 @@ def translations(decodes: Sequence[np.ndarray], vocabulary: vocab.SentencePieceV
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-  sources, references = data.read_parallel([args.corpus], data_root=args.data_root)
+  sources, references = corpora.read_parallel([args.corpus], data_root=args.data_root)
   sources, references = sources[:args.num_sentences], references[:args.num_sentences]
-  pair = bench.shipped_pair(sources, data.TASK_PREFIX, args.input_length, args.max_decode_len,
+  pair = bench.shipped_pair(sources, corpora.TRANSLATE_PREFIX, args.input_length, args.max_decode_len,
                             f"the shipped demo pair on the first {len(sources)} of {args.corpus}")
   vocabulary = vocab.SentencePieceVocabulary(str(demo_pair.VOCAB_PATH))
   decoders = bench.PairDecoders(pair, {})
@@ -172,7 +172,7 @@ def plot(report: dict[str, Any], path: pathlib.Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  corpus = data.resolve(args.corpus, args.data_root)
+  corpus = corpora.resolve(args.corpus, args.data_root)
   for suffix in ("en", "de"):
     if not corpus.parent.joinpath(f"{corpus.name}.{suffix}").exists():
       print(f"error: {corpus}.{suffix} does not exist (--corpus, --data_root)", file=sys.stderr)

@@ -54,6 +54,7 @@ from spec_decode import gin_utils
 from spec_decode import losses
 from spec_decode import paths
 from spec_decode.t5 import checkpoints
+from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import demo_pair
 from spec_decode.engine import decoding
 from spec_decode.t5 import network
@@ -116,7 +117,7 @@ def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Pa
     raise FileNotFoundError(f"checkpoint not found: {path}")
   try:
     if os.path.isfile(os.path.join(resolved, "config.json")):
-      found, params = checkpoints.load_hf(resolved)
+      found, params = hf_checkpoints.load_hf(resolved)
       _check_same_architecture(module.config, found, path)
     elif resolved.endswith(".safetensors"):
       found, params = demo_pair.load_model(resolved)

@@ -34,11 +34,10 @@ from typing import Any, Callable, Mapping
 import seqio
 import tensorflow as tf
 
+from spec_decode import corpora
 from spec_decode import gin_utils
 from spec_decode import paths
-from spec_decode.training import data
 
-TRANSLATE_PREFIX = "translate English to German: "
 SUMMARIZE_PREFIX = "summarize: "
 T5_EXTRA_IDS = 100
 DEMO_VOCABULARY_FILE = paths.DEMO_ASSETS / "spm_ende_8k.model"
@@ -100,7 +99,7 @@ def _parallel_text(corpora: Mapping[str, str], split: str, shuffle_files: bool,
   for side in ("en", "de"):
     if not pathlib.Path(f"{prefix}.{side}").is_file():
       raise FileNotFoundError(f"data file not found: {prefix}.{side}")
-  sources, targets = data.read_parallel([str(prefix)])
+  sources, targets = corpora.read_parallel([str(prefix)])
   return tf.data.Dataset.from_tensor_slices({"inputs": sources, "targets": targets})
 
 
@@ -146,8 +145,8 @@ _TRANSLATION_CORPORA = {
 for _name, _corpora in _TRANSLATION_CORPORA.items():
   _source = seqio.FunctionDataSource(functools.partial(_parallel_text, _corpora),
                                      splits=list(_corpora))
-  _register(_name, _source, TRANSLATE_PREFIX, T5_VOCABULARY)
-  _register(f"{_name}_demo", _source, TRANSLATE_PREFIX, DEMO_VOCABULARY)
+  _register(_name, _source, corpora.TRANSLATE_PREFIX, T5_VOCABULARY)
+  _register(f"{_name}_demo", _source, corpora.TRANSLATE_PREFIX, DEMO_VOCABULARY)
 _register("cnn_dailymail", seqio.FunctionDataSource(_cnn_dailymail, splits=["validation"]),
           SUMMARIZE_PREFIX, T5_VOCABULARY)
 

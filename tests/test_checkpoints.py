@@ -15,6 +15,7 @@ from flax import serialization
 
 from hf_utils import HF_CONFIGS, hf_model_and_params
 from spec_decode.t5 import checkpoints
+from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5.network import T5Config, Transformer
 
 try:
@@ -223,15 +224,15 @@ def test_missing_checkpoint_and_array_are_named(small_params, tmp_path):
     checkpoints.load_t5x(str(written))
 
   with pytest.raises(FileNotFoundError, match="config.json"):
-    checkpoints.load_hf(str(empty))
+    hf_checkpoints.load_hf(str(empty))
   (empty / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
   with pytest.raises(ValueError, match=r"missing T5 config fields \['vocab_size', 'd_kv'"):
-    checkpoints.load_hf(str(empty))
+    hf_checkpoints.load_hf(str(empty))
   hf_config = {"model_type": "t5", "vocab_size": 32, "d_model": 8, "d_kv": 2, "d_ff": 16,
                "num_layers": 1, "num_heads": 4}
   (empty / "config.json").write_text(json.dumps(hf_config))
   with pytest.raises(FileNotFoundError, match=f"model.safetensors .* in {empty}"):
-    checkpoints.load_hf(str(empty))
+    hf_checkpoints.load_hf(str(empty))
 
 
 def test_shape_mismatch_names_path_and_both_shapes(small_params):
@@ -314,8 +315,8 @@ def test_hf_parity(tmp_path, name):
 def test_save_hf_round_trip(tmp_path, name):
   hf_model, config, params = hf_model_and_params(tmp_path / "original", name, seed=4)
   saved = tmp_path / "saved"
-  checkpoints.save_hf(config, params, str(saved))
-  reloaded_config, reloaded = checkpoints.load_hf(str(saved))
+  hf_checkpoints.save_hf(config, params, str(saved))
+  reloaded_config, reloaded = hf_checkpoints.load_hf(str(saved))
   assert reloaded_config == config
   _assert_trees_equal(reloaded, params)
 
@@ -333,7 +334,7 @@ def test_load_hf_pytorch_bin_with_tied_copies(tmp_path):
   shutil.copy(tmp_path / "safetensors" / "config.json", folder)
   # A full state dict also holds encoder/decoder embed_tokens and lm_head (all tied).
   torch.save(hf_model.state_dict(), folder / "pytorch_model.bin")
-  bin_config, bin_params = checkpoints.load_hf(str(folder))
+  bin_config, bin_params = hf_checkpoints.load_hf(str(folder))
   assert bin_config == config
   _assert_trees_equal(bin_params, params)
 
@@ -344,7 +345,7 @@ def test_load_hf_head_follows_the_model_file(tmp_path):
   # embedding (and leaves it out of the file), transformers 4 keeps it separate.
   model = transformers.T5ForConditionalGeneration(transformers.T5Config(**HF_CONFIGS["t5_1_1"]))
   model.save_pretrained(tmp_path)
-  config, params = checkpoints.load_hf(str(tmp_path))
+  config, params = hf_checkpoints.load_hf(str(tmp_path))
   assert not config.logits_via_embedding
   np.testing.assert_array_equal(params["decoder"]["logits_dense"]["kernel"],
                                 model.lm_head.weight.detach().numpy().T)
@@ -357,13 +358,13 @@ def test_load_hf_errors(tmp_path):
   hf_config = json.loads(config_path.read_text())
   config_path.write_text(json.dumps({**hf_config, "d_ff": 30}))
   with pytest.raises(ValueError) as error:
-    checkpoints.load_hf(str(tmp_path))
+    hf_checkpoints.load_hf(str(tmp_path))
   assert "decoder/layers_0/mlp/wi_0/kernel" in str(error.value)
   assert "(12, 28)" in str(error.value) and "(12, 30)" in str(error.value)
 
   config_path.write_text(json.dumps({**hf_config, "feed_forward_proj": "gelu"}))
   with pytest.raises(ValueError, match="feed_forward_proj 'gelu'"):
-    checkpoints.load_hf(str(tmp_path))
+    hf_checkpoints.load_hf(str(tmp_path))
   config_path.write_text(json.dumps({**hf_config, "model_type": "bart"}))
   with pytest.raises(ValueError, match="model_type is 'bart'"):
-    checkpoints.load_hf(str(tmp_path))
+    hf_checkpoints.load_hf(str(tmp_path))

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spec_decode import corpora
 from spec_decode import gin_utils
 from spec_decode import paths
-from spec_decode.training import data
 from spec_decode.t5 import demo_pair
 from spec_decode.t5 import network
 
@@ -60,7 +60,7 @@ def _decode_shipped_pair(sentences, gamma=2):
   length = 48
   encoder_tokens = np.zeros((len(sentences), length), np.int32)
   for row, sentence in enumerate(sentences):
-    ids = vocabulary.encode(data.TASK_PREFIX + sentence)[:length - 1] + [vocabulary.eos_id]
+    ids = vocabulary.encode(corpora.TRANSLATE_PREFIX + sentence)[:length - 1] + [vocabulary.eos_id]
     encoder_tokens[row, :len(ids)] = ids
 
   @jax.jit

@@ -4,7 +4,7 @@ model's own greedy translations."""
 import jax
 import sentencepiece as spm
 
-from spec_decode.training import data
+from spec_decode import corpora
 from spec_decode.t5 import demo_pair
 from spec_decode.training import distill
 from spec_decode.training import greedy
@@ -31,5 +31,5 @@ def test_writes_the_models_translations_aligned_with_the_sources(tmp_path):
               for s, t in zip(sources, greedy.translate(config, loaded, sp, sources, 64, 8, 3))
               if t.strip()]
   assert expected, "the tiny model should translate at least one sentence"
-  written_sources, targets = data.read_parallel([str(tmp_path / "out" / "train")])
+  written_sources, targets = corpora.read_parallel([str(tmp_path / "out" / "train")])
   assert list(zip(written_sources, targets)) == expected

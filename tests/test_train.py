@@ -11,6 +11,7 @@ import optax
 import pytest
 import sentencepiece as spm
 
+from spec_decode import corpora
 from spec_decode import paths
 from spec_decode.training import data
 from spec_decode.t5 import network
@@ -48,7 +49,7 @@ def _train(model_dir: pathlib.Path, corpus: pathlib.Path, steps: int) -> None:
 
 def test_loss_goes_down(corpus):
   sp = spm.SentencePieceProcessor(model_file=str(VOCAB))
-  sources, targets = data.read_parallel(["toy"], data_root=str(corpus))
+  sources, targets = corpora.read_parallel(["toy"], data_root=str(corpus))
   stream = data.BatchStream(data.encode_pairs(sp, sources, targets, 32, 16),
                             tokens_per_batch=128, boundaries=(32,))
   state = train.create_state(TINY, OPTIMIZER, clip_grad_norm=None, seed=1)

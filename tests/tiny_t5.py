@@ -10,6 +10,7 @@ import dataclasses
 import pathlib
 
 from spec_decode.t5 import checkpoints
+from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import network
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -52,7 +53,7 @@ def write_model(directory: pathlib.Path, name: str, config: network.T5Config,
   gin_file.write_text(_gin_text(config))
   t5x_checkpoint = checkpoints.save_t5x(params, str(directory / f"{name}_t5x"), step=1)
   hf_folder = directory / f"{name}_hf"
-  checkpoints.save_hf(config, params, str(hf_folder))
+  hf_checkpoints.save_hf(config, params, str(hf_folder))
   return TinyModel(config, params, str(gin_file), t5x_checkpoint, str(hf_folder))
 
 

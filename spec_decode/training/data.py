@@ -20,49 +20,15 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
-import os
-import pathlib
 from typing import Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
-from spec_decode import paths
+from spec_decode import corpora
 
 PAD_ID = 0
 EOS_ID = 1
-TASK_PREFIX = "translate English to German: "
-DEFAULT_DATA_ROOT = paths.SHARED / "data"
-
-
-def resolve(path: str, data_root: str | os.PathLike | None = None) -> pathlib.Path:
-  """Absolute paths pass through; relative ones are taken under the data root."""
-  p = pathlib.Path(path)
-  if p.is_absolute():
-    return p
-  return pathlib.Path(data_root or DEFAULT_DATA_ROOT) / p
-
-
-def _read_lines(path: pathlib.Path) -> list[str]:
-  # Split on "\n" only: str.splitlines also breaks at U+2028 etc., which occur inside segments.
-  return path.read_text(encoding="utf-8").rstrip("\n").split("\n")
-
-
-def read_parallel(prefixes: Sequence[str], src_lang: str = "en", tgt_lang: str = "de",
-                  data_root: str | None = None) -> tuple[list[str], list[str]]:
-  """Reads and concatenates line-aligned corpora; returns (sources, targets)."""
-  sources, targets = [], []
-  for prefix in prefixes:
-    base = resolve(prefix, data_root)
-    src = _read_lines(base.parent / f"{base.name}.{src_lang}")
-    tgt = _read_lines(base.parent / f"{base.name}.{tgt_lang}")
-    if len(src) != len(tgt):
-      raise ValueError(f"{base}: {len(src)} source lines but {len(tgt)} target lines")
-    sources.extend(src)
-    targets.extend(tgt)
-  return sources, targets
-
-
 def train_vocab(prefixes: Sequence[str], model_prefix: str, vocab_size: int = 8000,
                 data_root: str | None = None, seed_sentencepiece_size: int = 1_000_000) -> str:
   """Trains a joint source/target unigram SentencePiece model with T5's special ids.
@@ -70,8 +36,8 @@ def train_vocab(prefixes: Sequence[str], model_prefix: str, vocab_size: int = 80
   The task prefix is included once so it tokenizes into a few whole pieces.
   Returns the path of the written `.model` file.
   """
-  sources, targets = read_parallel(prefixes, data_root=data_root)
-  sentences = [TASK_PREFIX.strip()] + sources + targets
+  sources, targets = corpora.read_parallel(prefixes, data_root=data_root)
+  sentences = [corpora.TRANSLATE_PREFIX.strip()] + sources + targets
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sentences), model_prefix=model_prefix, vocab_size=vocab_size,
       model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=2,
@@ -90,7 +56,7 @@ class Encoded:
 def encode_pairs(sp: spm.SentencePieceProcessor, sources: Sequence[str], targets: Sequence[str],
                  max_input_len: int, max_target_len: int) -> Encoded:
   """Tokenizes with the task prefix and EOS; drops pairs that do not fit."""
-  src_ids = sp.encode([TASK_PREFIX + s for s in sources])
+  src_ids = sp.encode([corpora.TRANSLATE_PREFIX + s for s in sources])
   tgt_ids = sp.encode(list(targets))
   inputs, outs = [], []
   for s, t in zip(src_ids, tgt_ids):

@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   for _, sources, _, translations in greedy.translate_corpora(args):
     # Whitespace is normalized (a stray line separator would misalign the corpus) and pairs
     # whose translation is empty are dropped (nothing to imitate; an empty last line would not
-    # survive `data.read_parallel`).
+    # survive `corpora.read_parallel`).
     pairs += [(s, " ".join(t.split())) for s, t in zip(sources, translations) if t.strip()]
   output = pathlib.Path(args.output)
   output.parent.mkdir(parents=True, exist_ok=True)

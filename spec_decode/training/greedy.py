@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
 
+from spec_decode import corpora
 from spec_decode.training import data
 from spec_decode.engine import decoding
 from spec_decode.t5 import demo_pair
@@ -43,7 +44,7 @@ def translate(config: network.T5Config, params: Any, sp: spm.SentencePieceProces
               sources: Sequence[str], max_input_len: int, max_decode_len: int,
               batch_size: int) -> list[str]:
   ids = [vocab.trim_with_eos(x, max_input_len)
-         for x in sp.encode([data.TASK_PREFIX + s for s in sources])]
+         for x in sp.encode([corpora.TRANSLATE_PREFIX + s for s in sources])]
   # Length-sorted batches finish sooner: the loop stops when every row has emitted EOS.
   order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
   outputs = [""] * len(ids)
@@ -74,11 +75,11 @@ def translate_corpora(args: argparse.Namespace, limit: int | None = None
   """For each --corpus, once it is translated: (name, sources, references, greedy translations
   by --model). Every corpus and the model are read before anything is translated, so a missing
   file fails first."""
-  corpora = [(corpus, *data.read_parallel([corpus], data_root=args.data_root))
-             for corpus in args.corpus]
+  parallel_texts = [(corpus, *corpora.read_parallel([corpus], data_root=args.data_root))
+                    for corpus in args.corpus]
   config, params = demo_pair.load_model(args.model)
   sp = spm.SentencePieceProcessor(model_file=str(demo_pair.VOCAB_PATH))
-  for corpus, sources, references in corpora:
+  for corpus, sources, references in parallel_texts:
     sources, references = sources[:limit], references[:limit]
     yield (corpus, sources, references,
            translate(config, params, sp, sources, args.max_input_len, args.max_decode_len,

@@ -39,6 +39,7 @@ import numpy as np
 import optax
 import sentencepiece as spm
 
+from spec_decode import corpora
 from spec_decode import gin_utils
 from spec_decode import losses
 from spec_decode import paths
@@ -176,11 +177,11 @@ def train(model_dir: str,
   if sp.vocab_size() > config.vocab_size:
     raise ValueError(f"vocabulary has {sp.vocab_size()} ids > config.vocab_size")
 
-  sources, targets = data.read_parallel(train_corpora, data_root=data_root)
+  sources, targets = corpora.read_parallel(train_corpora, data_root=data_root)
   stream = data.BatchStream(
       data.encode_pairs(sp, sources, targets, max_input_len, max_target_len),
       tokens_per_batch=tokens_per_batch, boundaries=bucket_boundaries, seed=seed)
-  eval_sources, eval_targets = data.read_parallel([eval_corpus], data_root=data_root)
+  eval_sources, eval_targets = corpora.read_parallel([eval_corpus], data_root=data_root)
   eval_encoded = data.encode_pairs(sp, eval_sources, eval_targets, max_input_len, max_target_len)
   print(f"train pairs {len(stream.encoded.inputs)} in {stream.batches_per_epoch} batches/epoch; "
         f"eval pairs {len(eval_encoded.inputs)}", flush=True)

@@ -1,4 +1,4 @@
-"""The peer suite: the pair's weights exported with `checkpoints.save_hf` and decoded by Hugging
+"""The peer suite: the pair's weights exported with `hf_checkpoints.save_hf` and decoded by Hugging
 Face `T5ForConditionalGeneration.generate` (PyTorch, CPU) without and with `assistant_model`,
 interleaved with our baseline and speculative decoders, batch 1; at temperature 0, whether each
 output is our baseline's token for token.
@@ -23,13 +23,13 @@ from spec_decode.bench.machine import usable_cores
 from spec_decode.bench.pairs import Pair
 from spec_decode.bench.timing import interleave, summarize
 from spec_decode.bench.workspace import Workspace
-from spec_decode.t5 import checkpoints
+from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import vocab
 
 
 class HuggingFacePair:
   """The pair's weights as Hugging Face `T5ForConditionalGeneration` models (PyTorch, CPU),
-  exported with `checkpoints.save_hf`; `run(temperature, assisted, repetition)` decodes the
+  exported with `hf_checkpoints.save_hf`; `run(temperature, assisted, repetition)` decodes the
   pair's batch-1 input of that repetition with `generate` and returns a RunOutput."""
 
   def __init__(self, pair: Pair, directory: str, gamma: int, num_threads: int,
@@ -46,7 +46,7 @@ class HuggingFacePair:
     for name in ("target", "draft"):
       model = getattr(pair, name)
       path = os.path.join(directory, name)
-      checkpoints.save_hf(model.config, jax.device_get(model.params), path)
+      hf_checkpoints.save_hf(model.config, jax.device_get(model.params), path)
       loaded[name] = transformers.T5ForConditionalGeneration.from_pretrained(
           path, dtype=torch.float32).eval()
     self.target, self.draft = loaded["target"], loaded["draft"]

@@ -1,0 +1,77 @@
+"""The package's import graph has the layers the README's Layout table describes.
+
+Bottom to top: `engine/` (imports only itself: no gin, no T5, no framework), `paths`, `t5/`,
+the T5X-style modules at the top level, then the tools (`training/`, `bench/`) and the T5X hook
+(`t5x/`), which nothing below them imports. Only the hook imports `t5x`; only the top level and
+above import gin. Read from the source (ast), so the test sees every import, lazy ones too.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+from spec_decode import paths
+
+MODULES = sorted(paths.PACKAGE.rglob("*.py"))
+TOOLS = ("spec_decode.training", "spec_decode.bench", "spec_decode.t5x")
+# Modules above ~500 lines, with the reason a reader would accept.
+LONG_MODULES = {
+    "spec_decode/t5/network.py": "the whole T5 network, as one definition (T5X splits "
+                                 "network.py and layers.py; together they are longer)",
+}
+
+
+def _name(path: pathlib.Path) -> str:
+  parts = path.relative_to(paths.ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      found.update(f"{node.module}.{alias.name}" for alias in node.names)
+  return found
+
+
+def _allowed(module: str) -> tuple[str, ...]:
+  """The spec_decode prefixes `module` may import."""
+  if module.startswith("spec_decode.engine"):
+    return ("spec_decode.engine",)
+  if module == "spec_decode.paths":
+    return ()
+  if module.startswith("spec_decode.t5."):
+    return ("spec_decode.engine", "spec_decode.t5.", "spec_decode.paths")
+  return ("spec_decode",)  # above t5/; the T5X-style layer is kept off the tools below
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(paths.ROOT)))
+def test_imports_follow_the_layers(path):
+  module = _name(path)
+  imports = _imports(path)
+  ours = {name for name in imports if name.startswith("spec_decode")}
+  allowed = _allowed(module)
+  assert all(name.startswith(allowed) for name in ours), sorted(ours)
+  if not module.startswith(TOOLS):
+    assert not any(name.startswith(TOOLS) for name in ours), sorted(ours)
+  third_party = {name.split(".")[0] for name in imports - ours}
+  if module.startswith("spec_decode.engine"):
+    assert not third_party & {"gin", "seqio", "tensorflow", "t5x"}, third_party
+  if not module.startswith("spec_decode.t5x"):
+    assert "t5x" not in third_party
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(paths.ROOT)))
+def test_modules_stay_readable(path):
+  relative = str(path.relative_to(paths.ROOT))
+  if relative not in LONG_MODULES:
+    assert len(path.read_text().splitlines()) <= 520, f"{relative}: split it or say why"
+
+
+def test_no_module_registers_with_gin_on_import():
+  for path in MODULES:
+    source = path.read_text()
+    assert "@gin.configurable" not in source and "gin.external_configurable(" not in source, path
