@@ -1,0 +1,186 @@
+"""`python -m t5x.infer` end to end with the T5X hook: a tiny T5X run (T5X's tiny T5.1.1
+checkpoint, a seqio task over ../shared's Tatoeba) made speculative by adding
+spec_decode/t5x/speculative_infer.gin and a draft checkpoint predicts what the same run predicts
+with T5X's own sampler, with the speculative counters in its outputs; on 8 simulated CPU devices
+with T5X's partitioner at num_partitions 2 and 4 too (the target's parameters model-sharded, the
+draft's replicated); bad settings fail in one line before anything compiles.
+
+Every run is a subprocess (~10 s to import T5X, ~30 s in all); runs are module fixtures shared
+by the assertions.
+"""
+
+import glob
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("t5x.infer", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
+                                        "and its dependencies (../shared/README.md)")
+
+import t5x_setup  # pylint: disable=g-import-not-at-top
+import t5x_tasks  # pylint: disable=g-import-not-at-top
+
+HERE = pathlib.Path(__file__).resolve().parent
+SPECULATIVE_INFER_GIN = "spec_decode/t5x/speculative_infer.gin"
+SIMULATED_DEVICES = 8
+GAMMA = 3
+# A T5X user's tiny T5.1.1 run: T5X's model gin, T5X's infer defaults, greedy temperature_sample,
+# token ids written next to the text.
+TINY_RUN_GIN = f"""
+from __gin__ import dynamic_registration
+import __main__ as infer_script
+import seqio
+from t5x import decoding
+from t5x import models
+from t5x import utils
+from t5x.examples.t5 import network
+import t5x_tasks
+
+include 't5x/examples/t5/t5_1_1/base.gin'
+include 't5x/configs/runs/infer.gin'
+
+DROPOUT_RATE = 0.0
+seqio.SentencePieceVocabulary.sentencepiece_model_file = '{t5x_setup.VOCAB_FILE}'
+seqio.SentencePieceVocabulary.extra_ids = {t5x_setup.T5_EXTRA_IDS}
+network.T5Config:
+  dtype = 'float32'
+  emb_dim = {t5x_setup.TINY.emb_dim}
+  num_heads = {t5x_setup.TINY.num_heads}
+  num_encoder_layers = {t5x_setup.TINY.num_encoder_layers}
+  num_decoder_layers = {t5x_setup.TINY.num_decoder_layers}
+  head_dim = {t5x_setup.TINY.head_dim}
+  mlp_dim = {t5x_setup.TINY.mlp_dim}
+models.EncoderDecoderModel.decode_fn = @decoding.temperature_sample
+decoding.temperature_sample.temperature = 0.0
+
+MIXTURE_OR_TASK_NAME = '{t5x_tasks.TASK_NAME}'
+TASK_FEATURE_LENGTHS = {{'inputs': 24, 'targets': 12}}
+utils.DatasetConfig.batch_size = 4
+utils.RestoreCheckpointConfig.dtype = 'float32'
+infer_script.infer.write_fn = @infer_script.write_inferences_to_file
+infer_script.write_inferences_to_file.output_ids = True
+"""
+SHARDED_RUN_GIN = """
+from __gin__ import dynamic_registration
+import __main__ as infer_script
+from t5x import partitioning
+import t5x_cpu_mesh
+
+infer_script.infer.partitioner = @t5x_cpu_mesh.CpuMeshPartitioner()
+t5x_cpu_mesh.CpuMeshPartitioner:
+  num_partitions = {num_partitions}
+  logical_axis_rules = @partitioning.standard_logical_axis_rules()
+"""
+STATS = ("alpha", "tokens_per_target_call", "target_calls", "draft_calls", "drafted_tokens",
+         "accepted_tokens", "generated_tokens", "scores")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, pathlib.Path]:
+  """The run's gin file, T5X's tiny checkpoint as a checkpoint directory, and a draft (a noisy
+  copy of it) saved by T5X's Checkpointer."""
+  directory = tmp_path_factory.mktemp("t5x_infer")
+  (directory / "tiny_run.gin").write_text(TINY_RUN_GIN)
+  target = directory / "target" / "checkpoint_0"
+  target.mkdir(parents=True)
+  (target / "checkpoint").symlink_to(t5x_setup.SHARED_TINY_CHECKPOINT)
+  draft_params = t5x_setup.perturbed(
+      t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT)), relative_noise=0.3, seed=1)
+  draft = t5x_setup.save_checkpoint(directory / "draft", t5x_setup.TINY, draft_params)
+  return {"directory": directory, "target": target, "draft": pathlib.Path(draft)}
+
+
+def run_infer(setup: dict[str, pathlib.Path], name: str, *, speculative: bool,
+              bindings: tuple[str, ...] = (), gin_files: tuple[pathlib.Path, ...] = (),
+              devices: int = 1) -> subprocess.CompletedProcess:
+  """`python -m t5x.infer` of the tiny run (plus speculative_infer.gin, then `gin_files`), output
+  in <tmp>/name."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(t5x_setup.REPO_ROOT), str(HERE)]))
+  if devices > 1:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  command = [sys.executable, "-m", "t5x.infer", f"--gin_search_paths={t5x_setup.REPO_ROOT}",
+             f"--gin_file={setup['directory'] / 'tiny_run.gin'}"]
+  if speculative:
+    command += [f"--gin_file={SPECULATIVE_INFER_GIN}",
+                f"--gin.DRAFT_CHECKPOINT_PATH='{setup['draft']}'", f"--gin.GAMMA={GAMMA}"]
+  command += [f"--gin_file={gin_file}" for gin_file in gin_files]
+  command += [f"--gin.CHECKPOINT_PATH='{setup['target']}'",
+              f"--gin.INFER_OUTPUT_DIR='{setup['directory'] / name}'",
+              *(f"--gin.{binding}" for binding in bindings)]
+  return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600,
+                        check=False)
+
+
+def outputs(setup: dict[str, pathlib.Path], name: str) -> list[dict]:
+  (path,) = glob.glob(str(setup["directory"] / name / f"{t5x_tasks.TASK_NAME}-*.jsonl-?????-of-?????"))
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def _succeeded(run: subprocess.CompletedProcess) -> None:
+  assert run.returncode == 0, run.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def baseline(setup) -> list[dict]:
+  _succeeded(run_infer(setup, "baseline", speculative=False))
+  return outputs(setup, "baseline")
+
+
+@pytest.fixture(scope="module")
+def speculative(setup) -> list[dict]:
+  _succeeded(run_infer(setup, "speculative", speculative=True))
+  return outputs(setup, "speculative")
+
+
+def test_speculative_run_predicts_what_t5x_predicts(baseline, speculative):
+  assert len(baseline) == t5x_tasks.NUM_EXAMPLES
+  assert ([example["prediction_tokens"] for example in speculative]
+          == [example["prediction_tokens"] for example in baseline])
+  assert ([example["prediction"] for example in speculative]
+          == [example["prediction"] for example in baseline])
+
+
+def test_speculative_counters_are_in_the_outputs(speculative):
+  for example in speculative:
+    aux = example["aux"]
+    assert set(STATS) <= set(aux), aux
+    assert 0.0 <= aux["alpha"] <= 1.0
+    assert aux["target_calls"] >= 1 and aux["draft_calls"] >= aux["target_calls"]
+    assert aux["accepted_tokens"] <= aux["drafted_tokens"] <= GAMMA * aux["target_calls"]
+    assert aux["tokens_per_target_call"] == pytest.approx(
+        aux["generated_tokens"] / aux["target_calls"])
+  assert sum(example["aux"]["accepted_tokens"] for example in speculative) > 0
+
+
+def _partition_specs(model_info: pathlib.Path) -> dict[str, str]:
+  """Parameter name -> the partition spec T5X's partitioner gave it (T5X's model-info.txt)."""
+  specs = {}
+  for line in model_info.read_text().splitlines():
+    match = re.match(r"Variable (state/)?(target/)?(\S+)\s.*partition spec \((.*)\)", line)
+    if match and not match.group(1):
+      specs[match.group(3)] = match.group(4)
+  return specs
+
+
+@pytest.mark.parametrize("num_partitions", [2, 4])
+def test_sharded_runs_predict_the_same(setup, baseline, num_partitions):
+  """8 devices: data-parallel 8 / num_partitions times, model-parallel num_partitions times."""
+  name = f"sharded_{num_partitions}"
+  sharded_gin = setup["directory"] / f"{name}.gin"
+  sharded_gin.write_text(SHARDED_RUN_GIN.format(num_partitions=num_partitions))
+  _succeeded(run_infer(setup, name, speculative=True, devices=SIMULATED_DEVICES,
+                       gin_files=(sharded_gin,)))
+  assert ([example["prediction_tokens"] for example in outputs(setup, name)]
+          == [example["prediction_tokens"] for example in baseline])
+  specs = _partition_specs(setup["directory"] / name / "model-info.txt")
+  draft_specs = {n: s for n, s in specs.items() if n.startswith("speculative_draft/")}
+  for target_param in ("decoder/layers_0/mlp/wi_0/kernel", "encoder/layers_1/attention/out/kernel",
+                       "token_embedder/embedding", "decoder/logits_dense/kernel"):
+    assert "'model'" in specs[target_param], specs
+  assert draft_specs and not any("model" in s for s in draft_specs.values()), draft_specs
