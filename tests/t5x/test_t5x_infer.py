@@ -184,3 +184,29 @@ def test_sharded_runs_predict_the_same(setup, baseline, num_partitions):
                        "token_embedder/embedding", "decoder/logits_dense/kernel"):
     assert "'model'" in specs[target_param], specs
   assert draft_specs and not any("model" in s for s in draft_specs.values()), draft_specs
+
+
+@pytest.fixture(scope="module")
+def draft_with_other_vocabulary(setup) -> pathlib.Path:
+  config = t5x_setup.dataclasses.replace(t5x_setup.TINY_DRAFT, vocab_size=32000)
+  params = t5x_setup.initial_variables(config, seed=5)["params"]
+  return pathlib.Path(t5x_setup.save_checkpoint(setup["directory"] / "draft_32000", config, params))
+
+
+@pytest.mark.parametrize("problem, expected_error", [
+    ("other_vocabulary", "ValueError: draft vocabulary differs from the target's: the draft has "
+                         "32000 ids, the target 32128"),
+    ("missing_draft", "ValueError: draft checkpoint not found: /nonexistent/checkpoint_1"),
+    ("gamma_0", "ValueError: gamma must be an integer >= 1, got 0"),
+])
+def test_bad_settings_fail_in_one_line_before_compiling(setup, draft_with_other_vocabulary,
+                                                        problem, expected_error):
+  name = f"bad_{problem}"
+  bindings = {"other_vocabulary": (f"DRAFT_CHECKPOINT_PATH='{draft_with_other_vocabulary}'",),
+              "missing_draft": ("DRAFT_CHECKPOINT_PATH='/nonexistent/checkpoint_1'",),
+              "gamma_0": ("GAMMA=0",)}[problem]
+  run = run_infer(setup, name, speculative=True, bindings=bindings)
+  assert run.returncode != 0
+  assert expected_error in run.stderr.splitlines(), run.stderr[-3000:]
+  # T5X writes model-info.txt once the model is built, before restoring and compiling.
+  assert not (setup["directory"] / name / "model-info.txt").exists()
