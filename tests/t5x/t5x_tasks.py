@@ -25,6 +25,11 @@ def _pairs(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.
        "targets": german})
 
 
+def exact_match(targets: list[str], predictions: list[str]) -> dict[str, float]:
+  """A metric, so that t5x.eval has something to evaluate."""
+  return {"exact_match": sum(map(str.__eq__, targets, predictions)) / max(len(targets), 1)}
+
+
 _VOCABULARY = seqio.SentencePieceVocabulary(str(VOCAB_FILE), extra_ids=T5_EXTRA_IDS)
 if TASK_NAME in seqio.TaskRegistry.names():
   seqio.TaskRegistry.remove(TASK_NAME)
@@ -32,4 +37,5 @@ seqio.TaskRegistry.add(
     TASK_NAME, source=seqio.FunctionDataSource(_pairs, splits=["test"]),
     preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
     output_features={name: seqio.Feature(_VOCABULARY, add_eos=True)
-                     for name in ("inputs", "targets")})
+                     for name in ("inputs", "targets")},
+    metric_fns=[exact_match])

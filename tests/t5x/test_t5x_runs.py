@@ -1,14 +1,17 @@
-"""`python -m t5x.infer` end to end with the T5X hook: a tiny T5X run (T5X's tiny T5.1.1
-checkpoint, a seqio task over ../shared's Tatoeba) made speculative by adding
-spec_decode/t5x/speculative_infer.gin and a draft checkpoint predicts what the same run predicts
-with T5X's own sampler, with the speculative counters in its outputs; on 8 simulated CPU devices
-with T5X's partitioner at num_partitions 2 and 4 too (the target's parameters model-sharded, the
-draft's replicated); bad settings fail in one line before anything compiles.
+"""`python -m t5x.infer` and `python -m t5x.eval` end to end with the T5X hook. A tiny T5X run
+(T5X's tiny T5.1.1 checkpoint, greedy `t5x.decoding.temperature_sample`, a seqio task over
+../shared's Tatoeba) made speculative by adding spec_decode/t5x/speculative_infer.gin (or, for
+t5x.eval, speculative.gin) and a draft checkpoint predicts what the same run predicts with T5X's
+own sampler, with the speculative counters in t5x.infer's outputs; so it does on 8 simulated
+CPU devices with T5X's partitioner at num_partitions 2 and 4 (the target's parameters
+model-sharded, the draft's replicated, or sharded with SHARD_DRAFT); bad settings fail in one
+line before anything is restored or compiled.
 
-Every run is a subprocess (~10 s to import T5X, ~30 s in all); runs are module fixtures shared
+Every run is a subprocess (~10 s to import T5X, 20-40 s in all); runs are module fixtures shared
 by the assertions.
 """
 
+import dataclasses
 import glob
 import json
 import os
@@ -26,14 +29,12 @@ import t5x_setup  # pylint: disable=g-import-not-at-top
 import t5x_tasks  # pylint: disable=g-import-not-at-top
 
 HERE = pathlib.Path(__file__).resolve().parent
-SPECULATIVE_INFER_GIN = "spec_decode/t5x/speculative_infer.gin"
 SIMULATED_DEVICES = 8
 GAMMA = 3
-# A T5X user's tiny T5.1.1 run: T5X's model gin, T5X's infer defaults, greedy temperature_sample,
-# token ids written next to the text.
-TINY_RUN_GIN = f"""
+# A T5X user's tiny T5.1.1 model on the test task: T5X's model gin, greedy temperature_sample.
+# Included by the run files below, after T5X's run defaults, which it overrides.
+TINY_MODEL_GIN = f"""
 from __gin__ import dynamic_registration
-import __main__ as infer_script
 import seqio
 from t5x import decoding
 from t5x import models
@@ -42,7 +43,6 @@ from t5x.examples.t5 import network
 import t5x_tasks
 
 include 't5x/examples/t5/t5_1_1/base.gin'
-include 't5x/configs/runs/infer.gin'
 
 DROPOUT_RATE = 0.0
 seqio.SentencePieceVocabulary.sentencepiece_model_file = '{t5x_setup.VOCAB_FILE}'
@@ -62,8 +62,21 @@ MIXTURE_OR_TASK_NAME = '{t5x_tasks.TASK_NAME}'
 TASK_FEATURE_LENGTHS = {{'inputs': 24, 'targets': 12}}
 utils.DatasetConfig.batch_size = 4
 utils.RestoreCheckpointConfig.dtype = 'float32'
+"""
+# t5x.infer of the tiny model, with token ids written next to the text.
+TINY_INFER_GIN = """
+from __gin__ import dynamic_registration
+import __main__ as infer_script
+
+include 't5x/configs/runs/infer.gin'
+include '{directory}/tiny_model.gin'
+
 infer_script.infer.write_fn = @infer_script.write_inferences_to_file
 infer_script.write_inferences_to_file.output_ids = True
+"""
+TINY_EVAL_GIN = """
+include 't5x/configs/runs/eval.gin'
+include '{directory}/tiny_model.gin'
 """
 SHARDED_RUN_GIN = """
 from __gin__ import dynamic_registration
@@ -82,10 +95,12 @@ STATS = ("alpha", "tokens_per_target_call", "target_calls", "draft_calls", "draf
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict[str, pathlib.Path]:
-  """The run's gin file, T5X's tiny checkpoint as a checkpoint directory, and a draft (a noisy
+  """The runs' gin files, T5X's tiny checkpoint as a checkpoint directory, and a draft (a noisy
   copy of it) saved by T5X's Checkpointer."""
-  directory = tmp_path_factory.mktemp("t5x_infer")
-  (directory / "tiny_run.gin").write_text(TINY_RUN_GIN)
+  directory = tmp_path_factory.mktemp("t5x_runs")
+  (directory / "tiny_model.gin").write_text(TINY_MODEL_GIN)
+  (directory / "tiny_infer.gin").write_text(TINY_INFER_GIN.format(directory=directory))
+  (directory / "tiny_eval.gin").write_text(TINY_EVAL_GIN.format(directory=directory))
   target = directory / "target" / "checkpoint_0"
   target.mkdir(parents=True)
   (target / "checkpoint").symlink_to(t5x_setup.SHARED_TINY_CHECKPOINT)
@@ -95,22 +110,25 @@ def setup(tmp_path_factory) -> dict[str, pathlib.Path]:
   return {"directory": directory, "target": target, "draft": pathlib.Path(draft)}
 
 
-def run_infer(setup: dict[str, pathlib.Path], name: str, *, speculative: bool,
-              bindings: tuple[str, ...] = (), gin_files: tuple[pathlib.Path, ...] = (),
-              devices: int = 1) -> subprocess.CompletedProcess:
-  """`python -m t5x.infer` of the tiny run (plus speculative_infer.gin, then `gin_files`), output
-  in <tmp>/name."""
+def run_t5x(setup: dict[str, pathlib.Path], name: str, *, speculative: bool,
+            script: str = "infer", bindings: tuple[str, ...] = (),
+            gin_files: tuple[pathlib.Path, ...] = (),
+            devices: int = 1) -> subprocess.CompletedProcess:
+  """`python -m t5x.<script>` of the tiny run, made speculative by spec_decode's gin file as a
+  user does (then `gin_files`, `bindings`); output in <tmp>/name."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(t5x_setup.REPO_ROOT), str(HERE)]))
   if devices > 1:
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  command = [sys.executable, "-m", "t5x.infer", f"--gin_search_paths={t5x_setup.REPO_ROOT}",
-             f"--gin_file={setup['directory'] / 'tiny_run.gin'}"]
+  command = [sys.executable, "-m", f"t5x.{script}", f"--gin_search_paths={t5x_setup.REPO_ROOT}",
+             f"--gin_file={setup['directory'] / f'tiny_{script}.gin'}"]
   if speculative:
-    command += [f"--gin_file={SPECULATIVE_INFER_GIN}",
+    spec_gin = {"infer": "speculative_infer.gin", "eval": "speculative.gin"}[script]
+    command += [f"--gin_file=spec_decode/t5x/{spec_gin}",
                 f"--gin.DRAFT_CHECKPOINT_PATH='{setup['draft']}'", f"--gin.GAMMA={GAMMA}"]
+  output_dir = {"infer": "INFER_OUTPUT_DIR", "eval": "EVAL_OUTPUT_DIR"}[script]
   command += [f"--gin_file={gin_file}" for gin_file in gin_files]
   command += [f"--gin.CHECKPOINT_PATH='{setup['target']}'",
-              f"--gin.INFER_OUTPUT_DIR='{setup['directory'] / name}'",
+              f"--gin.{output_dir}='{setup['directory'] / name}'",
               *(f"--gin.{binding}" for binding in bindings)]
   return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600,
                         check=False)
@@ -128,13 +146,13 @@ def _succeeded(run: subprocess.CompletedProcess) -> None:
 
 @pytest.fixture(scope="module")
 def baseline(setup) -> list[dict]:
-  _succeeded(run_infer(setup, "baseline", speculative=False))
+  _succeeded(run_t5x(setup, "baseline", speculative=False))
   return outputs(setup, "baseline")
 
 
 @pytest.fixture(scope="module")
 def speculative(setup) -> list[dict]:
-  _succeeded(run_infer(setup, "speculative", speculative=True))
+  _succeeded(run_t5x(setup, "speculative", speculative=True))
   return outputs(setup, "speculative")
 
 
@@ -168,27 +186,37 @@ def _partition_specs(model_info: pathlib.Path) -> dict[str, str]:
   return specs
 
 
-@pytest.mark.parametrize("num_partitions", [2, 4])
-def test_sharded_runs_predict_the_same(setup, baseline, num_partitions):
-  """8 devices: data-parallel 8 / num_partitions times, model-parallel num_partitions times."""
+@pytest.mark.parametrize("num_partitions, shard_draft", [(2, False), (4, True)])
+def test_sharded_runs_predict_the_same(setup, baseline, num_partitions, shard_draft):
+  """8 devices: data-parallel 8 / num_partitions times, model-parallel num_partitions times; the
+  partition specs are those T5X's partitioner computed (model-info.txt), which its restore and
+  its compiled infer step use."""
   name = f"sharded_{num_partitions}"
   sharded_gin = setup["directory"] / f"{name}.gin"
   sharded_gin.write_text(SHARDED_RUN_GIN.format(num_partitions=num_partitions))
-  _succeeded(run_infer(setup, name, speculative=True, devices=SIMULATED_DEVICES,
-                       gin_files=(sharded_gin,)))
+  _succeeded(run_t5x(setup, name, speculative=True, devices=SIMULATED_DEVICES,
+                     gin_files=(sharded_gin,), bindings=(f"SHARD_DRAFT={shard_draft}",)))
   assert ([example["prediction_tokens"] for example in outputs(setup, name)]
           == [example["prediction_tokens"] for example in baseline])
   specs = _partition_specs(setup["directory"] / name / "model-info.txt")
-  draft_specs = {n: s for n, s in specs.items() if n.startswith("speculative_draft/")}
-  for target_param in ("decoder/layers_0/mlp/wi_0/kernel", "encoder/layers_1/attention/out/kernel",
-                       "token_embedder/embedding", "decoder/logits_dense/kernel"):
-    assert "'model'" in specs[target_param], specs
-  assert draft_specs and not any("model" in s for s in draft_specs.values()), draft_specs
+  for param in ("decoder/layers_0/mlp/wi_0/kernel", "encoder/layers_1/attention/out/kernel",
+                "token_embedder/embedding", "decoder/logits_dense/kernel"):
+    assert "'model'" in specs[param], specs
+    assert ("'model'" in specs[f"speculative_draft/{param}"]) == shard_draft, specs
+
+
+def test_speculative_eval_predicts_what_t5x_infer_predicts(setup, baseline):
+  _succeeded(run_t5x(setup, "eval", speculative=True, script="eval"))
+  (path,) = glob.glob(str(setup["directory"] / "eval" / "inference_eval" /
+                          f"{t5x_tasks.TASK_NAME}-??????.jsonl"))
+  with open(path) as f:
+    predictions = [json.loads(line)["prediction"] for line in f]
+  assert predictions == [example["prediction"] for example in baseline]
 
 
 @pytest.fixture(scope="module")
 def draft_with_other_vocabulary(setup) -> pathlib.Path:
-  config = t5x_setup.dataclasses.replace(t5x_setup.TINY_DRAFT, vocab_size=32000)
+  config = dataclasses.replace(t5x_setup.TINY_DRAFT, vocab_size=32000)
   params = t5x_setup.initial_variables(config, seed=5)["params"]
   return pathlib.Path(t5x_setup.save_checkpoint(setup["directory"] / "draft_32000", config, params))
 
@@ -205,7 +233,7 @@ def test_bad_settings_fail_in_one_line_before_compiling(setup, draft_with_other_
   bindings = {"other_vocabulary": (f"DRAFT_CHECKPOINT_PATH='{draft_with_other_vocabulary}'",),
               "missing_draft": ("DRAFT_CHECKPOINT_PATH='/nonexistent/checkpoint_1'",),
               "gamma_0": ("GAMMA=0",)}[problem]
-  run = run_infer(setup, name, speculative=True, bindings=bindings)
+  run = run_t5x(setup, name, speculative=True, bindings=bindings)
   assert run.returncode != 0
   assert expected_error in run.stderr.splitlines(), run.stderr[-3000:]
   # T5X writes model-info.txt once the model is built, before restoring and compiling.
