@@ -85,9 +85,10 @@ def test_scores_use_the_target_alone(pairs):
   batch.update(decoder_target_tokens=targets,
                decoder_input_tokens=np.pad(targets[:, :-1], ((0, 0), (1, 0))),
                decoder_loss_weights=(targets > 0).astype(np.int32))
-  np.testing.assert_allclose(model.score_batch(_both_params(target_path, draft_path), batch),
-                             t5x_model.score_batch(t5x_setup.load_params(target_path), batch),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      jax.jit(model.score_batch)(_both_params(target_path, draft_path), batch),
+      jax.jit(t5x_model.score_batch)(t5x_setup.load_params(target_path), batch),
+      rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shard_draft", [False, True])

@@ -11,6 +11,7 @@ Every run is a subprocess (~10 s to import T5X, 20-40 s in all); runs are module
 by the assertions.
 """
 
+import concurrent.futures
 import dataclasses
 import glob
 import json
@@ -89,6 +90,18 @@ t5x_cpu_mesh.CpuMeshPartitioner:
   num_partitions = {num_partitions}
   logical_axis_rules = @partitioning.standard_logical_axis_rules()
 """
+# Sharded runs: name -> num_partitions (on 8 devices); the second also shards the draft.
+SHARDED_RUNS = {"sharded_2": 2, "sharded_4_shard_draft": 4}
+# Runs that must fail: name -> (bindings, the one line expected on stderr).
+BAD_RUNS = {
+    "bad_other_vocabulary": (
+        ("DRAFT_CHECKPOINT_PATH='{draft_32000}'",),
+        "ValueError: draft vocabulary differs from the target's: the draft has 32000 ids, the "
+        "target 32128"),
+    "bad_missing_draft": (("DRAFT_CHECKPOINT_PATH='/nonexistent/checkpoint_1'",),
+                          "ValueError: draft checkpoint not found: /nonexistent/checkpoint_1"),
+    "bad_gamma_0": (("GAMMA=0",), "ValueError: gamma must be an integer >= 1, got 0"),
+}
 STATS = ("alpha", "tokens_per_target_call", "target_calls", "draft_calls", "drafted_tokens",
          "accepted_tokens", "generated_tokens", "scores")
 
@@ -107,7 +120,15 @@ def setup(tmp_path_factory) -> dict[str, pathlib.Path]:
   draft_params = t5x_setup.perturbed(
       t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT)), relative_noise=0.3, seed=1)
   draft = t5x_setup.save_checkpoint(directory / "draft", t5x_setup.TINY, draft_params)
-  return {"directory": directory, "target": target, "draft": pathlib.Path(draft)}
+  other_vocabulary = dataclasses.replace(t5x_setup.TINY_DRAFT, vocab_size=32000)
+  draft_32000 = t5x_setup.save_checkpoint(
+      directory / "draft_32000", other_vocabulary,
+      t5x_setup.initial_variables(other_vocabulary, seed=5)["params"])
+  for num_partitions in SHARDED_RUNS.values():
+    (directory / f"sharded_{num_partitions}.gin").write_text(
+        SHARDED_RUN_GIN.format(num_partitions=num_partitions))
+  return {"directory": directory, "target": target, "draft": pathlib.Path(draft),
+          "draft_32000": pathlib.Path(draft_32000)}
 
 
 def run_t5x(setup: dict[str, pathlib.Path], name: str, *, speculative: bool,
@@ -145,14 +166,36 @@ def _succeeded(run: subprocess.CompletedProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def baseline(setup) -> list[dict]:
-  _succeeded(run_t5x(setup, "baseline", speculative=False))
+def runs(setup) -> dict[str, subprocess.CompletedProcess]:
+  """Every run of this module, a few at a time (each is mostly one busy core)."""
+  directory = setup["directory"]
+  arguments = {
+      "baseline": dict(speculative=False),
+      "speculative": dict(speculative=True),
+      "eval": dict(speculative=True, script="eval"),
+      **{name: dict(speculative=True, devices=SIMULATED_DEVICES,
+                    gin_files=(directory / f"sharded_{num_partitions}.gin",),
+                    bindings=(f"SHARD_DRAFT={name.endswith('shard_draft')}",))
+         for name, num_partitions in SHARDED_RUNS.items()},
+      **{name: dict(speculative=True,
+                    bindings=tuple(b.format(draft_32000=setup["draft_32000"]) for b in bindings))
+         for name, (bindings, _) in BAD_RUNS.items()},
+  }
+  with concurrent.futures.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+    futures = {name: pool.submit(run_t5x, setup, name, **kwargs)
+               for name, kwargs in arguments.items()}
+    return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def baseline(setup, runs) -> list[dict]:
+  _succeeded(runs["baseline"])
   return outputs(setup, "baseline")
 
 
 @pytest.fixture(scope="module")
-def speculative(setup) -> list[dict]:
-  _succeeded(run_t5x(setup, "speculative", speculative=True))
+def speculative(setup, runs) -> list[dict]:
+  _succeeded(runs["speculative"])
   return outputs(setup, "speculative")
 
 
@@ -186,27 +229,24 @@ def _partition_specs(model_info: pathlib.Path) -> dict[str, str]:
   return specs
 
 
-@pytest.mark.parametrize("num_partitions, shard_draft", [(2, False), (4, True)])
-def test_sharded_runs_predict_the_same(setup, baseline, num_partitions, shard_draft):
+@pytest.mark.parametrize("name", sorted(SHARDED_RUNS))
+def test_sharded_runs_predict_the_same(setup, runs, baseline, name):
   """8 devices: data-parallel 8 / num_partitions times, model-parallel num_partitions times; the
   partition specs are those T5X's partitioner computed (model-info.txt), which its restore and
   its compiled infer step use."""
-  name = f"sharded_{num_partitions}"
-  sharded_gin = setup["directory"] / f"{name}.gin"
-  sharded_gin.write_text(SHARDED_RUN_GIN.format(num_partitions=num_partitions))
-  _succeeded(run_t5x(setup, name, speculative=True, devices=SIMULATED_DEVICES,
-                     gin_files=(sharded_gin,), bindings=(f"SHARD_DRAFT={shard_draft}",)))
+  _succeeded(runs[name])
   assert ([example["prediction_tokens"] for example in outputs(setup, name)]
           == [example["prediction_tokens"] for example in baseline])
   specs = _partition_specs(setup["directory"] / name / "model-info.txt")
+  shard_draft = name.endswith("shard_draft")
   for param in ("decoder/layers_0/mlp/wi_0/kernel", "encoder/layers_1/attention/out/kernel",
                 "token_embedder/embedding", "decoder/logits_dense/kernel"):
     assert "'model'" in specs[param], specs
     assert ("'model'" in specs[f"speculative_draft/{param}"]) == shard_draft, specs
 
 
-def test_speculative_eval_predicts_what_t5x_infer_predicts(setup, baseline):
-  _succeeded(run_t5x(setup, "eval", speculative=True, script="eval"))
+def test_speculative_eval_predicts_what_t5x_infer_predicts(setup, runs, baseline):
+  _succeeded(runs["eval"])
   (path,) = glob.glob(str(setup["directory"] / "eval" / "inference_eval" /
                           f"{t5x_tasks.TASK_NAME}-??????.jsonl"))
   with open(path) as f:
@@ -214,27 +254,10 @@ def test_speculative_eval_predicts_what_t5x_infer_predicts(setup, baseline):
   assert predictions == [example["prediction"] for example in baseline]
 
 
-@pytest.fixture(scope="module")
-def draft_with_other_vocabulary(setup) -> pathlib.Path:
-  config = dataclasses.replace(t5x_setup.TINY_DRAFT, vocab_size=32000)
-  params = t5x_setup.initial_variables(config, seed=5)["params"]
-  return pathlib.Path(t5x_setup.save_checkpoint(setup["directory"] / "draft_32000", config, params))
-
-
-@pytest.mark.parametrize("problem, expected_error", [
-    ("other_vocabulary", "ValueError: draft vocabulary differs from the target's: the draft has "
-                         "32000 ids, the target 32128"),
-    ("missing_draft", "ValueError: draft checkpoint not found: /nonexistent/checkpoint_1"),
-    ("gamma_0", "ValueError: gamma must be an integer >= 1, got 0"),
-])
-def test_bad_settings_fail_in_one_line_before_compiling(setup, draft_with_other_vocabulary,
-                                                        problem, expected_error):
-  name = f"bad_{problem}"
-  bindings = {"other_vocabulary": (f"DRAFT_CHECKPOINT_PATH='{draft_with_other_vocabulary}'",),
-              "missing_draft": ("DRAFT_CHECKPOINT_PATH='/nonexistent/checkpoint_1'",),
-              "gamma_0": ("GAMMA=0",)}[problem]
-  run = run_t5x(setup, name, speculative=True, bindings=bindings)
+@pytest.mark.parametrize("name", sorted(BAD_RUNS))
+def test_bad_settings_fail_in_one_line_before_compiling(setup, runs, name):
+  run = runs[name]
   assert run.returncode != 0
-  assert expected_error in run.stderr.splitlines(), run.stderr[-3000:]
+  assert BAD_RUNS[name][1] in run.stderr.splitlines(), run.stderr[-3000:]
   # T5X writes model-info.txt once the model is built, before restoring and compiling.
   assert not (setup["directory"] / name / "model-info.txt").exists()
