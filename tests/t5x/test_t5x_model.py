@@ -1,9 +1,13 @@
-"""The T5X hook against T5X itself, in process: greedy speculative decodes equal T5X's own
-model, network and `t5x.decoding.temperature_sample(temperature=0)`, token for token, on T5X's
-tiny checkpoint (draft: a noisy copy, so drafts are both accepted and rejected) and on a random
-tiny T5.1.1 saved by T5X's Checkpointer (draft: a smaller random T5.1.1)."""
+"""The T5X hook's model against T5X itself, in process: greedy speculative decodes equal T5X's
+own model, network and `t5x.decoding.temperature_sample(temperature=0)`, token for token, on
+T5X's tiny checkpoint (draft: a noisy copy, so drafts are both accepted and rejected) and on a
+random tiny T5.1.1 saved by T5X's Checkpointer (draft: a smaller random T5.1.1); scores are the
+target's; the parameter tree is T5X's plus the draft's; the draft's config is read from its
+checkpoint; the sampled distribution follows the T5X decode_fn."""
 
 import functools
+
+import gin
 
 import jax
 import numpy as np
@@ -14,6 +18,7 @@ pytest.importorskip("t5x.models", reason="needs t5x: pip install --no-deps ../sh
 
 import t5x_setup  # pylint: disable=g-import-not-at-top
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
+from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
 
 ENCODER_LENGTH, DECODER_LENGTH = 10, 12
 # (batch size, gamma) per target; each pair compiles once (~10 s on CPU).
@@ -113,3 +118,47 @@ def test_initial_variables_add_the_draft_beside_t5x_tree(shard_draft):
       is_leaf=lambda x: isinstance(x, speculative.nn_partitioning.AxisMetadata))
   assert draft_axes
   assert all((set(meta.names) == {None}) != shard_draft for meta in draft_axes)
+
+
+def test_draft_config_is_read_from_its_checkpoint(pairs):
+  _, draft_path = pairs["random_tiny"]
+  target_config = speculative.config_from_t5x(t5x_setup.TINY)
+  assert (speculative.draft_config_from_checkpoint(draft_path, target_config)
+          == speculative.config_from_t5x(t5x_setup.TINY_DRAFT))
+
+
+GREEDY = {"temperature": 0.0, "topk": 0, "topp": 0.0, "max_decode_steps": None}
+
+
+@pytest.mark.parametrize("decode_fn, settings", [
+    (t5x_decoding.beam_search, GREEDY),
+    (t5x_decoding.temperature_sample, GREEDY),  # T5X's default topk=1
+    (functools.partial(t5x_decoding.temperature_sample, temperature=0.0, topk=0), GREEDY),
+    (functools.partial(t5x_decoding.temperature_sample, temperature=0.7, topk=0, topp=0.9,
+                       max_decode_steps=5),
+     {"temperature": 0.7, "topk": 0, "topp": 0.9, "max_decode_steps": 5}),
+])
+def test_sampling_settings_follow_the_t5x_decode_fn(decode_fn, settings):
+  assert speculative.sampling_settings(decode_fn) == settings
+
+
+def test_sampling_settings_read_gin_bindings():
+  with gin.unlock_config():
+    gin.parse_config("""
+        from __gin__ import dynamic_registration
+        from t5x import decoding
+        decoding.temperature_sample.temperature = 1.0
+        decoding.temperature_sample.topk = 40
+        DECODE_FN = @decoding.temperature_sample
+    """)
+  try:
+    decode_fn = gin.query_parameter("%DECODE_FN").scoped_configurable_fn
+    assert speculative.sampling_settings(decode_fn) == {
+        "temperature": 1.0, "topk": 40, "topp": 0.0, "max_decode_steps": None}
+  finally:
+    gin.clear_config()
+
+
+def test_other_decode_fns_are_refused():
+  with pytest.raises(ValueError, match="reproduces t5x.decoding.temperature_sample or beam_search"):
+    speculative.sampling_settings(lambda **kwargs: None)
