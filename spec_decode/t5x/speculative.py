@@ -65,7 +65,7 @@ PyTree = Any
 # The subtree of `params` that holds the draft's parameters.
 DRAFT_PARAMS_KEY = "speculative_draft"
 # T5X's T5Config field with no counterpart here: this network always computes attention logits
-# in float32, which is what the field asks for.
+# in float32 (the field's True; with False, T5X's bfloat16 logits differ by rounding only).
 _T5X_ONLY_CONFIG_FIELDS = ("float32_attention_logits",)
 
 
