@@ -3,7 +3,7 @@
 
 `TINY` is the config of ../shared/t5x/test_t5_tiny.checkpoint_0 (T5X's own tiny T5.1.1);
 `t5x_model(config)` is a `t5x.models.EncoderDecoderModel` over T5X's own network
-(`t5x.examples.t5.network`) decoding greedily with `t5x.decoding.temperature_sample`;
+(`t5x.examples.t5.network`) decoding with `t5x.decoding.temperature_sample` (greedy by default);
 `initial_variables` initializes one with T5X, `save_checkpoint` saves parameters with T5X's own
 `Checkpointer`.
 """
@@ -43,12 +43,15 @@ def vocabulary() -> seqio.SentencePieceVocabulary:
   return seqio.SentencePieceVocabulary(str(VOCAB_FILE), extra_ids=T5_EXTRA_IDS)
 
 
-def t5x_model(config: t5x_network.T5Config) -> t5x_models.EncoderDecoderModel:
-  """T5X's model and network, decoding greedily with T5X's temperature_sample."""
+def t5x_model(config: t5x_network.T5Config,
+              temperature: float = 0.0) -> t5x_models.EncoderDecoderModel:
+  """T5X's model and network, decoding with T5X's temperature_sample (greedy by default; else
+  from the whole distribution at `temperature`)."""
   vocab = vocabulary()
   return t5x_models.EncoderDecoderModel(
       t5x_network.Transformer(config), vocab, vocab, optimizer_def=None,
-      decode_fn=functools.partial(t5x_decoding.temperature_sample, temperature=0.0))
+      decode_fn=functools.partial(t5x_decoding.temperature_sample, temperature=temperature,
+                                  topk=0))
 
 
 def initial_variables(config: t5x_network.T5Config, seed: int) -> dict:

@@ -96,6 +96,24 @@ def test_scores_use_the_target_alone(pairs):
       rtol=1e-5, atol=1e-5)
 
 
+def test_sampled_decodes_are_scored_as_t5x_scores_them(pairs):
+  """At temperature 1 (rng from T5X's argument), aux['scores'] is the target's log-likelihood of
+  each decode as T5X's score_batch computes it."""
+  target_path, draft_path = pairs["t5x_tiny"]
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY, temperature=1.0)
+  model = speculative.speculative_version(t5x_model, draft_path, gamma=3)
+  decodes, aux = jax.jit(model.predict_batch_with_aux)(
+      _both_params(target_path, draft_path), _batch(4), rng=jax.random.PRNGKey(7))
+  decodes = np.asarray(decodes)
+  scored = {"encoder_input_tokens": _batch(4)["encoder_input_tokens"],
+            "decoder_target_tokens": decodes,
+            "decoder_input_tokens": np.pad(decodes[:, :-1], ((0, 0), (1, 0))),
+            "decoder_loss_weights": (decodes > 0).astype(np.int32)}
+  np.testing.assert_allclose(
+      aux["scores"], jax.jit(t5x_model.score_batch)(t5x_setup.load_params(target_path), scored),
+      rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("shard_draft", [False, True])
 def test_initial_variables_add_the_draft_beside_t5x_tree(shard_draft):
   """The target's tree is T5X's; the draft's logical axes are all None (replicated) unless
