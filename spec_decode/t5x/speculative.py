@@ -1,0 +1,320 @@
+"""Exact speculative decoding as a T5X model: `t5x.infer`, `t5x.eval` and `utils.get_infer_fn`
+drive it unchanged, with T5X's own partitioner and checkpointer.
+
+`SpeculativeEncoderDecoderModel` IS a `t5x.models.EncoderDecoderModel`. Its `module` is
+spec_decode's `network.Transformer`, which has T5X's parameter tree (the user's T5X checkpoint
+restores through T5X's checkpointer unchanged) and decodes k tokens per call, which speculative
+decoding needs (the target verifies gamma + 1 tokens in one call). Decoding is
+`decoding.speculative_sample`; gamma, the verifier and the drafting policy are the model's
+constructor arguments (gin: GAMMA, VERIFIER, DRAFT_POLICY in speculative.gin, nowhere else).
+
+Parameters. `params` (what T5X restores, partitions and passes to every compiled step) is the
+target's tree plus one subtree `params[DRAFT_PARAMS_KEY]` holding the draft's:
+  * `get_initial_variables` declares both (so T5X's partitioner places both: the draft's
+    `params_axes` are all None, i.e. replicated, unless `shard_draft`, which keeps its logical
+    axis names so the draft is model-sharded by the same rules as the target);
+  * `restore_draft_params`, a T5X `RestoreStateTransformationFn` bound into
+    `utils.RestoreCheckpointConfig.state_transformation_fns`, adds the draft's parameters, read
+    from its own T5X checkpoint, to the target checkpoint's state as T5X reads it; T5X then
+    casts, shards and places them like any parameter;
+so the draft reaches the compiled function as an argument, never as a compiled-in constant.
+
+Shapes (B batch, n num_decodes, L decoder length) are T5X's: `predict_batch_with_aux(params,
+batch, rng, decoder_params, return_all_decodes, num_decodes, prompt_with_targets)` returns
+decodes [B, L] and aux values [B] (with return_all_decodes: [B, n, L] and [B, n], sorted by score,
+best last). aux holds 'scores' (log-probability of the decode) and the decode's speculative
+counters per example (`decoding.SpeculativeStats`: target_calls, draft_calls, drafted_tokens,
+accepted_tokens, generated_tokens, acceptance_sum, verified_positions) plus 'alpha' and
+'tokens_per_target_call'; `t5x.infer` writes them to its outputs in mode 'predict_with_aux'
+(speculative_infer.gin sets it). Scoring and losses use the target alone.
+
+`speculative_version(model, ...)` turns a user's configured T5X `EncoderDecoderModel` (a T5X
+T5 network, vocabularies, optimizer, losses, decode_fn) into its speculative version: the
+target's config is the T5X network's, the draft's is read from its checkpoint's parameter shapes,
+and the sampled distribution is the T5X decode_fn's (see `sampling_settings`). Bad settings
+(gamma < 1, a missing draft checkpoint, a draft whose vocabulary differs from the target's, an
+unknown verifier or drafting policy) raise a one-line ValueError when the model is built, before
+anything is restored or compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable, Mapping, MutableMapping
+
+import flax.core
+import gin
+import jax
+import jax.numpy as jnp
+from absl import logging
+from flax.linen import partitioning as nn_partitioning
+from t5x import checkpoints as t5x_checkpoints
+from t5x import decoding as t5x_decoding
+from t5x import models as t5x_models
+from tensorflow.io import gfile
+
+from spec_decode import checkpoints
+from spec_decode import decoding
+from spec_decode import drafting
+from spec_decode import network
+from spec_decode import verify
+
+PyTree = Any
+# The subtree of `params` that holds the draft's parameters.
+DRAFT_PARAMS_KEY = "speculative_draft"
+# T5X's T5Config field with no counterpart here: this network always computes attention logits
+# in float32 (the field's True; with False, T5X's bfloat16 logits differ by rounding only).
+_T5X_ONLY_CONFIG_FIELDS = ("float32_attention_logits",)
+
+
+def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+  """(target params, draft params) from the model's `params`."""
+  target = {name: value for name, value in params.items() if name != DRAFT_PARAMS_KEY}
+  return target, params[DRAFT_PARAMS_KEY]
+
+
+def config_from_t5x(t5x_config: Any) -> network.T5Config:
+  """This network's `T5Config` for a T5X T5 network config (`t5x.examples.t5.network.T5Config`,
+  whose field names it shares)."""
+  fields = {field.name: getattr(t5x_config, field.name)
+            for field in dataclasses.fields(t5x_config)
+            if field.name not in _T5X_ONLY_CONFIG_FIELDS}
+  try:
+    return network.T5Config(**fields)
+  except TypeError as e:
+    raise ValueError(f"not a T5 network config this model can run: {e}") from None
+
+
+def _check_draft_path(draft_checkpoint_path: str | None) -> str:
+  if not draft_checkpoint_path:
+    raise ValueError("no draft checkpoint: set DRAFT_CHECKPOINT_PATH")
+  if not gfile.exists(draft_checkpoint_path):
+    raise ValueError(f"draft checkpoint not found: {draft_checkpoint_path}")
+  return draft_checkpoint_path
+
+
+def draft_config_from_checkpoint(draft_checkpoint_path: str,
+                                 target_config: network.T5Config) -> network.T5Config:
+  """The draft's config, read from the parameter shapes of its T5X checkpoint (only the
+  msgpack index is read); activation dtype and dropout are the target's, and its MLP
+  activations too when the draft has as many MLP branches (else T5 1.0's relu or T5.1.1's gated
+  gelu)."""
+  path = _check_draft_path(draft_checkpoint_path)
+  params = t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=True)["target"]
+  try:
+    vocab_size, emb_dim = params["token_embedder"]["embedding"].shape
+    num_heads, num_buckets = params["encoder"]["relpos_bias"]["rel_embedding"].shape
+    first_layer = params["encoder"]["layers_0"]
+    mlp = first_layer["mlp"]
+  except KeyError as e:
+    raise ValueError(f"{path}: not a T5 checkpoint (no parameter {e})") from None
+  mlp_branches = sorted(name for name in mlp if name.startswith("wi"))
+  if len(mlp_branches) == len(target_config.mlp_activations):
+    activations = target_config.mlp_activations
+  else:
+    activations = ("relu",) if len(mlp_branches) == 1 else ("gelu", "linear")
+  config = network.T5Config(
+      vocab_size=vocab_size, dtype=target_config.dtype, emb_dim=emb_dim, num_heads=num_heads,
+      num_encoder_layers=sum(name.startswith("layers_") for name in params["encoder"]),
+      num_decoder_layers=sum(name.startswith("layers_") for name in params["decoder"]),
+      head_dim=first_layer["attention"]["query"]["kernel"].shape[1] // num_heads,
+      mlp_dim=mlp[mlp_branches[0]]["kernel"].shape[1], mlp_activations=activations,
+      dropout_rate=target_config.dropout_rate,
+      logits_via_embedding="logits_dense" not in params["decoder"],
+      relative_attention_num_buckets=num_buckets)
+  checkpoints.check_params(checkpoints.expected_param_shapes(config), params, path)
+  return config
+
+
+def sampling_settings(decode_fn: Callable[..., Any]) -> dict[str, Any]:
+  """The engine's temperature/topk/topp/max_decode_steps for the distribution a T5X decode_fn
+  samples from.
+
+  `t5x.decoding.temperature_sample` (plain, gin-bound or a functools.partial): its arguments,
+  where T5X's topk=1 (its default) or temperature 0 is greedy and topk=0 means no truncation.
+  `t5x.decoding.beam_search` (T5X's default): greedy, logged, since beam search has no
+  speculative form; greedy decoding is what a beam of one approximates. Any other decode_fn:
+  ValueError.
+  """
+  fn, partial_keywords = decode_fn, {}
+  while isinstance(fn, functools.partial):
+    partial_keywords = {**fn.keywords, **partial_keywords}
+    fn = fn.func
+  original = inspect.unwrap(fn)
+  greedy = {"temperature": 0.0, "topk": 0, "topp": 0.0, "max_decode_steps": None}
+  if original is t5x_decoding.beam_search:
+    logging.warning("speculative decoding replaces T5X's beam_search by greedy decoding")
+    return greedy
+  if original is not t5x_decoding.temperature_sample:
+    raise ValueError(f"speculative decoding reproduces t5x.decoding.temperature_sample or "
+                     f"beam_search, not {getattr(original, '__name__', original)!r}")
+  arguments = {name: parameter.default
+               for name, parameter in inspect.signature(original).parameters.items()
+               if parameter.default is not inspect.Parameter.empty}
+  try:
+    arguments.update(gin.get_bindings(fn))
+  except ValueError:  # not gin-configured
+    pass
+  arguments.update(partial_keywords)
+  settings = {name: arguments[name] for name in greedy}
+  if settings["topk"] == 1 or settings["temperature"] == 0:
+    settings.update(temperature=0.0, topk=0)
+  return settings
+
+
+def _replicated(axes: PyTree) -> PyTree:
+  """Logical axis metadata naming no axis: T5X's partitioner then replicates the parameter."""
+  return jax.tree_util.tree_map(
+      lambda meta: nn_partitioning.AxisMetadata(names=(None,) * len(meta.names)), axes,
+      is_leaf=lambda leaf: isinstance(leaf, nn_partitioning.AxisMetadata))
+
+
+class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
+  """A `t5x.models.EncoderDecoderModel` that decodes with exact speculative sampling.
+
+  `module` and `draft_module` are `network.Transformer`s with the same vocabulary size;
+  `gamma` drafts per target call (>= 1); `verifier`, `draft_policy` name rules of
+  `spec_decode.verify` / `spec_decode.drafting`; `temperature`, `topk`, `topp`,
+  `max_decode_steps` fix the sampled distribution (the engine's conventions: temperature 0 is
+  greedy, topk 0 no truncation); `shard_draft` shards the draft's parameters by their logical
+  axes instead of replicating them. The rest are T5X's EncoderDecoderModel arguments.
+  """
+
+  def __init__(self, module: network.Transformer, input_vocabulary: Any,
+               output_vocabulary: Any, optimizer_def: Any, *,
+               draft_module: network.Transformer, gamma: int, verifier: str = "token",
+               draft_policy: str = "fixed", temperature: float = 1.0, topk: int = 0,
+               topp: float = 0.0, max_decode_steps: int | None = None,
+               shard_draft: bool = False,
+               feature_converter_cls: Callable[..., Any] | None = None,
+               label_smoothing: float = 0.0, z_loss: float = 0.0,
+               loss_normalizing_factor: Any = None,
+               default_decoder_params: t5x_models.DecoderParams | None = None):
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+      raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+    target_vocab, draft_vocab = module.config.vocab_size, draft_module.config.vocab_size
+    if draft_vocab != target_vocab:
+      raise ValueError(f"draft vocabulary differs from the target's: the draft has {draft_vocab} "
+                       f"ids, the target {target_vocab}")
+    verify.get_rule(verifier)  # ValueError naming the known rules
+    drafting.get_policy(draft_policy)
+    self.draft_module = draft_module
+    self.shard_draft = shard_draft
+    decode_fn = functools.partial(
+        decoding.speculative_sample, gamma=gamma, verifier=verifier, draft_policy=draft_policy,
+        temperature=temperature, topk=topk, topp=topp, max_decode_steps=max_decode_steps)
+    super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def, decode_fn,
+                     feature_converter_cls, label_smoothing, z_loss, loss_normalizing_factor,
+                     default_decoder_params)
+
+  def get_initial_variables(self, rng: jax.Array, input_shapes: Mapping[str, Any],
+                            input_types: Mapping[str, Any] | None = None
+                            ) -> flax.core.FrozenDict:
+    """{'params': target's + {DRAFT_PARAMS_KEY: draft's}, 'params_axes': likewise}."""
+    input_types = input_types or {}
+    tokens = {name: jnp.ones(input_shapes[name], input_types.get(name, jnp.int32))
+              for name in ("encoder_input_tokens", "decoder_input_tokens")}
+    target_rng, draft_rng = jax.random.split(rng)
+    target, draft = (
+        flax.core.unfreeze(module.init(module_rng, tokens["encoder_input_tokens"],
+                                       tokens["decoder_input_tokens"],
+                                       tokens["decoder_input_tokens"], enable_dropout=False))
+        for module, module_rng in ((self.module, target_rng), (self.draft_module, draft_rng)))
+    draft_axes = draft["params_axes"] if self.shard_draft else _replicated(draft["params_axes"])
+    return flax.core.freeze({
+        "params": {**target["params"], DRAFT_PARAMS_KEY: draft["params"]},
+        "params_axes": {**target["params_axes"], DRAFT_PARAMS_KEY: draft_axes}})
+
+  def _compute_logits(self, params: PyTree, batch: Mapping[str, jax.Array],
+                      dropout_rng: jax.Array | None = None,
+                      mutable: Any = False, other_variables: PyTree | None = None) -> Any:
+    """The target's teacher-forced logits [B, L, V] (T5X's signature; packed batches, which
+    this network does not take, are refused)."""
+    if "encoder_segment_ids" in batch or "decoder_segment_ids" in batch:
+      raise ValueError("packed batches are not supported: set DatasetConfig.pack = False")
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    target_params, _ = split_params(params)
+    return self.module.apply(
+        {"params": target_params, **(other_variables or {})}, batch["encoder_input_tokens"],
+        batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+        enable_dropout=rngs is not None, rngs=rngs, mutable=mutable)
+
+  def predict_batch_with_aux(self, params: PyTree, batch: Mapping[str, jax.Array],
+                             rng: jax.Array | None = None,
+                             decoder_params: MutableMapping[str, Any] | None = None,
+                             return_all_decodes: bool | None = None,
+                             num_decodes: int | None = None,
+                             prompt_with_targets: bool = False
+                             ) -> tuple[jax.Array, Mapping[str, jax.Array]]:
+    """T5X's predict_batch_with_aux, decoding speculatively (shapes and aux in the module
+    docstring)."""
+    if return_all_decodes is None:
+      return_all_decodes = self._default_decoder_params.return_all_decodes
+    if num_decodes is None:
+      num_decodes = self._default_decoder_params.num_decodes
+    target_params, draft_params = split_params(params)
+    encoder_input_tokens = batch["encoder_input_tokens"]
+    decoder_input_tokens = batch["decoder_input_tokens"]
+    eos_id = self.output_vocabulary.eos_id or 1
+    if prompt_with_targets:  # T5X's convention: the prompt is the targets without their EOS
+      inputs = decoder_input_tokens * (decoder_input_tokens != eos_id)
+    else:
+      inputs = jnp.zeros_like(decoder_input_tokens)
+    decoder_params = dict(decoder_params or {})
+    if rng is not None:
+      if decoder_params.get("decode_rng") is not None:
+        raise ValueError("give the decoding rng as rng or as decoder_params['decode_rng'], "
+                         "not both")
+      decoder_params["decode_rng"] = rng
+    decoder_params.setdefault("eos_id", eos_id)
+    max_decode_len = decoder_input_tokens.shape[1]
+    decodes, scores, stats = self._decode_fn(
+        inputs=inputs,
+        cache=network.init_decode_cache(self.module, target_params, encoder_input_tokens,
+                                        max_decode_len),
+        tokens_to_logits=network.make_tokens_to_logits(self.module, target_params),
+        draft_cache=network.init_decode_cache(self.draft_module, draft_params,
+                                              encoder_input_tokens, max_decode_len),
+        draft_tokens_to_logits=network.make_tokens_to_logits(self.draft_module, draft_params),
+        num_decodes=num_decodes, **decoder_params)
+    aux = {"scores": scores,
+           **{field.name: getattr(stats, field.name) for field in dataclasses.fields(stats)},
+           "alpha": stats.alpha,
+           "tokens_per_target_call": stats.generated_tokens / jnp.maximum(stats.target_calls, 1)}
+    if return_all_decodes:
+      return decodes, aux
+    return decodes[:, -1], {name: value[:, -1] for name, value in aux.items()}
+
+
+def speculative_version(model: t5x_models.EncoderDecoderModel, draft_checkpoint_path: str,
+                        gamma: int, verifier: str = "token", draft_policy: str = "fixed",
+                        shard_draft: bool = False) -> SpeculativeEncoderDecoderModel:
+  """`model` (a T5X EncoderDecoderModel over a T5X T5 network) decoding speculatively with the
+  draft of `draft_checkpoint_path`: same target config, vocabularies, optimizer, losses, feature
+  converter and default decoder params; the sampled distribution of its decode_fn."""
+  target_config = config_from_t5x(model.module.config)
+  draft_config = draft_config_from_checkpoint(draft_checkpoint_path, target_config)
+  return SpeculativeEncoderDecoderModel(
+      network.Transformer(target_config), model.input_vocabulary, model.output_vocabulary,
+      model.optimizer_def, draft_module=network.Transformer(draft_config), gamma=gamma,
+      verifier=verifier, draft_policy=draft_policy, shard_draft=shard_draft,
+      feature_converter_cls=model.FEATURE_CONVERTER_CLS,
+      label_smoothing=model._label_smoothing, z_loss=model._z_loss,  # pylint: disable=protected-access
+      loss_normalizing_factor=model._loss_normalizing_factor,  # pylint: disable=protected-access
+      default_decoder_params=model._default_decoder_params,  # pylint: disable=protected-access
+      **sampling_settings(model.decode_fn))
+
+
+def restore_draft_params(state_dict: PyTree, target_state_dict: PyTree, *,
+                         is_resuming: bool = False, draft_checkpoint_path: str) -> PyTree:
+  """T5X `RestoreStateTransformationFn`: adds the draft's parameters, read from its own T5X
+  checkpoint, to the restored checkpoint state at target[DRAFT_PARAMS_KEY] (unless the
+  checkpoint already holds them: one saved from this model). T5X then casts, shards and places
+  them as declared by `get_initial_variables`."""
+  del target_state_dict, is_resuming  # the draft is added whatever is restored
+  if DRAFT_PARAMS_KEY in state_dict["target"]:
+    return state_dict
+  draft = t5x_checkpoints.load_t5x_checkpoint(_check_draft_path(draft_checkpoint_path))
+  return {**state_dict, "target": {**state_dict["target"], DRAFT_PARAMS_KEY: draft["target"]}}

@@ -1,0 +1,88 @@
+"""Tiny T5X models and checkpoints for the T5X hook's tests (imports t5x: import it after
+`pytest.importorskip("t5x")`).
+
+`TINY` is the config of ../shared/t5x/test_t5_tiny.checkpoint_0 (T5X's own tiny T5.1.1);
+`t5x_model(config)` is a `t5x.models.EncoderDecoderModel` over T5X's own network
+(`t5x.examples.t5.network`) decoding with `t5x.decoding.temperature_sample` (greedy by default);
+`initial_variables` initializes one with T5X, `save_checkpoint` saves parameters with T5X's own
+`Checkpointer`.
+"""
+
+import dataclasses
+import functools
+import pathlib
+
+import flax.core
+import jax
+import numpy as np
+import seqio
+from t5x import checkpoints as t5x_checkpoints
+from t5x import decoding as t5x_decoding
+from t5x import models as t5x_models
+from t5x import partitioning as t5x_partitioning
+from t5x import train_state as t5x_train_state
+from t5x.examples.t5 import network as t5x_network
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHARED = REPO_ROOT.parent / "shared"
+SHARED_TINY_CHECKPOINT = SHARED / "t5x" / "test_t5_tiny.checkpoint_0"
+VOCAB_FILE = SHARED / "vocab" / "t5_cc_all_32000.model"
+T5_EXTRA_IDS = 100
+
+TINY = t5x_network.T5Config(
+    vocab_size=32128, dtype="float32", emb_dim=8, num_heads=4, num_encoder_layers=2,
+    num_decoder_layers=2, head_dim=3, mlp_dim=16, mlp_activations=("gelu", "linear"),
+    dropout_rate=0.0, logits_via_embedding=False)
+# Drafts differ from every target (so drafts get rejected): narrower, one layer each.
+TINY_DRAFT = dataclasses.replace(TINY, emb_dim=6, num_heads=2, num_encoder_layers=1,
+                                 num_decoder_layers=1, mlp_dim=12)
+INPUT_SHAPES = {"encoder_input_tokens": (1, 8), "decoder_input_tokens": (1, 8)}
+
+
+def vocabulary() -> seqio.SentencePieceVocabulary:
+  return seqio.SentencePieceVocabulary(str(VOCAB_FILE), extra_ids=T5_EXTRA_IDS)
+
+
+def t5x_model(config: t5x_network.T5Config,
+              temperature: float = 0.0) -> t5x_models.EncoderDecoderModel:
+  """T5X's model and network, decoding with T5X's temperature_sample (greedy by default; else
+  from the whole distribution at `temperature`)."""
+  vocab = vocabulary()
+  return t5x_models.EncoderDecoderModel(
+      t5x_network.Transformer(config), vocab, vocab, optimizer_def=None,
+      decode_fn=functools.partial(t5x_decoding.temperature_sample, temperature=temperature,
+                                  topk=0))
+
+
+def initial_variables(config: t5x_network.T5Config, seed: int) -> dict:
+  """T5X's initialization of its network: {'params': ..., 'params_axes': ...}."""
+  init = functools.partial(t5x_model(config).get_initial_variables, input_shapes=INPUT_SHAPES)
+  # Jitted: op by op, initializing even a tiny T5 takes seconds.
+  return flax.core.unfreeze(jax.jit(init)(jax.random.PRNGKey(seed)))
+
+
+def perturbed(params: dict, relative_noise: float, seed: int) -> dict:
+  """`params` with Gaussian noise of `relative_noise` times each leaf's standard deviation: a
+  draft that agrees with its target often but not always."""
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_unflatten(treedef, [
+      leaf + relative_noise * np.std(leaf) * rng.standard_normal(leaf.shape).astype(leaf.dtype)
+      for leaf in map(np.asarray, leaves)])
+
+
+def save_checkpoint(directory: pathlib.Path, config: t5x_network.T5Config,
+                    params: dict) -> str:
+  """Saves `params` of a T5X network of `config` with T5X's Checkpointer; returns the
+  checkpoint's directory."""
+  axes = jax.eval_shape(lambda: initial_variables(config, 0))["params_axes"]
+  variables = {"params": params, "params_axes": axes}
+  state = t5x_train_state.InferenceState.create(flax.core.freeze(variables))
+  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
+  t5x_checkpoints.Checkpointer(state, partitioner, str(directory)).save(state)
+  return str(directory / "checkpoint_0")
+
+
+def load_params(path: str) -> dict:
+  """A T5X checkpoint's parameters, read by T5X."""
+  return t5x_checkpoints.load_t5x_checkpoint(path)["target"]

@@ -1,0 +1,182 @@
+"""The T5X hook's model against T5X itself, in process: greedy speculative decodes equal T5X's
+own model, network and `t5x.decoding.temperature_sample(temperature=0)`, token for token, on
+T5X's tiny checkpoint (draft: a noisy copy, so drafts are both accepted and rejected) and on a
+random tiny T5.1.1 saved by T5X's Checkpointer (draft: a smaller random T5.1.1); scores are the
+target's; the parameter tree is T5X's plus the draft's; the draft's config is read from its
+checkpoint; the sampled distribution follows the T5X decode_fn."""
+
+import functools
+
+import gin
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("t5x.models", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
+                                         "and its dependencies (../shared/README.md)")
+
+import t5x_setup  # pylint: disable=g-import-not-at-top
+from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
+from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
+
+ENCODER_LENGTH, DECODER_LENGTH = 10, 12
+# (batch size, gamma) per target; each pair compiles once (~10 s on CPU).
+CASES = {"t5x_tiny": [(4, 1), (4, 3), (4, 6), (1, 3)], "random_tiny": [(4, 4), (1, 4)]}
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> dict[str, tuple[str, str]]:
+  """(target checkpoint, draft checkpoint) per target, all written by T5X's Checkpointer
+  except T5X's own tiny checkpoint."""
+  directory = tmp_path_factory.mktemp("t5x_checkpoints")
+  shared = str(t5x_setup.SHARED_TINY_CHECKPOINT)
+  noisy_copy = t5x_setup.perturbed(t5x_setup.load_params(shared), relative_noise=0.3, seed=1)
+  random_target = t5x_setup.initial_variables(t5x_setup.TINY, seed=3)["params"]
+  random_draft = t5x_setup.initial_variables(t5x_setup.TINY_DRAFT, seed=4)["params"]
+  save = t5x_setup.save_checkpoint
+  return {
+      "t5x_tiny": (shared, save(directory / "noisy_copy", t5x_setup.TINY, noisy_copy)),
+      "random_tiny": (save(directory / "random_target", t5x_setup.TINY, random_target),
+                      save(directory / "random_draft", t5x_setup.TINY_DRAFT, random_draft)),
+  }
+
+
+def _batch(batch_size: int) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(batch_size)
+  encoder_input_tokens = rng.integers(3, 32000, (batch_size, ENCODER_LENGTH)).astype(np.int32)
+  encoder_input_tokens[:, 7] = 1  # EOS, then padding
+  encoder_input_tokens[:, 8:] = 0
+  zeros = np.zeros((batch_size, DECODER_LENGTH), np.int32)
+  return {"encoder_input_tokens": encoder_input_tokens, "decoder_input_tokens": zeros,
+          "decoder_target_tokens": zeros, "decoder_loss_weights": zeros}
+
+
+def _both_params(target_path: str, draft_path: str) -> dict:
+  return {**t5x_setup.load_params(target_path),
+          speculative.DRAFT_PARAMS_KEY: t5x_setup.load_params(draft_path)}
+
+
+@pytest.mark.parametrize("target", sorted(CASES))
+def test_greedy_speculative_decodes_equal_t5x(pairs, target):
+  target_path, draft_path = pairs[target]
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY)
+  params = t5x_setup.load_params(target_path)
+  both_params = _both_params(target_path, draft_path)
+  accepted = drafted = 0
+  for batch_size, gamma in CASES[target]:
+    batch = _batch(batch_size)
+    expected = np.asarray(jax.jit(t5x_model.predict_batch)(params, batch))
+    model = speculative.speculative_version(t5x_model, draft_path, gamma=gamma)
+    decodes, aux = jax.jit(model.predict_batch_with_aux)(both_params, batch)
+    np.testing.assert_array_equal(np.asarray(decodes), expected,
+                                  err_msg=f"batch {batch_size}, gamma {gamma}")
+    np.testing.assert_allclose(aux["tokens_per_target_call"],
+                               aux["generated_tokens"] / aux["target_calls"])
+    accepted += np.sum(aux["accepted_tokens"])
+    drafted += np.sum(aux["drafted_tokens"])
+  assert accepted < drafted, "no draft was rejected"
+  if target == "t5x_tiny":
+    assert accepted > 0, "no draft was accepted"
+
+
+def test_scores_use_the_target_alone(pairs):
+  """T5X's score_batch, through the overridden _compute_logits, ignores the draft subtree."""
+  target_path, draft_path = pairs["t5x_tiny"]
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY)
+  model = speculative.speculative_version(t5x_model, draft_path, gamma=2)
+  batch = _batch(4)
+  targets = batch["encoder_input_tokens"][:, :8]
+  batch.update(decoder_target_tokens=targets,
+               decoder_input_tokens=np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+               decoder_loss_weights=(targets > 0).astype(np.int32))
+  np.testing.assert_allclose(
+      jax.jit(model.score_batch)(_both_params(target_path, draft_path), batch),
+      jax.jit(t5x_model.score_batch)(t5x_setup.load_params(target_path), batch),
+      rtol=1e-5, atol=1e-5)
+
+
+def test_sampled_decodes_are_scored_as_t5x_scores_them(pairs):
+  """At temperature 1 (rng from T5X's argument), aux['scores'] is the target's log-likelihood of
+  each decode as T5X's score_batch computes it."""
+  target_path, draft_path = pairs["t5x_tiny"]
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY, temperature=1.0)
+  model = speculative.speculative_version(t5x_model, draft_path, gamma=3)
+  decodes, aux = jax.jit(model.predict_batch_with_aux)(
+      _both_params(target_path, draft_path), _batch(4), rng=jax.random.PRNGKey(7))
+  decodes = np.asarray(decodes)
+  scored = {"encoder_input_tokens": _batch(4)["encoder_input_tokens"],
+            "decoder_target_tokens": decodes,
+            "decoder_input_tokens": np.pad(decodes[:, :-1], ((0, 0), (1, 0))),
+            "decoder_loss_weights": (decodes > 0).astype(np.int32)}
+  np.testing.assert_allclose(
+      aux["scores"], jax.jit(t5x_model.score_batch)(t5x_setup.load_params(target_path), scored),
+      rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shard_draft", [False, True])
+def test_initial_variables_add_the_draft_beside_t5x_tree(shard_draft):
+  """The target's tree is T5X's; the draft's logical axes are all None (replicated) unless
+  shard_draft."""
+  to_ours = lambda config: speculative.network.Transformer(speculative.config_from_t5x(config))
+  vocabulary = t5x_setup.vocabulary()
+  model = speculative.SpeculativeEncoderDecoderModel(
+      to_ours(t5x_setup.TINY), vocabulary, vocabulary, None, gamma=2,
+      draft_module=to_ours(t5x_setup.TINY_DRAFT), shard_draft=shard_draft)
+  initial_variables = lambda m: jax.eval_shape(
+      functools.partial(m.get_initial_variables, input_shapes=t5x_setup.INPUT_SHAPES),
+      jax.random.PRNGKey(0))
+  variables = initial_variables(model)
+  t5x_variables = initial_variables(t5x_setup.t5x_model(t5x_setup.TINY))
+  target_params, _ = speculative.split_params(variables["params"])
+  assert (jax.tree_util.tree_structure(target_params)
+          == jax.tree_util.tree_structure(dict(t5x_variables["params"])))
+  draft_axes = jax.tree_util.tree_leaves(
+      variables["params_axes"][speculative.DRAFT_PARAMS_KEY],
+      is_leaf=lambda x: isinstance(x, speculative.nn_partitioning.AxisMetadata))
+  assert draft_axes
+  assert all((set(meta.names) == {None}) != shard_draft for meta in draft_axes)
+
+
+def test_draft_config_is_read_from_its_checkpoint(pairs):
+  _, draft_path = pairs["random_tiny"]
+  target_config = speculative.config_from_t5x(t5x_setup.TINY)
+  assert (speculative.draft_config_from_checkpoint(draft_path, target_config)
+          == speculative.config_from_t5x(t5x_setup.TINY_DRAFT))
+
+
+GREEDY = {"temperature": 0.0, "topk": 0, "topp": 0.0, "max_decode_steps": None}
+
+
+@pytest.mark.parametrize("decode_fn, settings", [
+    (t5x_decoding.beam_search, GREEDY),
+    (t5x_decoding.temperature_sample, GREEDY),  # T5X's default topk=1
+    (functools.partial(t5x_decoding.temperature_sample, temperature=0.0, topk=0), GREEDY),
+    (functools.partial(t5x_decoding.temperature_sample, temperature=0.7, topk=0, topp=0.9,
+                       max_decode_steps=5),
+     {"temperature": 0.7, "topk": 0, "topp": 0.9, "max_decode_steps": 5}),
+])
+def test_sampling_settings_follow_the_t5x_decode_fn(decode_fn, settings):
+  assert speculative.sampling_settings(decode_fn) == settings
+
+
+def test_sampling_settings_read_gin_bindings():
+  with gin.unlock_config():
+    gin.parse_config("""
+        from __gin__ import dynamic_registration
+        from t5x import decoding
+        decoding.temperature_sample.temperature = 1.0
+        decoding.temperature_sample.topk = 40
+        DECODE_FN = @decoding.temperature_sample
+    """)
+  try:
+    decode_fn = gin.query_parameter("%DECODE_FN").scoped_configurable_fn
+    assert speculative.sampling_settings(decode_fn) == {
+        "temperature": 1.0, "topk": 40, "topp": 0.0, "max_decode_steps": None}
+  finally:
+    gin.clear_config()
+
+
+def test_other_decode_fns_are_refused():
+  with pytest.raises(ValueError, match="reproduces t5x.decoding.temperature_sample or beam_search"):
+    speculative.sampling_settings(lambda **kwargs: None)

@@ -1,0 +1,263 @@
+"""`python -m t5x.infer` and `python -m t5x.eval` end to end with the T5X hook. A tiny T5X run
+(T5X's tiny T5.1.1 checkpoint, greedy `t5x.decoding.temperature_sample`, a seqio task over
+../shared's Tatoeba) made speculative by adding spec_decode/t5x/speculative_infer.gin (or, for
+t5x.eval, speculative.gin) and a draft checkpoint predicts what the same run predicts with T5X's
+own sampler, with the speculative counters in t5x.infer's outputs; so it does on 8 simulated
+CPU devices with T5X's partitioner at num_partitions 2 and 4 (the target's parameters
+model-sharded, the draft's replicated, or sharded with SHARD_DRAFT); bad settings fail in one
+line before anything is restored or compiled.
+
+Every run is a subprocess (~10 s to import T5X, 20-40 s in all); runs are module fixtures shared
+by the assertions.
+"""
+
+import concurrent.futures
+import dataclasses
+import glob
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("t5x.infer", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
+                                        "and its dependencies (../shared/README.md)")
+
+import t5x_setup  # pylint: disable=g-import-not-at-top
+import t5x_tasks  # pylint: disable=g-import-not-at-top
+
+HERE = pathlib.Path(__file__).resolve().parent
+SIMULATED_DEVICES = 8
+GAMMA = 3
+# A T5X user's tiny T5.1.1 model on the test task: T5X's model gin, greedy temperature_sample.
+# Included by the run files below, after T5X's run defaults, which it overrides.
+TINY_MODEL_GIN = f"""
+from __gin__ import dynamic_registration
+import seqio
+from t5x import decoding
+from t5x import models
+from t5x import utils
+from t5x.examples.t5 import network
+import t5x_tasks
+
+include 't5x/examples/t5/t5_1_1/base.gin'
+
+DROPOUT_RATE = 0.0
+seqio.SentencePieceVocabulary.sentencepiece_model_file = '{t5x_setup.VOCAB_FILE}'
+seqio.SentencePieceVocabulary.extra_ids = {t5x_setup.T5_EXTRA_IDS}
+network.T5Config:
+  dtype = 'float32'
+  emb_dim = {t5x_setup.TINY.emb_dim}
+  num_heads = {t5x_setup.TINY.num_heads}
+  num_encoder_layers = {t5x_setup.TINY.num_encoder_layers}
+  num_decoder_layers = {t5x_setup.TINY.num_decoder_layers}
+  head_dim = {t5x_setup.TINY.head_dim}
+  mlp_dim = {t5x_setup.TINY.mlp_dim}
+models.EncoderDecoderModel.decode_fn = @decoding.temperature_sample
+decoding.temperature_sample.temperature = 0.0
+
+MIXTURE_OR_TASK_NAME = '{t5x_tasks.TASK_NAME}'
+TASK_FEATURE_LENGTHS = {{'inputs': 24, 'targets': 12}}
+utils.DatasetConfig.batch_size = 4
+utils.RestoreCheckpointConfig.dtype = 'float32'
+"""
+# t5x.infer of the tiny model, with token ids written next to the text.
+TINY_INFER_GIN = """
+from __gin__ import dynamic_registration
+import __main__ as infer_script
+
+include 't5x/configs/runs/infer.gin'
+include '{directory}/tiny_model.gin'
+
+infer_script.infer.write_fn = @infer_script.write_inferences_to_file
+infer_script.write_inferences_to_file.output_ids = True
+"""
+TINY_EVAL_GIN = """
+include 't5x/configs/runs/eval.gin'
+include '{directory}/tiny_model.gin'
+"""
+SHARDED_RUN_GIN = """
+from __gin__ import dynamic_registration
+import __main__ as infer_script
+from t5x import partitioning
+import t5x_cpu_mesh
+
+infer_script.infer.partitioner = @t5x_cpu_mesh.CpuMeshPartitioner()
+t5x_cpu_mesh.CpuMeshPartitioner:
+  num_partitions = {num_partitions}
+  logical_axis_rules = @partitioning.standard_logical_axis_rules()
+"""
+# Sharded runs: name -> num_partitions (on 8 devices); the second also shards the draft.
+SHARDED_RUNS = {"sharded_2": 2, "sharded_4_shard_draft": 4}
+# Runs that must fail: name -> (bindings, the one line expected on stderr).
+BAD_RUNS = {
+    "bad_other_vocabulary": (
+        ("DRAFT_CHECKPOINT_PATH='{draft_32000}'",),
+        "ValueError: draft vocabulary differs from the target's: the draft has 32000 ids, the "
+        "target 32128"),
+    "bad_missing_draft": (("DRAFT_CHECKPOINT_PATH='/nonexistent/checkpoint_1'",),
+                          "ValueError: draft checkpoint not found: /nonexistent/checkpoint_1"),
+    "bad_gamma_0": (("GAMMA=0",), "ValueError: gamma must be an integer >= 1, got 0"),
+}
+STATS = ("alpha", "tokens_per_target_call", "target_calls", "draft_calls", "drafted_tokens",
+         "accepted_tokens", "generated_tokens", "scores")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, pathlib.Path]:
+  """The runs' gin files, T5X's tiny checkpoint as a checkpoint directory, and a draft (a noisy
+  copy of it) saved by T5X's Checkpointer."""
+  directory = tmp_path_factory.mktemp("t5x_runs")
+  (directory / "tiny_model.gin").write_text(TINY_MODEL_GIN)
+  (directory / "tiny_infer.gin").write_text(TINY_INFER_GIN.format(directory=directory))
+  (directory / "tiny_eval.gin").write_text(TINY_EVAL_GIN.format(directory=directory))
+  target = directory / "target" / "checkpoint_0"
+  target.mkdir(parents=True)
+  (target / "checkpoint").symlink_to(t5x_setup.SHARED_TINY_CHECKPOINT)
+  draft_params = t5x_setup.perturbed(
+      t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT)), relative_noise=0.3, seed=1)
+  draft = t5x_setup.save_checkpoint(directory / "draft", t5x_setup.TINY, draft_params)
+  other_vocabulary = dataclasses.replace(t5x_setup.TINY_DRAFT, vocab_size=32000)
+  draft_32000 = t5x_setup.save_checkpoint(
+      directory / "draft_32000", other_vocabulary,
+      t5x_setup.initial_variables(other_vocabulary, seed=5)["params"])
+  for num_partitions in SHARDED_RUNS.values():
+    (directory / f"sharded_{num_partitions}.gin").write_text(
+        SHARDED_RUN_GIN.format(num_partitions=num_partitions))
+  return {"directory": directory, "target": target, "draft": pathlib.Path(draft),
+          "draft_32000": pathlib.Path(draft_32000)}
+
+
+def run_t5x(setup: dict[str, pathlib.Path], name: str, *, speculative: bool,
+            script: str = "infer", bindings: tuple[str, ...] = (),
+            gin_files: tuple[pathlib.Path, ...] = (),
+            devices: int = 1) -> subprocess.CompletedProcess:
+  """`python -m t5x.<script>` of the tiny run, made speculative by spec_decode's gin file as a
+  user does (then `gin_files`, `bindings`); output in <tmp>/name."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(t5x_setup.REPO_ROOT), str(HERE)]))
+  if devices > 1:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  command = [sys.executable, "-m", f"t5x.{script}", f"--gin_search_paths={t5x_setup.REPO_ROOT}",
+             f"--gin_file={setup['directory'] / f'tiny_{script}.gin'}"]
+  if speculative:
+    spec_gin = {"infer": "speculative_infer.gin", "eval": "speculative.gin"}[script]
+    command += [f"--gin_file=spec_decode/t5x/{spec_gin}",
+                f"--gin.DRAFT_CHECKPOINT_PATH='{setup['draft']}'", f"--gin.GAMMA={GAMMA}"]
+  output_dir = {"infer": "INFER_OUTPUT_DIR", "eval": "EVAL_OUTPUT_DIR"}[script]
+  command += [f"--gin_file={gin_file}" for gin_file in gin_files]
+  command += [f"--gin.CHECKPOINT_PATH='{setup['target']}'",
+              f"--gin.{output_dir}='{setup['directory'] / name}'",
+              *(f"--gin.{binding}" for binding in bindings)]
+  return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600,
+                        check=False)
+
+
+def outputs(setup: dict[str, pathlib.Path], name: str) -> list[dict]:
+  (path,) = glob.glob(str(setup["directory"] / name / f"{t5x_tasks.TASK_NAME}-*.jsonl-?????-of-?????"))
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def _succeeded(run: subprocess.CompletedProcess) -> None:
+  assert run.returncode == 0, run.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def runs(setup) -> dict[str, subprocess.CompletedProcess]:
+  """Every run of this module, a few at a time (each is mostly one busy core)."""
+  directory = setup["directory"]
+  arguments = {
+      "baseline": dict(speculative=False),
+      "speculative": dict(speculative=True),
+      "eval": dict(speculative=True, script="eval"),
+      **{name: dict(speculative=True, devices=SIMULATED_DEVICES,
+                    gin_files=(directory / f"sharded_{num_partitions}.gin",),
+                    bindings=(f"SHARD_DRAFT={name.endswith('shard_draft')}",))
+         for name, num_partitions in SHARDED_RUNS.items()},
+      **{name: dict(speculative=True,
+                    bindings=tuple(b.format(draft_32000=setup["draft_32000"]) for b in bindings))
+         for name, (bindings, _) in BAD_RUNS.items()},
+  }
+  with concurrent.futures.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+    futures = {name: pool.submit(run_t5x, setup, name, **kwargs)
+               for name, kwargs in arguments.items()}
+    return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def baseline(setup, runs) -> list[dict]:
+  _succeeded(runs["baseline"])
+  return outputs(setup, "baseline")
+
+
+@pytest.fixture(scope="module")
+def speculative(setup, runs) -> list[dict]:
+  _succeeded(runs["speculative"])
+  return outputs(setup, "speculative")
+
+
+def test_speculative_run_predicts_what_t5x_predicts(baseline, speculative):
+  assert len(baseline) == t5x_tasks.NUM_EXAMPLES
+  assert ([example["prediction_tokens"] for example in speculative]
+          == [example["prediction_tokens"] for example in baseline])
+  assert ([example["prediction"] for example in speculative]
+          == [example["prediction"] for example in baseline])
+
+
+def test_speculative_counters_are_in_the_outputs(speculative):
+  for example in speculative:
+    aux = example["aux"]
+    assert set(STATS) <= set(aux), aux
+    assert 0.0 <= aux["alpha"] <= 1.0
+    assert aux["target_calls"] >= 1 and aux["draft_calls"] >= aux["target_calls"]
+    assert aux["accepted_tokens"] <= aux["drafted_tokens"] <= GAMMA * aux["target_calls"]
+    assert aux["tokens_per_target_call"] == pytest.approx(
+        aux["generated_tokens"] / aux["target_calls"])
+  assert sum(example["aux"]["accepted_tokens"] for example in speculative) > 0
+
+
+def _partition_specs(model_info: pathlib.Path) -> dict[str, str]:
+  """Parameter name -> the partition spec T5X's partitioner gave it (T5X's model-info.txt)."""
+  specs = {}
+  for line in model_info.read_text().splitlines():
+    match = re.match(r"Variable (state/)?(target/)?(\S+)\s.*partition spec \((.*)\)", line)
+    if match and not match.group(1):
+      specs[match.group(3)] = match.group(4)
+  return specs
+
+
+@pytest.mark.parametrize("name", sorted(SHARDED_RUNS))
+def test_sharded_runs_predict_the_same(setup, runs, baseline, name):
+  """8 devices: data-parallel 8 / num_partitions times, model-parallel num_partitions times; the
+  partition specs are those T5X's partitioner computed (model-info.txt), which its restore and
+  its compiled infer step use."""
+  _succeeded(runs[name])
+  assert ([example["prediction_tokens"] for example in outputs(setup, name)]
+          == [example["prediction_tokens"] for example in baseline])
+  specs = _partition_specs(setup["directory"] / name / "model-info.txt")
+  shard_draft = name.endswith("shard_draft")
+  for param in ("decoder/layers_0/mlp/wi_0/kernel", "encoder/layers_1/attention/out/kernel",
+                "token_embedder/embedding", "decoder/logits_dense/kernel"):
+    assert "'model'" in specs[param], specs
+    assert ("'model'" in specs[f"speculative_draft/{param}"]) == shard_draft, specs
+
+
+def test_speculative_eval_predicts_what_t5x_infer_predicts(setup, runs, baseline):
+  _succeeded(runs["eval"])
+  (path,) = glob.glob(str(setup["directory"] / "eval" / "inference_eval" /
+                          f"{t5x_tasks.TASK_NAME}-??????.jsonl"))
+  with open(path) as f:
+    predictions = [json.loads(line)["prediction"] for line in f]
+  assert predictions == [example["prediction"] for example in baseline]
+
+
+@pytest.mark.parametrize("name", sorted(BAD_RUNS))
+def test_bad_settings_fail_in_one_line_before_compiling(setup, runs, name):
+  run = runs[name]
+  assert run.returncode != 0
+  assert BAD_RUNS[name][1] in run.stderr.splitlines(), run.stderr[-3000:]
+  # T5X writes model-info.txt once the model is built, before restoring and compiling.
+  assert not (setup["directory"] / name / "model-info.txt").exists()

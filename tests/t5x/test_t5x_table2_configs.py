@@ -1,0 +1,66 @@
+"""spec_decode/t5x/table2/*.gin, the paper's Table 2 rows as t5x.infer runs: each parses as
+t5x.infer parses it (its includes found, T5X's xxl.gin made speculative) with the gamma,
+temperature, draft and task of the same row in configs/paper/table2 (one subprocess, as gin
+binds t5x.infer's `__main__`)."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("t5x.infer", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
+                                        "and its dependencies (../shared/README.md)")
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROWS = sorted((REPO_ROOT / "spec_decode" / "t5x" / "table2").glob("*_t[01].gin"))
+MACROS = ("GAMMA", "TEMPERATURE", "DRAFT_CHECKPOINT_PATH", "MIXTURE_OR_TASK_NAME",
+          "CHECKPOINT_PATH")
+# Parses each row as `python -m t5x.infer --gin_search_paths=<repo> --gin_file=<row>
+# --gin.INFER_OUTPUT_DIR=...` does and prints its macros and what MODEL is.
+PARSE_ROWS = """
+import json, os, sys
+import gin
+import t5x.infer
+from t5x import gin_utils
+infer = t5x.infer.infer  # gin binds `__main__.infer`, t5x.infer's entry point
+rows, macros = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+parsed = {}
+for row in rows:
+  gin.clear_config()
+  gin_utils.parse_gin_flags([sys.argv[3], *t5x.infer._DEFAULT_GIN_SEARCH_PATHS], [row],
+                            ["INFER_OUTPUT_DIR = 'table2_out'"])  # the user's flag
+  parsed[row] = {macro: gin.query_parameter('%' + macro) for macro in macros}
+  parsed[row]['MODEL'] = gin.query_parameter('%MODEL').selector
+print(json.dumps(parsed))
+"""
+
+
+def _paper_row(row: pathlib.Path) -> dict[str, str]:
+  """GAMMA, TEMPERATURE and draft size of the same row in configs/paper/table2."""
+  text = (REPO_ROOT / "configs" / "paper" / "table2" / row.name).read_text()
+  return {macro: re.search(rf"^{macro} = (\S+)", text, re.M).group(1)
+          for macro in ("GAMMA", "TEMPERATURE")}
+
+
+def test_rows_parse_as_t5x_infer_runs_of_the_paper_rows():
+  assert len(ROWS) == 12
+  env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+  run = subprocess.run([sys.executable, "-c", PARSE_ROWS, json.dumps([str(r) for r in ROWS]),
+                        json.dumps(MACROS), str(REPO_ROOT)], env=env, capture_output=True,
+                       text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  parsed = json.loads(run.stdout.strip().splitlines()[-1])
+  for row in ROWS:
+    task, draft, _ = row.stem.split("_")
+    values = parsed[str(row)]
+    paper = _paper_row(row)
+    assert values["GAMMA"] == int(paper["GAMMA"]), row.name
+    assert values["TEMPERATURE"] == float(paper["TEMPERATURE"]), row.name
+    assert f"/t5_1_1_{draft}/" in values["DRAFT_CHECKPOINT_PATH"], row.name
+    assert "/t5_1_1_xxl/" in values["CHECKPOINT_PATH"], row.name
+    assert values["MIXTURE_OR_TASK_NAME"] == {"ende": "wmt_ende", "cnndm": "cnn_dailymail"}[task]
+    assert values["MODEL"].endswith("speculative_version"), values["MODEL"]
