@@ -55,11 +55,11 @@ from t5x import decoding as t5x_decoding
 from t5x import models as t5x_models
 from tensorflow.io import gfile
 
-from spec_decode import checkpoints
-from spec_decode import decoding
-from spec_decode import drafting
-from spec_decode import network
-from spec_decode import verify
+from spec_decode.t5 import checkpoints
+from spec_decode.engine import decoding
+from spec_decode.engine import drafting
+from spec_decode.t5 import network
+from spec_decode.engine import verify
 
 PyTree = Any
 # The subtree of `params` that holds the draft's parameters.
@@ -176,7 +176,7 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
 
   `module` and `draft_module` are `network.Transformer`s with the same vocabulary size;
   `gamma` drafts per target call (>= 1); `verifier`, `draft_policy` name rules of
-  `spec_decode.verify` / `spec_decode.drafting`; `temperature`, `topk`, `topp`,
+  `spec_decode.engine.verify` / `spec_decode.engine.drafting`; `temperature`, `topk`, `topp`,
   `max_decode_steps` fix the sampled distribution (the engine's conventions: temperature 0 is
   greedy, topk 0 no truncation); `shard_draft` shards the draft's parameters by their logical
   axes instead of replicating them. The rest are T5X's EncoderDecoderModel arguments.

@@ -1,6 +1,6 @@
 """spec_decode/t5x/table2/*.gin, the paper's Table 2 rows as t5x.infer runs: each parses as
 t5x.infer parses it (its includes found, T5X's xxl.gin made speculative) with the gamma,
-temperature, draft and task of the same row in configs/paper/table2 (one subprocess, as gin
+temperature, draft and task of the same row in spec_decode/configs/paper/table2 (one subprocess, as gin
 binds t5x.infer's `__main__`)."""
 
 import json
@@ -40,7 +40,7 @@ print(json.dumps(parsed))
 
 
 def _paper_row(row: pathlib.Path) -> dict[str, str]:
-  """GAMMA, TEMPERATURE and draft size of the same row in configs/paper/table2."""
+  """GAMMA, TEMPERATURE and draft size of the same row in spec_decode/configs/paper/table2."""
   text = (REPO_ROOT / "configs" / "paper" / "table2" / row.name).read_text()
   return {macro: re.search(rf"^{macro} = (\S+)", text, re.M).group(1)
           for macro in ("GAMMA", "TEMPERATURE")}
