@@ -37,6 +37,7 @@ setuptools.setup(
         "test": [
             "matplotlib",
             "pytest",
+            "pytest-xdist",
             "scipy",
             "torch==2.13.0",
             "transformers",

@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 if [ -d ../shared/wheels ] && ! python -m pip show -q t5x >/dev/null 2>&1; then
   python -m pip install -q --no-deps ../shared/wheels/*.whl
 fi
-python -m pytest -q tests --ignore=tests/sharding "$@"
+# Two workers, one test file each at a time: most of the suite's time is XLA compiling, which
+# uses one core, so two processes keep both cores busy.
+python -m pytest -q -n 2 --dist loadfile tests --ignore=tests/sharding "$@"
 if [ -d tests/sharding ]; then
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m pytest -q tests/sharding "$@"
 fi

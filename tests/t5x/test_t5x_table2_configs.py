@@ -1,16 +1,17 @@
 """spec_decode/t5x/table2/*.gin, the paper's Table 2 rows as t5x.infer runs: each parses as
 t5x.infer parses it (its includes found, T5X's xxl.gin made speculative) with the gamma,
-temperature, draft and task of the same row in spec_decode/configs/paper/table2 (one subprocess, as gin
-binds t5x.infer's `__main__`)."""
+temperature of the same row of the paper's Table 2 (`spec_decode.bench.paper`), its draft and
+task (one subprocess, as gin binds t5x.infer's `__main__`)."""
 
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
 import pytest
+
+from spec_decode.bench import paper
 
 pytest.importorskip("t5x.infer", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
                                         "and its dependencies (../shared/README.md)")
@@ -39,13 +40,6 @@ print(json.dumps(parsed))
 """
 
 
-def _paper_row(row: pathlib.Path) -> dict[str, str]:
-  """GAMMA, TEMPERATURE and draft size of the same row in spec_decode/configs/paper/table2."""
-  text = (REPO_ROOT / "configs" / "paper" / "table2" / row.name).read_text()
-  return {macro: re.search(rf"^{macro} = (\S+)", text, re.M).group(1)
-          for macro in ("GAMMA", "TEMPERATURE")}
-
-
 def test_rows_parse_as_t5x_infer_runs_of_the_paper_rows():
   assert len(ROWS) == 12
   env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
@@ -57,9 +51,9 @@ def test_rows_parse_as_t5x_infer_runs_of_the_paper_rows():
   for row in ROWS:
     task, draft, _ = row.stem.split("_")
     values = parsed[str(row)]
-    paper = _paper_row(row)
-    assert values["GAMMA"] == int(paper["GAMMA"]), row.name
-    assert values["TEMPERATURE"] == float(paper["TEMPERATURE"]), row.name
+    paper_row = paper.TABLE2[row.stem]
+    assert values["GAMMA"] == paper_row.gamma, row.name
+    assert values["TEMPERATURE"] == paper_row.temperature, row.name
     assert f"/t5_1_1_{draft}/" in values["DRAFT_CHECKPOINT_PATH"], row.name
     assert "/t5_1_1_xxl/" in values["CHECKPOINT_PATH"], row.name
     assert values["MIXTURE_OR_TASK_NAME"] == {"ende": "wmt_ende", "cnndm": "cnn_dailymail"}[task]
