@@ -90,12 +90,12 @@ def _output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
           "targets": seqio.Feature(vocabulary, add_eos=True)}
 
 
-def _parallel_text(corpora: Mapping[str, str], split: str, shuffle_files: bool,
+def _parallel_text(prefix_by_split: Mapping[str, str], split: str, shuffle_files: bool,
                    seed: int | None = None) -> tf.data.Dataset:
-  """{'inputs': English, 'targets': German} of the corpus `corpora[split]` (a file prefix under
-  the data root)."""
+  """{'inputs': English, 'targets': German} of the corpus `prefix_by_split[split]` (a file
+  prefix under the data root)."""
   del shuffle_files, seed  # one file per side
-  prefix = gin_utils.configured(data_dir)() / corpora[split]
+  prefix = gin_utils.configured(data_dir)() / prefix_by_split[split]
   for side in ("en", "de"):
     if not pathlib.Path(f"{prefix}.{side}").is_file():
       raise FileNotFoundError(f"data file not found: {prefix}.{side}")

@@ -202,15 +202,18 @@ def test_bad_configurations_fail_at_construction(pair, vocabulary):
   other_vocab = tiny_t5.tiny_config(VOCAB_SIZE + 128, tiny_t5.DRAFT_SHRINK)
   with pytest.raises(ValueError, match="target and draft vocabularies differ: the target has "
                                        "8000 ids, the draft 8128"):
-    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, GREEDY_SPECULATIVE,
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
+                                          decode_fn=GREEDY_SPECULATIVE,
                                           draft_module=network.Transformer(other_vocab))
   with pytest.raises(ValueError, match="gamma is not set"):
     models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
                                           draft_module=network.Transformer(draft.config))
   with pytest.raises(ValueError, match="needs a draft_module"):
-    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, GREEDY_SPECULATIVE)
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
+                                          decode_fn=GREEDY_SPECULATIVE)
   with pytest.raises(FileNotFoundError, match="draft checkpoint not found"):
-    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, GREEDY_SPECULATIVE,
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
+                                          decode_fn=GREEDY_SPECULATIVE,
                                           draft_module=network.Transformer(draft.config),
                                           draft_checkpoint_path="/nonexistent/draft")
   with pytest.raises(ValueError, match="needs a draft: use models.SpeculativeEncoderDecoderModel"):
