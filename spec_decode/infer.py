@@ -55,7 +55,7 @@ import re
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import gin
 import jax

@@ -23,7 +23,6 @@ import sys
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
