@@ -14,14 +14,21 @@ What `infer` does, in this order (every check before anything is compiled or wri
   1. reads the inputs (task examples, trimmed to TASK_FEATURE_LENGTHS with EOS kept; or text,
      tokenized with the model's input vocabulary) and checks the task's vocabulary is the
      model's;
-  2. restores the target's parameters (`models.load_params`) and the draft's
-     (`model.draft_params`);
-  3. jits `model.predict_batch_with_aux` with the parameters as ARGUMENTS and compiles it once
-     for the one batch shape [BATCH_SIZE, Le] (the last batch is padded with copies of its last
+  2. lays the decode out on the partitioner's mesh (`partitioning.decode_layout`; without a
+     partitioner, one device): BATCH_SIZE must be a multiple of the mesh's 'data' axis, and
+     the plan's per-device bytes (`spec_decode.plan`: parameters and caches of target and
+     draft) must fit DEVICE_MEMORY_GIB (default: the device's memory where its runtime reports
+     it), both checked before anything is read;
+  3. restores the target's and the draft's parameters straight into their shards
+     (`DecodeLayout.restore`: T5X TensorStore arrays slice by slice; other formats from host
+     memory, each device receiving its slices), the draft replicated; compiles
+     `model.predict_batch_with_aux` once for the one batch shape [BATCH_SIZE, Le] with the
+     parameters as ARGUMENTS, each model's decode cache pinned to its layout inside the loop
+     (`DecodeLayout.partition_predict`; the last batch is padded with copies of its last
      example); with COMPARE_WITH_BASELINE, also `model.baseline()` (the target alone, same
-     sampling settings). A `partitioner` (`partitioning.PjitPartitioner`) replaces jax.jit by
-     its `partition` with parameter, batch and replicated shardings: the one place it plugs in;
-  4. decodes every batch, timing the compiled calls only;
+     sampling settings) on the same parameters;
+  4. decodes every batch, timing the compiled calls only, and gathers the outputs from every
+     process (`partitioning.gather`);
   5. writes INFER_OUTPUT_DIR/predictions.jsonl (one line per example: inputs, prediction,
      target when known, score and the per-example stats; the baseline's prediction when
      compared) and INFER_OUTPUT_DIR/summary.json (alpha = sum of acceptance_sum / sum of
@@ -52,10 +59,12 @@ import gin
 import jax
 import numpy as np
 
-from spec_decode import paths
 from spec_decode import call_costs
 from spec_decode import gin_utils
 from spec_decode import models
+from spec_decode import partitioning
+from spec_decode import paths
+from spec_decode import plan
 from spec_decode.gin_utils import UsageError
 from spec_decode.engine import decoding
 from spec_decode.engine import drafting
@@ -220,66 +229,67 @@ class DecodeRun:
   seconds: float
 
 
-def _jit(fn: Callable, model: models.EncoderDecoderModel, partitioner: Any
-         ) -> tuple[Callable, Callable[[Any, Any], tuple[Any, Any]]]:
-  """(jitted fn(params, draft_params, batch, rng), place(params, draft_params) putting the
-  parameters where the jitted function expects them)."""
-  if partitioner is None:
-    return jax.jit(fn), lambda params, draft_params: jax.device_put((params, draft_params))
-  from spec_decode import partitioning  # pylint: disable=g-import-not-at-top
-  shapes, axes = partitioning.abstract_params(model.module.config)
-  params_shardings = partitioner.logical_shardings(axes, shapes, what="parameter")
-  draft_shardings = None
-  if isinstance(model, models.SpeculativeEncoderDecoderModel) and model.is_speculative:
-    # As partitioning.partition_decoders: a draft step is latency-bound, keep it local.
-    draft_shapes, draft_axes = partitioning.abstract_params(model.draft_module.config)
-    draft_shardings = partitioner.logical_shardings(
-        draft_axes, draft_shapes,
-        partitioning.replicated_parameter_rules(partitioner.logical_axis_rules),
-        what="parameter")
-  batch = partitioner.batch_sharding
-  jitted = partitioner.partition(
-      fn, (params_shardings, draft_shardings, batch, partitioner.replicated), batch)
-
-  def place(params: Any, draft_params: Any) -> tuple[Any, Any]:
-    return (jax.device_put(params, params_shardings),
-            None if draft_params is None else jax.device_put(draft_params, draft_shardings))
-
-  return jitted, place
-
-
 def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any,
                batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
-               partitioner: Any = None,
+               layout: partitioning.DecodeLayout,
                progress: Callable[[str, int, int], None] = lambda *_: None) -> DecodeRun:
-  """Compiles model.predict_batch_with_aux once and runs it over `batches`; `progress(stage,
-  batches done, batches)` is called when compiling starts and after each batch."""
-
-  def predict(params, draft_params, batch, rng):
-    if draft_params is None:
-      return model.predict_batch_with_aux(params, batch, rng=rng)
-    return model.predict_batch_with_aux(params, batch, rng=rng, draft_params=draft_params)
-
-  jitted, place = _jit(predict, model, partitioner)
-  params, draft_params = place(params, draft_params)
-  rngs = [jax.random.fold_in(jax.random.PRNGKey(seed), i) for i in range(len(batches))]
-  progress("compiling", 0, len(batches))
-  start = time.perf_counter()
-  compiled = jitted.lower(params, draft_params, batches[0][0], rngs[0]).compile()
-  compile_seconds = time.perf_counter() - start
-  # One untimed call: the first execution of an executable pays one-off costs.
-  jax.block_until_ready(compiled(params, draft_params, batches[0][0], rngs[0]))
+  """Compiles model.predict_batch_with_aux once on `layout` (`DecodeLayout.partition_predict`)
+  and runs it over `batches`; `params`/`draft_params` as `layout.restore` placed them.
+  `progress(stage, batches done, batches)` is called when compiling starts and after each batch."""
+  compiled = None
   decodes, aux, seconds = [], [], 0.0
-  for done, ((batch, num_real), rng) in enumerate(zip(batches, rngs), start=1):
+  for i, (batch, num_real) in enumerate(batches):
+    args = (params, draft_params, layout.put_batch(batch),
+            layout.put_replicated(jax.random.fold_in(jax.random.PRNGKey(seed), i)))
+    if compiled is None:
+      progress("compiling", 0, len(batches))
+      start = time.perf_counter()
+      compiled = layout.partition_predict(model).lower(*args).compile()
+      compile_seconds = time.perf_counter() - start
+      # One untimed call: the first execution of an executable pays one-off costs.
+      jax.block_until_ready(compiled(*args))
     start = time.perf_counter()
-    outputs = jax.block_until_ready(compiled(params, draft_params, batch, rng))
+    outputs = jax.block_until_ready(compiled(*args))
     seconds += time.perf_counter() - start
-    progress("decoding", done, len(batches))
-    batch_decodes, batch_aux = jax.device_get(outputs)
-    for i in range(num_real):
-      decodes.append(batch_decodes[i])
-      aux.append({name: value[i].item() for name, value in batch_aux.items()})
+    progress("decoding", i + 1, len(batches))
+    batch_decodes, batch_aux = partitioning.gather(outputs)
+    for row in range(num_real):
+      decodes.append(batch_decodes[row])
+      aux.append({name: value[row].item() for name, value in batch_aux.items()})
   return DecodeRun(decodes, aux, compile_seconds, seconds)
+
+
+def _check_batch_size(layout: partitioning.DecodeLayout, batch_size: int) -> None:
+  data = layout.mesh.shape["data"]
+  if batch_size % data:
+    lower, upper = batch_size // data * data, (batch_size // data + 1) * data
+    nearest = f"{lower} or {upper}" if lower else f"{upper}"
+    raise UsageError(f"BATCH_SIZE={batch_size} is not a multiple of the mesh's 'data' axis "
+                     f"({dict(layout.mesh.shape)}, NUM_PARTITIONS={layout.mesh.shape['model']}):"
+                     f" use {nearest}")
+
+
+def _check_memory(layout: partitioning.DecodeLayout, batch_size: int, input_length: int,
+                  target_length: int, param_dtype: Any, budget_gib: float | None) -> None:
+  """UsageError when `spec_decode.plan`'s per-device bytes of this run exceed the budget
+  (DEVICE_MEMORY_GIB, or the device's own memory where its runtime reports it)."""
+  budget = (plan.local_device_memory_bytes() if budget_gib is None
+            else int(budget_gib * 2**30))
+  if budget is None:
+    return
+  target, draft = plan.layout_bytes(layout, batch_size, input_length, target_length,
+                                    param_dtype)
+  needed = target.total + (draft.total if draft is not None else 0)
+  if needed > budget:
+    draft_text = ("" if draft is None else
+                  f", draft params {plan.format_bytes(draft.params)} + cache "
+                  f"{plan.format_bytes(draft.cache)}")
+    raise UsageError(
+        f"NUM_PARTITIONS={layout.mesh.shape['model']} (mesh {dict(layout.mesh.shape)}) needs "
+        f"{plan.format_bytes(needed)} per device (target params "
+        f"{plan.format_bytes(target.params)} + cache {plan.format_bytes(target.cache)}"
+        f"{draft_text}; see python -m spec_decode.plan), more than the "
+        f"{plan.format_bytes(budget)} per device budget")
 
 
 # --------------------------------------------------------------------------- outputs
@@ -421,11 +431,14 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
           dataset_cfg: DatasetConfig = gin.REQUIRED, checkpoint_path: str = gin.REQUIRED,
           output_dir: str = gin.REQUIRED, compare_with_baseline: bool = False,
           partitioner: Any = None, seed: int = 0, num_printed: int = 10,
-          checkpoint_dtype: str | None = None) -> dict[str, Any]:
+          checkpoint_dtype: str | None = None,
+          device_memory_gib: float | None = None) -> dict[str, Any]:
   """Runs inference as described in the module docstring; returns the summary.
 
   `checkpoint_dtype`: the target's parameters are cast to it on restore (T5X's infer restores
-  in 'bfloat16'); None keeps the checkpoint's dtype.
+  in 'bfloat16'); None keeps the checkpoint's dtype. `device_memory_gib`: the per-device
+  memory budget the run's plan must fit (None: the device's own memory where its runtime
+  reports it, else unchecked).
   """
   if not isinstance(model, models.EncoderDecoderModel):
     raise UsageError(f"MODEL must be a models.EncoderDecoderModel, got {type(model).__name__}")
@@ -435,20 +448,31 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   _check_output_dir(output_dir)
   start = time.perf_counter()
   examples = read_examples(dataset_cfg, model)
-  # On the device once: the baseline run then reuses the same arrays.
-  params = jax.device_put(models.load_params(model.module, checkpoint_path, checkpoint_dtype))
-  draft_params = model.draft_params if model.is_speculative else None
   input_length, target_length = _check_dataset_config(dataset_cfg)
+  if partitioner is None:  # one device, the same path
+    partitioner = partitioning.PjitPartitioner(mesh_shape=(1, 1))
+  draft_module = model.draft_module if model.is_speculative else None
+  if draft_module is not None and model.draft_checkpoint_path is None:
+    raise UsageError("a speculative MODEL needs the draft's checkpoint: bind "
+                     "models.SpeculativeEncoderDecoderModel.draft_checkpoint_path")
+  layout = partitioning.decode_layout(
+      partitioner, model.module.config, None if draft_module is None else draft_module.config)
+  _check_batch_size(layout, dataset_cfg.batch_size)
+  _check_memory(layout, dataset_cfg.batch_size, input_length, target_length, checkpoint_dtype,
+                device_memory_gib)
+  # Straight into their shards, once: the baseline run reuses the same arrays.
+  params = layout.restore("target", model.module, checkpoint_path, checkpoint_dtype)
+  draft_params = (None if draft_module is None else
+                  layout.restore("draft", draft_module, model.draft_checkpoint_path))
   batches = make_batches(examples, dataset_cfg.batch_size, input_length, target_length)
   print(f"{_count(len(examples), 'example')} in {_count(len(batches), 'batch')} of "
         f"{dataset_cfg.batch_size}")
 
   name = "speculative decoder (target + draft)" if model.is_speculative else "target"
-  run = decode_all(model, params, draft_params, batches, seed, partitioner,
-                   progress=_progress(name))
+  run = decode_all(model, params, draft_params, batches, seed, layout, progress=_progress(name))
   baseline = costs = None
   if compare_with_baseline:
-    baseline = decode_all(model.baseline(), params, None, batches, seed, partitioner,
+    baseline = decode_all(model.baseline(), params, None, batches, seed, layout,
                           progress=_progress("baseline (target alone)"))
     print("measuring one target call of 1 and of gamma + 1 tokens, and one draft call")
     costs = call_costs.verification_costs(

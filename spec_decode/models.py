@@ -29,7 +29,8 @@ from `network.make_tokens_to_logits`.
 
 Under `jax.jit`, pass the draft's parameters as an argument (`draft_params=`) as
 `spec_decode.infer` does: otherwise the loaded ones are closed over and compiled in as
-constants.
+constants. `with_model_calls` returns a copy whose caches and step functions come from another
+`ModelCalls` (`partitioning.DecodeLayout.model_calls` pins each cache to its mesh layout).
 
 Bad configurations (target and draft vocabularies differ, no draft for a speculative
 decode_fn, no gamma, a vocabulary larger than the embedding) raise ValueError at construction,
@@ -38,6 +39,7 @@ a missing local draft checkpoint FileNotFoundError, before anything is loaded or
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -78,6 +80,21 @@ def sentencepiece_vocabulary(sentencepiece_model_file: str,
   return vocab.SentencePieceVocabulary(paths.resolve(sentencepiece_model_file), extra_ids)
 
 
+# (role 'target' or 'draft', module, params, encoder_input_tokens [B, Le], max_decode_len)
+#   -> (initial decode cache, the engine's tokens_to_logits)
+ModelCalls = Callable[[str, network.Transformer, Params, jax.Array, int],
+                      tuple[network.DecodeCache, Callable[[Any], tuple[jax.Array, Any]]]]
+
+
+def network_model_calls(role: str, module: network.Transformer, params: Params,
+                        encoder_input_tokens: jax.Array, max_decode_len: int
+                        ) -> tuple[network.DecodeCache, Callable[[Any], tuple[jax.Array, Any]]]:
+  """The default `ModelCalls`: the network's cache and step function, whatever the role."""
+  del role  # both models are called alike
+  return (network.init_decode_cache(module, params, encoder_input_tokens, max_decode_len),
+          network.make_tokens_to_logits(module, params))
+
+
 # --------------------------------------------------------------------------- configs
 
 
@@ -104,22 +121,35 @@ def _check_same_architecture(expected: network.T5Config, found: network.T5Config
                      + ", ".join(differences))
 
 
+def checkpoint_format(path: str) -> tuple[str, str]:
+  """(format, resolved path) of a checkpoint `load_params` reads: format 'hf' (a Hugging Face
+  folder with config.json), 'demo' (a .safetensors file) or 't5x' (anything else: a T5X
+  checkpoint). FileNotFoundError when a local path does not exist."""
+  resolved = paths.resolve(path)
+  if not resolved.startswith("gs://") and not os.path.exists(resolved):
+    raise FileNotFoundError(f"checkpoint not found: {path}")
+  if os.path.isfile(os.path.join(resolved, "config.json")):
+    return "hf", resolved
+  if resolved.endswith(".safetensors"):
+    return "demo", resolved
+  return "t5x", resolved
+
+
 def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Params:
   """Parameters for `module` from a checkpoint, checked against it (every path and shape), with
-  floating-point leaves cast to `dtype` when given.
+  floating-point leaves cast to `dtype` when given, as numpy arrays in host memory (see
+  `partitioning.restore_params` for a restore straight into a mesh's shards).
 
   `path`: a T5X checkpoint (directory, its `checkpoint` file, or a msgpack file; local or
   gs://), a Hugging Face T5 folder (with config.json), or a `.safetensors` file of the shipped
   demo format (`spec_decode.t5.demo_pair`). The configs of the last two must match the module's.
   """
-  resolved = paths.resolve(path)
-  if not resolved.startswith("gs://") and not os.path.exists(resolved):
-    raise FileNotFoundError(f"checkpoint not found: {path}")
+  kind, resolved = checkpoint_format(path)
   try:
-    if os.path.isfile(os.path.join(resolved, "config.json")):
+    if kind == "hf":
       found, params = hf_checkpoints.load_hf(resolved)
       _check_same_architecture(module.config, found, path)
-    elif resolved.endswith(".safetensors"):
+    elif kind == "demo":
       found, params = demo_pair.load_model(resolved)
       _check_same_architecture(module.config, found, path)
     else:
@@ -220,6 +250,14 @@ class EncoderDecoderModel:
     self._label_smoothing = label_smoothing
     self._z_loss = z_loss
     self._loss_normalizing_factor = loss_normalizing_factor
+    self._model_calls: ModelCalls = network_model_calls
+
+  def with_model_calls(self, model_calls: ModelCalls) -> "EncoderDecoderModel":
+    """A copy of this model whose decodes get their caches and step functions from
+    `model_calls` (the loaded draft parameters are shared)."""
+    model = copy.copy(self)
+    model._model_calls = model_calls  # pylint: disable=protected-access
+    return model
 
   def _check_decode_fn(self, decode_fn: Callable[..., Any]) -> None:
     if is_speculative(decode_fn):
@@ -350,10 +388,10 @@ class EncoderDecoderModel:
               decoder_params: dict[str, Any]) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """The target alone: (decodes [B, n, L], scores [B, n], extra aux {})."""
     del draft_params  # no draft
-    cache = network.init_decode_cache(self.module, params, encoder_input_tokens, inputs.shape[1])
+    cache, tokens_to_logits = self._model_calls("target", self.module, params,
+                                                encoder_input_tokens, inputs.shape[1])
     decodes, scores = self._decode_fn(
-        inputs=inputs, cache=cache,
-        tokens_to_logits=network.make_tokens_to_logits(self.module, params),
+        inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
         eos_id=self.output_vocabulary.eos_id, num_decodes=num_decodes, **decoder_params)
     return decodes, scores, {}
 
@@ -460,16 +498,15 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       return super()._decode(params, None, encoder_input_tokens, inputs, num_decodes,
                              decoder_params)
     max_decode_len = inputs.shape[1]
+    cache, tokens_to_logits = self._model_calls("target", self.module, params,
+                                                encoder_input_tokens, max_decode_len)
+    draft_cache, draft_tokens_to_logits = self._model_calls(
+        "draft", self.draft_module, draft_params, encoder_input_tokens, max_decode_len)
     decodes, scores, stats = self.decode_fn(
-        inputs=inputs,
-        cache=network.init_decode_cache(self.module, params, encoder_input_tokens,
-                                        max_decode_len),
-        tokens_to_logits=network.make_tokens_to_logits(self.module, params),
-        eos_id=self.output_vocabulary.eos_id,
-        draft_cache=network.init_decode_cache(self.draft_module, draft_params,
-                                              encoder_input_tokens, max_decode_len),
-        draft_tokens_to_logits=network.make_tokens_to_logits(self.draft_module, draft_params),
-        num_decodes=num_decodes, **decoder_params)
+        inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
+        eos_id=self.output_vocabulary.eos_id, draft_cache=draft_cache,
+        draft_tokens_to_logits=draft_tokens_to_logits, num_decodes=num_decodes,
+        **decoder_params)
     aux = {name: getattr(stats, name) for name in stats.counter_names()}
     aux["alpha"] = stats.alpha
     return decodes, scores, aux

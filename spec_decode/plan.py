@@ -24,7 +24,8 @@ What it prints, for num_partitions P in 1, 2, 4, 8, 16 on a ('data', 'model') me
   * the totals of the target alone (the baseline) and of target + draft (speculative decoding),
     and whether each fits one device of `device_kind` (tpu_v4: 32 GiB HBM per chip; h200: 141 GB;
     cpu: this machine's RAM). The draft is replicated on every device, as
-    `partitioning.partition_decoders` places it by default.
+    `partitioning.DecodeLayout` (what `spec_decode.infer` runs) places it by default;
+    `spec_decode.infer` refuses, before restoring, a run whose numbers exceed its budget.
 A mesh that does not divide a split dimension (heads, mlp_dim, vocabulary, batch) is shown as
 such instead of numbers. Not counted: activations, logits, the engine's small [B, L] buffers and
 XLA's temporaries, so leave headroom.
@@ -109,7 +110,8 @@ def _per_device(shapes: Any, logical_axes: Any, rules: partitioning.LogicalAxisR
 
 def device_bytes(model: ModelShapes, mesh_shape: tuple[int, int],
                  rules: partitioning.LogicalAxisRules, param_dtype: Any) -> DeviceBytes:
-  """Per-device bytes of `model`'s parameters (floating ones in `param_dtype`) and caches."""
+  """Per-device bytes of `model`'s parameters (floating ones in `param_dtype`; None: in their
+  own dtype, float32) and caches."""
   mesh = AbstractMesh(mesh_shape, partitioning.MESH_AXES)
   cache_axes = network.cache_logical_axes(model.cache)
   problems = partitioning.indivisible_axes({"params": model.params, "cache": model.cache},
@@ -119,7 +121,8 @@ def device_bytes(model: ModelShapes, mesh_shape: tuple[int, int],
     return DeviceBytes(problems=tuple(problems))
 
   def param_dtype_of(leaf: jax.ShapeDtypeStruct) -> Any:
-    return param_dtype if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf.dtype
+    floating = param_dtype is not None and jnp.issubdtype(leaf.dtype, jnp.floating)
+    return param_dtype if floating else leaf.dtype
 
   return DeviceBytes(
       params=_per_device(model.params, model.params_axes, rules, mesh, param_dtype_of),
@@ -152,6 +155,29 @@ def plan(target: ModelShapes, draft: ModelShapes | None, param_dtype: Any,
         model_size, mesh_shape, device_bytes(target, mesh_shape, rules, param_dtype),
         None if draft is None else device_bytes(draft, mesh_shape, draft_rules, param_dtype)))
   return rows
+
+
+def layout_bytes(layout: partitioning.DecodeLayout, batch_rows: int, input_length: int,
+                 max_decode_len: int, param_dtype: Any = None, draft_param_dtype: Any = None
+                 ) -> tuple[DeviceBytes, DeviceBytes | None]:
+  """(target, draft or None) per-device bytes of a run's `partitioning.DecodeLayout`: its mesh
+  and rules, `batch_rows` = batch size x num_decodes. These are what each device holds after
+  `layout.restore` (parameters) and in the decode loop (caches)."""
+  mesh_shape = tuple(layout.mesh.shape[axis] for axis in partitioning.MESH_AXES)
+  shapes = functools.partial(model_shapes, batch_rows=batch_rows, input_length=input_length,
+                             max_decode_len=max_decode_len)
+  target = device_bytes(shapes(layout.target), mesh_shape, layout.rules("target"), param_dtype)
+  draft = (None if layout.draft is None else
+           device_bytes(shapes(layout.draft), mesh_shape, layout.rules("draft"),
+                        draft_param_dtype))
+  return target, draft
+
+
+def local_device_memory_bytes() -> int | None:
+  """Memory of this process's first device as its runtime reports it (GPU, TPU), or None where
+  it reports none (CPU)."""
+  stats = jax.local_devices()[0].memory_stats()
+  return (stats or {}).get("bytes_limit")
 
 
 # --------------------------------------------------------------------------- printing
