@@ -3,7 +3,7 @@
 Run: `python scripts/restore_rss.py [--directory DIR] [--num_partitions P]`. It writes a random
 T5X checkpoint (T5.1.1-small-sized, float32, about 320 MB; kept in DIR when given),
 then restores it in a fresh process with 8 CPU devices, once per method:
-  * sharded: `partitioning.decode_layout(...).restore` (what `spec_decode.infer` does): every
+  * sharded: `decode_layout.decode_layout(...).restore` (what `spec_decode.infer` does): every
     TensorStore array read slice by slice into its shards;
   * whole: `models.load_params` (the whole target in host memory) then `jax.device_put` onto
     one device and to the shardings (what `spec_decode.infer` did before).
@@ -60,10 +60,11 @@ def restore_in_this_process(path: str, method: str, num_partitions: int) -> dict
   """Restores `path` by `method` and returns the memory figures (MiB)."""
   import jax  # pylint: disable=g-import-not-at-top
   from spec_decode import models  # pylint: disable=g-import-not-at-top
+  from spec_decode import decode_layout  # pylint: disable=g-import-not-at-top
   from spec_decode import partitioning  # pylint: disable=g-import-not-at-top
   from spec_decode.t5 import network  # pylint: disable=g-import-not-at-top
   module = network.Transformer(_config())
-  layout = partitioning.decode_layout(
+  layout = decode_layout.decode_layout(
       partitioning.PjitPartitioner(num_partitions=num_partitions), module.config)
   jax.block_until_ready(jax.numpy.zeros(8))  # the runtime's own memory before measuring
   before = _rss_mib()

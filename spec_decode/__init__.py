@@ -4,7 +4,8 @@ Layout, bottom to top (each layer imports only the ones below it):
   engine/      the decoders a researcher extends: sampling, verification rules, drafting
                policies, the jitted loops, toy models. Pure JAX, no gin.
   t5/          the T5 network (multi-token cached decoding), checkpoints, vocabularies.
-  losses, models, partitioning, plan, infer, tasks, corpora, call_costs, gin_utils, paths
+  losses, models, partitioning, decode_layout, plan, infer, tasks, corpora, call_costs,
+  gin_utils, paths
                the T5X-style layer, named as in T5X: model protocol, sharding, memory plan,
                gin-configured inference (`python -m spec_decode.infer`), seqio tasks.
   training/    trainer, data, distillation, BLEU: the tools that made the demo pair.

@@ -14,7 +14,7 @@ What `infer` does, in this order (every check before anything is compiled or wri
   1. reads the inputs (task examples, trimmed to TASK_FEATURE_LENGTHS with EOS kept; or text,
      tokenized with the model's input vocabulary) and checks the task's vocabulary is the
      model's;
-  2. lays the decode out on the partitioner's mesh (`partitioning.decode_layout`; without a
+  2. lays the decode out on the partitioner's mesh (`decode_layout.decode_layout`; without a
      partitioner, one device): BATCH_SIZE must be a multiple of the mesh's 'data' axis, and
      the plan's per-device bytes (`spec_decode.plan`: parameters and caches of target and
      draft) must fit DEVICE_MEMORY_GIB (default: the device's memory where its runtime reports
@@ -28,7 +28,7 @@ What `infer` does, in this order (every check before anything is compiled or wri
      example); with COMPARE_WITH_BASELINE, also `model.baseline()` (the target alone, same
      sampling settings) on the same parameters;
   4. decodes every batch, timing the compiled calls only, and gathers the outputs from every
-     process (`partitioning.gather`);
+     process (`decode_layout.gather`);
   5. writes INFER_OUTPUT_DIR/predictions.jsonl (one line per example: inputs, prediction,
      target when known, score and the per-example stats; the baseline's prediction when
      compared) and INFER_OUTPUT_DIR/summary.json (alpha = sum of acceptance_sum / sum of
@@ -62,6 +62,7 @@ import numpy as np
 from spec_decode import call_costs
 from spec_decode import gin_utils
 from spec_decode import models
+from spec_decode import decode_layout
 from spec_decode import partitioning
 from spec_decode import paths
 from spec_decode import plan
@@ -231,7 +232,7 @@ class DecodeRun:
 
 def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any,
                batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
-               layout: partitioning.DecodeLayout,
+               layout: decode_layout.DecodeLayout,
                progress: Callable[[str, int, int], None] = lambda *_: None) -> DecodeRun:
   """Compiles model.predict_batch_with_aux once on `layout` (`DecodeLayout.partition_predict`)
   and runs it over `batches`; `params`/`draft_params` as `layout.restore` placed them.
@@ -252,14 +253,14 @@ def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any
     outputs = jax.block_until_ready(compiled(*args))
     seconds += time.perf_counter() - start
     progress("decoding", i + 1, len(batches))
-    batch_decodes, batch_aux = partitioning.gather(outputs)
+    batch_decodes, batch_aux = decode_layout.gather(outputs)
     for row in range(num_real):
       decodes.append(batch_decodes[row])
       aux.append({name: value[row].item() for name, value in batch_aux.items()})
   return DecodeRun(decodes, aux, compile_seconds, seconds)
 
 
-def _check_batch_size(layout: partitioning.DecodeLayout, batch_size: int) -> None:
+def _check_batch_size(layout: decode_layout.DecodeLayout, batch_size: int) -> None:
   data = layout.mesh.shape["data"]
   if batch_size % data:
     lower, upper = batch_size // data * data, (batch_size // data + 1) * data
@@ -269,7 +270,7 @@ def _check_batch_size(layout: partitioning.DecodeLayout, batch_size: int) -> Non
                      f" use {nearest}")
 
 
-def _check_memory(layout: partitioning.DecodeLayout, batch_size: int, input_length: int,
+def _check_memory(layout: decode_layout.DecodeLayout, batch_size: int, input_length: int,
                   target_length: int, param_dtype: Any, budget_gib: float | None) -> None:
   """UsageError when `spec_decode.plan`'s per-device bytes of this run exceed the budget
   (DEVICE_MEMORY_GIB, or the device's own memory where its runtime reports it)."""
@@ -455,7 +456,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   if draft_module is not None and model.draft_checkpoint_path is None:
     raise UsageError("a speculative MODEL needs the draft's checkpoint: bind "
                      "models.SpeculativeEncoderDecoderModel.draft_checkpoint_path")
-  layout = partitioning.decode_layout(
+  layout = decode_layout.decode_layout(
       partitioner, model.module.config, None if draft_module is None else draft_module.config)
   _check_batch_size(layout, dataset_cfg.batch_size)
   _check_memory(layout, dataset_cfg.batch_size, input_length, target_length, checkpoint_dtype,

@@ -30,7 +30,7 @@ from `network.make_tokens_to_logits`.
 Under `jax.jit`, pass the draft's parameters as an argument (`draft_params=`) as
 `spec_decode.infer` does: otherwise the loaded ones are closed over and compiled in as
 constants. `with_model_calls` returns a copy whose caches and step functions come from another
-`ModelCalls` (`partitioning.DecodeLayout.model_calls` pins each cache to its mesh layout).
+`ModelCalls` (`decode_layout.DecodeLayout.model_calls` pins each cache to its mesh layout).
 
 Bad configurations (target and draft vocabularies differ, no draft for a speculative
 decode_fn, no gamma, a vocabulary larger than the embedding) raise ValueError at construction,
@@ -138,7 +138,7 @@ def checkpoint_format(path: str) -> tuple[str, str]:
 def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Params:
   """Parameters for `module` from a checkpoint, checked against it (every path and shape), with
   floating-point leaves cast to `dtype` when given, as numpy arrays in host memory (see
-  `partitioning.restore_params` for a restore straight into a mesh's shards).
+  `decode_layout.restore_params` for a restore straight into a mesh's shards).
 
   `path`: a T5X checkpoint (directory, its `checkpoint` file, or a msgpack file; local or
   gs://), a Hugging Face T5 folder (with config.json), or a `.safetensors` file of the shipped

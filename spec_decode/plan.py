@@ -24,7 +24,7 @@ What it prints, for num_partitions P in 1, 2, 4, 8, 16 on a ('data', 'model') me
   * the totals of the target alone (the baseline) and of target + draft (speculative decoding),
     and whether each fits one device of `device_kind` (tpu_v4: 32 GiB HBM per chip; h200: 141 GB;
     cpu: this machine's RAM). The draft is replicated on every device, as
-    `partitioning.DecodeLayout` (what `spec_decode.infer` runs) places it by default;
+    `decode_layout.DecodeLayout` (what `spec_decode.infer` runs) places it by default;
     `spec_decode.infer` refuses, before restoring, a run whose numbers exceed its budget.
 A mesh that does not divide a split dimension (heads, mlp_dim, vocabulary, batch) is shown as
 such instead of numbers. Not counted: activations, logits, the engine's small [B, L] buffers and
@@ -49,6 +49,7 @@ from jax.sharding import AbstractMesh
 
 from spec_decode import gin_utils
 from spec_decode.t5 import network
+from spec_decode import decode_layout
 from spec_decode import partitioning
 
 NUM_PARTITIONS = (1, 2, 4, 8, 16)
@@ -157,10 +158,10 @@ def plan(target: ModelShapes, draft: ModelShapes | None, param_dtype: Any,
   return rows
 
 
-def layout_bytes(layout: partitioning.DecodeLayout, batch_rows: int, input_length: int,
+def layout_bytes(layout: decode_layout.DecodeLayout, batch_rows: int, input_length: int,
                  max_decode_len: int, param_dtype: Any = None, draft_param_dtype: Any = None
                  ) -> tuple[DeviceBytes, DeviceBytes | None]:
-  """(target, draft or None) per-device bytes of a run's `partitioning.DecodeLayout`: its mesh
+  """(target, draft or None) per-device bytes of a run's `decode_layout.DecodeLayout`: its mesh
   and rules, `batch_rows` = batch size x num_decodes. These are what each device holds after
   `layout.restore` (parameters) and in the decode loop (caches)."""
   mesh_shape = tuple(layout.mesh.shape[axis] for axis in partitioning.MESH_AXES)

@@ -4,7 +4,8 @@ Parameters are the `params` collection of `spec_decode.t5.network.Transformer`: 
 with T5X's names (`token_embedder/embedding [V,E]`, `encoder/layers_0/attention/query/kernel
 [E,H*D]`, ..., `decoder/logits_dense/kernel [E,V]`) whose leaves are numpy arrays.
 
-T5X (`load_t5x`, `restore_t5x_state`, `save_t5x`)
+T5X (`load_t5x`, `restore_t5x_state`, `save_t5x`; `open_t5x_params` + `read_slice` for reading
+arrays slice by slice, as `spec_decode.decode_layout` restores into shards)
   * Legacy layout: a `checkpoint_N/` directory (or its `checkpoint` file, or a bare msgpack
     file) holding flax msgpack `{'version': 3, 'optimizer': {'target': params, 'state': ...}}`.
     A leaf is an inline array, or a TensorStore zarr spec dict whose `kvstore.path` is
@@ -396,6 +397,65 @@ def load_t5x(path: str, dtype: Any = None, template: Mapping[str, Any] | None = 
   params = _restore(path, {"target": template} if template is not None else None,
                     only_target=True)["target"]
   return cast_floats(params, dtype) if dtype is not None else params
+
+
+# --------------------------------------------------------------------------- T5X, sliced reads
+
+
+def _open_zarr(spec: dict, where: str, template: Any) -> ts.TensorStore | np.ndarray:
+  """The zarr array of `spec`, opened (nothing read yet) by its stored metadata. An array stored
+  without metadata (see the module docstring) is read whole by `_read_zarr` instead."""
+  kvstore = ts.KvStore.open(spec["kvstore"]).result()
+  if any(kvstore.read(key).result().state == "value" for key in _ZARR_METADATA_KEYS):
+    # As in T5X, the stored metadata is authoritative over the spec's chunking and compressor.
+    return ts.open({"driver": spec["driver"], "kvstore": spec["kvstore"]}, open=True).result()
+  return _read_zarr(spec, where, template)
+
+
+def open_t5x_params(path: str, template: Params) -> Params:
+  """The parameters of a T5X checkpoint (any layout `load_t5x` reads), each an
+  opened TensorStore, or a numpy array where only a whole read is possible (inline msgpack
+  arrays, zarr arrays stored without metadata)."""
+  where = os.fspath(path)
+  directory, msgpack_bytes, metadata_bytes = _locate_t5x(path)
+  if msgpack_bytes is None:
+    contents = _orbax_metadata_tree(metadata_bytes, directory)
+  else:
+    try:
+      contents = serialization.msgpack_restore(msgpack_bytes)
+    except Exception as e:  # msgpack raises a zoo of exception types on garbage
+      raise ValueError(f"{where}: not a msgpack T5X checkpoint ({e})") from e
+  if not isinstance(contents, Mapping):
+    raise ValueError(f"{where}: not a T5X checkpoint")
+  params = _optimizer_state(contents, where).get("target")
+  if not isinstance(params, Mapping) or not params:
+    raise ValueError(f"{where}: the checkpoint has no parameters (optimizer.target)")
+  templates = dict(flatten_params(template))
+
+  def open_leaf(leaf_path: tuple[str, ...], leaf: Any) -> Any:
+    leaf_where = f"{where}: {'/'.join(leaf_path)}"
+    leaf_template = templates.get(leaf_path)
+    if isinstance(leaf, str) and leaf.startswith(_ORBAX_PLACEHOLDER):
+      name = leaf[len(_ORBAX_PLACEHOLDER):]
+      spec = {"driver": "zarr", "metadata": {}, "kvstore": _kvstore(directory, name)}
+      return _open_zarr(spec, leaf_where, leaf_template)
+    if _is_tensorstore_spec(leaf):
+      if "value_type" in leaf:  # from an Orbax _METADATA tree
+        spec = {k: v for k, v in leaf.items() if k != "value_type"}
+      else:
+        spec = _legacy_array_spec(leaf, directory, leaf_where)
+      return _open_zarr(spec, leaf_where, leaf_template)
+    return np.asarray(leaf)
+
+  return unflatten_params(
+      {p: open_leaf(p, leaf) for p, leaf in flatten_params(params)})
+
+
+def read_slice(array: ts.TensorStore | np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
+  """array[index] of what `open_t5x_params` opened, read now."""
+  if isinstance(array, ts.TensorStore):
+    return np.asarray(array[index].read().result())
+  return array[index]
 
 
 # --------------------------------------------------------------------------- T5X save

@@ -1,4 +1,4 @@
-"""`partitioning.restore_sharded`: T5X checkpoints read straight into their shards (8 devices)."""
+"""`decode_layout.restore_sharded`: T5X checkpoints read straight into their shards (8 devices)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +8,7 @@ import tensorstore as ts
 
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import network
+from spec_decode import decode_layout
 from spec_decode import partitioning
 
 CONFIG = network.T5Config(vocab_size=64, emb_dim=16, num_heads=8, head_dim=2,
@@ -50,7 +51,7 @@ def _assert_restored(restored, params, shardings, dtype=None):
 def test_restores_each_leaf_into_its_shards(setup, tmp_path, inline):
   params, template, shardings = setup
   path = checkpoints.save_t5x(params, str(tmp_path), step=3, inline=inline)
-  restored = partitioning.restore_sharded(path, shardings, template)
+  restored = decode_layout.restore_sharded(path, shardings, template)
   _assert_restored(restored, params, shardings)
   kernel = _leaf(restored, MLP_KERNEL)
   assert kernel.addressable_shards[0].data.shape == (CONFIG.emb_dim, CONFIG.mlp_dim // 4)
@@ -71,7 +72,7 @@ def test_tensorstore_arrays_are_read_slice_by_slice(setup, tmp_path, monkeypatch
     return data
 
   monkeypatch.setattr(partitioning, "_read_slice", recording_read_slice)
-  partitioning.restore_sharded(path, shardings, template)
+  decode_layout.restore_sharded(path, shardings, template)
   expected = []
   for leaf, sharding in zip(jax.tree_util.tree_leaves(template),
                             jax.tree_util.tree_leaves(shardings)):
@@ -84,7 +85,7 @@ def test_tensorstore_arrays_are_read_slice_by_slice(setup, tmp_path, monkeypatch
 def test_casts_floating_parameters(setup, tmp_path):
   params, template, shardings = setup
   path = checkpoints.save_t5x(params, str(tmp_path), step=0)
-  restored = partitioning.restore_sharded(path, shardings, template, dtype=jnp.bfloat16)
+  restored = decode_layout.restore_sharded(path, shardings, template, dtype=jnp.bfloat16)
   _assert_restored(restored, params, shardings, dtype=jnp.bfloat16)
 
 
@@ -95,4 +96,4 @@ def test_checkpoint_must_match_the_template(setup, tmp_path):
   path = checkpoints.save_t5x(params, str(tmp_path), step=0)
   with pytest.raises(ValueError, match=r"decoder/layers_0/mlp/wo/kernel has shape \(3, 3\), "
                                        r"expected \(16, 16\)"):
-    partitioning.restore_sharded(path, shardings, template)
+    decode_layout.restore_sharded(path, shardings, template)

@@ -21,6 +21,7 @@ import pytest
 
 from spec_decode.engine import decoding
 from spec_decode.t5 import network
+from spec_decode import decode_layout
 from spec_decode import partitioning
 
 MESH_SHAPES = [(1, 8), (2, 4), (4, 2), (8, 1)]
@@ -82,7 +83,7 @@ def _sharded(mesh_shape: tuple[int, int], mode: str):
   """(decoders, placed target params, placed draft params, compiled speculative, outputs)."""
   params, draft_params, encoder_input_tokens, decoder_inputs = _problem()
   partitioner = partitioning.PjitPartitioner(mesh_shape=mesh_shape)
-  decoders = partitioning.partition_decoders(partitioner, TARGET, DRAFT, eos_id=EOS, gamma=GAMMA,
+  decoders = decode_layout.partition_decoders(partitioner, TARGET, DRAFT, eos_id=EOS, gamma=GAMMA,
                                              **MODES[mode])
   params = jax.device_put(params, decoders.params_shardings)
   draft_params = jax.device_put(draft_params, decoders.draft_params_shardings)
@@ -148,7 +149,7 @@ def test_parameters_are_split_and_draft_replicated(mesh_shape):
 
 def test_draft_may_follow_its_own_rules():
   partitioner = partitioning.PjitPartitioner(mesh_shape=(2, 4))
-  decoders = partitioning.partition_decoders(
+  decoders = decode_layout.partition_decoders(
       partitioner, TARGET, DRAFT, eos_id=EOS, gamma=GAMMA,
       draft_logical_axis_rules=partitioning.standard_logical_axis_rules())
   spec = decoders.draft_params_shardings["decoder"]["layers_0"]["mlp"]["wi"]["kernel"].spec
@@ -239,13 +240,13 @@ def test_mesh_must_divide_heads_and_mlp(field, size, mesh_shape, message):
   config = dataclasses.replace(TARGET, **{field: size})
   partitioner = partitioning.PjitPartitioner(mesh_shape=mesh_shape)
   with pytest.raises(ValueError, match=message):
-    partitioning.partition_decoders(partitioner, config, DRAFT, eos_id=EOS, gamma=GAMMA)
+    decode_layout.partition_decoders(partitioner, config, DRAFT, eos_id=EOS, gamma=GAMMA)
 
 
 def test_mesh_must_divide_the_batch():
   params, draft_params, encoder_input_tokens, decoder_inputs = _problem()
   partitioner = partitioning.PjitPartitioner(mesh_shape=(4, 2))
-  decoders = partitioning.partition_decoders(partitioner, TARGET, DRAFT, eos_id=EOS, gamma=GAMMA)
+  decoders = decode_layout.partition_decoders(partitioner, TARGET, DRAFT, eos_id=EOS, gamma=GAMMA)
   with pytest.raises(ValueError, match=r"'batch' of size 6 is split over mesh axis data of size 4"):
     decoders.speculative.lower(params, draft_params, encoder_input_tokens[:6],
                                decoder_inputs[:6], RNG)
@@ -257,4 +258,4 @@ def test_unknown_logical_axis_and_mesh_axis_are_named():
   partitioner = partitioning.PjitPartitioner(
       num_partitions=1, logical_axis_rules=[("batch", "data")])
   with pytest.raises(ValueError, match=r"logical axes \[.*\] have no partitioning rule"):
-    partitioning.partition_decoders(partitioner, TARGET, eos_id=EOS)
+    decode_layout.partition_decoders(partitioner, TARGET, eos_id=EOS)

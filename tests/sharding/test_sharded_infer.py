@@ -1,6 +1,6 @@
 """The path `python -m spec_decode.infer` runs, on 8 simulated CPU devices.
 
-`partitioning.DecodeLayout` is the one place a decode is compiled and its parameters placed;
+`decode_layout.DecodeLayout` is the one place a decode is compiled and its parameters placed;
 infer uses it with any partitioner. Checked here on a tiny random T5 pair (demo vocabulary,
 T5X TensorStore checkpoints):
   * `python -m spec_decode.infer` itself (subprocesses) at NUM_PARTITIONS 1 (the data-parallel
@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spec_decode import infer
 from spec_decode import models
+from spec_decode import decode_layout
 from spec_decode import partitioning
 from spec_decode import plan
 from spec_decode.engine import decoding
@@ -247,8 +248,8 @@ def test_infer_runs_are_not_trivial(infer_runs):
 # --------------------------------------------------------------------------- restore and plan
 
 
-def _layout(num_partitions: int) -> partitioning.DecodeLayout:
-  return partitioning.decode_layout(partitioning.PjitPartitioner(num_partitions=num_partitions),
+def _layout(num_partitions: int) -> decode_layout.DecodeLayout:
+  return decode_layout.decode_layout(partitioning.PjitPartitioner(num_partitions=num_partitions),
                                     TARGET, DRAFT)
 
 
@@ -321,7 +322,7 @@ def test_infer_loop_has_partition_decoders_collectives(setup):
   collectives are its 'model'-split matmuls' all-reduces (attention out, mlp wo, embedding),
   nothing is permuted or exchanged all-to-all, and its collectives are exactly those of
   `partition_decoders`' loop (the rest: reductions over the vocabulary-split logits)."""
-  layout = partitioning.decode_layout(partitioning.PjitPartitioner(mesh_shape=(2, 4)),
+  layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(2, 4)),
                                       TARGET, DRAFT)
   vocabulary = vocab.SentencePieceVocabulary(str(VOCAB_FILE))
   model = models.SpeculativeEncoderDecoderModel(
@@ -345,7 +346,7 @@ def test_infer_loop_has_partition_decoders_collectives(setup):
       ("all-reduce", "decoder/layers_0/mlp/wo/dot_general")}, model_ops
   assert not [c for c in found if c[0] in ("all-to-all", "collective-permute")], found
 
-  decoders = partitioning.partition_decoders(layout.partitioner, TARGET, DRAFT, eos_id=1,
+  decoders = decode_layout.partition_decoders(layout.partitioner, TARGET, DRAFT, eos_id=1,
                                              gamma=GAMMA, temperature=1.0)
   reference = decoders.speculative.lower(params, draft_params, batch["encoder_input_tokens"],
                                          batch["decoder_input_tokens"], rng).compile()

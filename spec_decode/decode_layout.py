@@ -1,0 +1,349 @@
+"""Decoding on a device mesh: where a decode's parameters, caches and batches live, and the one
+place a decode is compiled (mesh, rules and shardings: `spec_decode.partitioning`).
+
+Decode layout (`decode_layout` -> `DecodeLayout`): the one place a decode is compiled and its
+parameters placed, used by `spec_decode.infer` (through `DecodeLayout.partition_predict`, any
+`models.EncoderDecoderModel`) and by `partition_decoders` (the engine's functions alone). Target
+parameters follow the rules; draft parameters are replicated on every device by default
+(`replicated_parameter_rules`: a draft step is latency-bound and must not wait on collectives)
+or follow their own rules. Each cache is pinned to its sharding where it is created and after
+every model call (`DecodeLayout.model_calls`), so the `lax.while_loop` carries both caches in one
+layout. Per-row writes (the caches' and the engine's token buffer) are vmapped scatters, which
+GSPMD keeps on the devices holding the rows: inside the loop a model call's only collectives are
+the all-reduces of its 'model'-split matmuls (the sampling's reductions over 'model'-split
+logits add theirs), and nothing is permuted or resharded per step (checked on the compiled HLO
+of both users by tests/sharding). Batches go in split over 'data' (`put_batch`: a batch the
+'data' axis does not divide is a ValueError naming it), outputs come out split alike and are
+fetched by `gather` (`process_allgather`, multi-host safe).
+
+Restoring (`DecodeLayout.restore` -> `restore_params`): parameters go straight into their
+shards. T5X checkpoints (`restore_sharded`): every array stored as a TensorStore (zarr) array is
+read slice by slice, each process reading only the slices its own devices hold, each distinct
+slice once and dropped once on its devices, so host memory holds one slice (and the TensorStore
+chunk it is read from) at a time, never the whole model. Arrays stored inline in a msgpack file
+cannot be read partially: each process reads the whole file, then keeps its slices. Hugging
+Face folders and demo .safetensors files are read into host memory whole (`models.load_params`),
+then each device receives only its slices (`put_host`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorstore as ts
+from flax.core import unfreeze
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, PartitionSpec
+
+from spec_decode import models
+from spec_decode import partitioning
+from spec_decode.engine import decoding
+from spec_decode.t5 import checkpoints
+from spec_decode.t5 import network
+
+Params = Any
+
+
+def _batch_axes(leaf: Any) -> PartitionSpec:
+  """Logical axes of a batch leaf: 'batch' first, the rest unsplit."""
+  return PartitionSpec("batch", *[None] * (len(leaf.shape) - 1))
+
+
+def put_host(arrays: Any, shardings: Any) -> Any:
+  """Host (numpy) arrays -> jax.Arrays laid out by `shardings` (a tree, or one sharding for
+  every leaf), each device receiving only its slice: no device ever holds a whole array it
+  does not replicate. Every process must pass the same arrays (each keeps its own slices)."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree_util.tree_map(lambda _: shardings, arrays)
+
+  def put(array: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+    array = np.asarray(array)
+    return _array_from_slices(array.shape, sharding, lambda index: array[index])
+
+  return jax.tree_util.tree_map(put, arrays, shardings)
+
+
+def _array_from_slices(shape: tuple[int, ...], sharding: jax.sharding.Sharding,
+                       read: Callable[[tuple[slice, ...]], np.ndarray]) -> jax.Array:
+  """The jax.Array of `shape` laid out by `sharding` whose slice `index` is `read(index)`.
+  Each distinct slice of this process's devices is read once, put on every device holding it,
+  and dropped: at most one slice is in host memory at a time (jax.make_array_from_callback
+  would hold all of them until the end)."""
+  devices_by_slice: dict[tuple, tuple[tuple[slice, ...], list[jax.Device]]] = {}
+  for device, index in sharding.addressable_devices_indices_map(shape).items():
+    # Slices are unhashable before Python 3.12.
+    key = tuple((s.start, s.stop, s.step) for s in index)
+    devices_by_slice.setdefault(key, (index, []))[1].append(device)
+  shards = []
+  for index, devices in devices_by_slice.values():
+    data = read(index)
+    shards += [jax.device_put(data, device) for device in devices]
+  return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+
+
+def gather(outputs: Any) -> Any:
+  """Outputs of a partitioned call (split over 'data') -> whole numpy arrays on every process
+  (`process_allgather`: multi-host safe, where `jax.device_get` of a global array is not)."""
+  return multihost_utils.process_allgather(outputs, tiled=True)
+
+
+class _InputsChecked:
+  """A jitted decoder whose batch arguments are checked against the mesh before jit sees them
+  (jit's own check would name no logical axis)."""
+
+  def __init__(self, jitted: Callable, check: Callable[..., None], num_batch_args: int):
+    self._jitted = jitted
+    self._check = check
+    self._num_batch_args = num_batch_args
+
+  def __call__(self, *args: Any) -> Any:
+    self._check(*args[-1 - self._num_batch_args:-1])  # (params..., batch args..., rng)
+    return self._jitted(*args)
+
+  def lower(self, *args: Any) -> jax.stages.Lowered:
+    self._check(*args[-1 - self._num_batch_args:-1])
+    return self._jitted.lower(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLayout:
+  """Where the arrays of a (speculative) decode live on a partitioner's mesh: the one place a
+  decode is compiled (`partition`) and its parameters are placed (`restore`, `put_params`).
+
+  Target parameters follow the partitioner's rules, draft parameters `draft_rules`; each model's
+  decode cache is pinned to its layout where it is created and after every model call
+  (`model_calls`, a `models.ModelCalls`), so the engine's `lax.while_loop` carries it in one
+  layout. Batches are split over 'data'; outputs too (`gather` fetches them).
+  """
+  partitioner: partitioning.PjitPartitioner
+  target: network.T5Config
+  draft: network.T5Config | None
+  draft_rules: tuple[tuple[str, Any], ...]
+  params_shardings: Params
+  draft_params_shardings: Params | None
+
+  @property
+  def mesh(self) -> Mesh:
+    return self.partitioner.mesh
+
+  def rules(self, role: str) -> tuple[tuple[str, Any], ...]:
+    """The logical axis rules of the 'target' or the 'draft'."""
+    if role not in ("target", "draft"):
+      raise ValueError(f"role is 'target' or 'draft', got {role!r}")
+    return self.partitioner.logical_axis_rules if role == "target" else self.draft_rules
+
+  def pin_cache(self, role: str, cache: network.DecodeCache) -> network.DecodeCache:
+    """`cache` constrained to its layout (inside a jitted function)."""
+    return jax.lax.with_sharding_constraint(
+        cache, self.partitioner.cache_shardings(cache, self.rules(role)))
+
+  def model_calls(self, role: str, module_or_config: network.Transformer | network.T5Config,
+                  params: Params, encoder_input_tokens: jax.Array, max_decode_len: int
+                  ) -> tuple[network.DecodeCache, Callable]:
+    """(initial cache, tokens_to_logits) of one model, both keeping the cache in its layout."""
+    cache = network.init_decode_cache(module_or_config, params, encoder_input_tokens,
+                                      max_decode_len)
+    tokens_to_logits = network.make_tokens_to_logits(module_or_config, params)
+
+    def pinned_tokens_to_logits(state: decoding.DecodingState):
+      logits, new_cache = tokens_to_logits(state)
+      return logits, self.pin_cache(role, new_cache)
+
+    return self.pin_cache(role, cache), pinned_tokens_to_logits
+
+  def check_batch(self, *batch: Any) -> None:
+    """ValueError naming the axis when the 'data' axis does not divide a batch leaf."""
+    partitioning.check_divisible(batch, jax.tree_util.tree_map(_batch_axes, batch),
+                    self.partitioner.logical_axis_rules, self.mesh, what="inputs")
+
+  def partition(self, fn: Callable, *, params_roles: Sequence[str | None],
+                num_batch_args: int) -> Callable:
+    """`fn(*params, *batch_args, rng)` jitted on the mesh: one parameter argument per
+    `params_roles` entry ('target' or 'draft': placed in that layout; None: an absent model,
+    pass None), batch arguments (arrays or trees of [B, ...] arrays) split over 'data', the rng
+    replicated; outputs split over 'data'. Batches are checked by `check_batch` before jit sees
+    them."""
+    params_shardings = tuple(None if role is None else self._shardings(role)
+                             for role in params_roles)
+    batch = self.partitioner.batch_sharding
+    jitted = self.partitioner.partition(
+        fn, params_shardings + (batch,) * num_batch_args + (self.partitioner.replicated,), batch)
+    return _InputsChecked(jitted, self.check_batch, num_batch_args)
+
+  def partition_predict(self, model: Any) -> Callable:
+    """`model.predict_batch_with_aux` (a `models.EncoderDecoderModel`) partitioned, with its
+    caches pinned by `model_calls`: a function (params, draft_params, batch, rng) ->
+    (decodes [B, L], aux), draft_params None unless the model is speculative. Give arguments
+    placed by `restore`/`put_params`, `put_batch` and `put_replicated`."""
+    pinned = model.with_model_calls(self.model_calls)
+
+    def predict(params, draft_params, batch, rng):
+      if draft_params is None:
+        return pinned.predict_batch_with_aux(params, batch, rng=rng)
+      return pinned.predict_batch_with_aux(params, batch, rng=rng, draft_params=draft_params)
+
+    return self.partition(predict, num_batch_args=1, params_roles=(
+        "target", "draft" if model.is_speculative else None))
+
+  def put_params(self, role: str, params: Params) -> Params:
+    """Host parameters of the 'target' or 'draft' -> their layout, slice by slice."""
+    return put_host(params, self._shardings(role))
+
+  def put_batch(self, batch: Any) -> Any:
+    """A host batch (a tree of [B, ...] arrays, the same on every process) split over 'data'."""
+    self.check_batch(batch)
+    return put_host(batch, self.partitioner.batch_sharding)
+
+  def put_replicated(self, arrays: Any) -> Any:
+    """Host arrays (e.g. an rng) replicated on every device."""
+    return put_host(arrays, self.partitioner.replicated)
+
+  def restore(self, role: str, module: network.Transformer, path: str,
+              dtype: Any = None) -> Params:
+    """The 'target's or 'draft's parameters from a checkpoint, straight into their layout (see
+    `restore_params`)."""
+    config = self.target if role == "target" else self.draft
+    if module.config != config:
+      raise ValueError(f"the {role} module's config is not the layout's")
+    return restore_params(module, path, self._shardings(role), dtype)
+
+  def _shardings(self, role: str) -> Params:
+    self.rules(role)  # checks the role
+    shardings = self.params_shardings if role == "target" else self.draft_params_shardings
+    if shardings is None:
+      raise ValueError("this layout has no draft")
+    return shardings
+
+
+def decode_layout(partitioner: partitioning.PjitPartitioner, target: network.T5Config,
+                  draft: network.T5Config | None = None,
+                  draft_logical_axis_rules: partitioning.LogicalAxisRules | None = None) -> DecodeLayout:
+  """The `DecodeLayout` of `target` (and `draft`) on `partitioner`'s mesh. Draft parameters
+  follow `draft_logical_axis_rules`, by default `partitioning.replicated_parameter_rules` of the
+  partitioner's (a draft step is latency-bound and must not wait on collectives). Both models'
+  parameter shapes are checked against the mesh here (ValueError)."""
+  rules = partitioner.logical_axis_rules
+  draft_rules = tuple(tuple(rule) for rule in
+                      (draft_logical_axis_rules or partitioning.replicated_parameter_rules(rules)))
+  partitioning.check_rules(draft_rules)
+
+  def shardings(config: network.T5Config, model_rules: partitioning.LogicalAxisRules) -> Params:
+    shapes, axes = partitioning.abstract_params(config)
+    return partitioner.logical_shardings(axes, shapes, model_rules, what="parameters")
+
+  return DecodeLayout(partitioner, target, draft, draft_rules, shardings(target, rules),
+                      None if draft is None else shardings(draft, draft_rules))
+
+
+# --------------------------------------------------------------------------- decoders
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedDecoders:
+  """Jitted decoders and the parameter layouts they expect (place parameters accordingly).
+
+  baseline(params, encoder_input_tokens [B, Le], decoder_inputs [B, L], rng)
+      -> (decodes [B, num_decodes, L], log_probs [B, num_decodes])
+  speculative(params, draft_params, encoder_input_tokens, decoder_inputs, rng)
+      -> (decodes, log_probs, decoding.SpeculativeStats)   (None without a draft)
+  `decoder_inputs` follow `decoding`'s conventions (BOS 0, forced prompt tokens); B must be a
+  multiple of the 'data' axis size (a ValueError before tracing otherwise). Outputs are split
+  over 'data' like the inputs. Both decoders also have jit's `.lower(*args)`.
+  """
+  params_shardings: Params
+  draft_params_shardings: Params | None
+  baseline: Callable
+  speculative: Callable | None
+
+
+def partition_decoders(partitioner: partitioning.PjitPartitioner, target: network.T5Config,
+                       draft: network.T5Config | None = None, *, eos_id: int,
+                       gamma: int | None = None,
+                       draft_logical_axis_rules: partitioning.LogicalAxisRules | None = None,
+                       num_decodes: int = 1, temperature: float = 1.0, topk: int = 0,
+                       topp: float = 0.0, max_decode_steps: int | None = None,
+                       verifier: str = "token") -> ShardedDecoders:
+  """Jits `decoding.temperature_sample` (target alone) and `decoding.speculative_sample`
+  (target + draft, `gamma` drafts per iteration) on the `decode_layout` of the models: the
+  engine's functions without a `models.EncoderDecoderModel` around them.
+  """
+  if (draft is None) != (gamma is None):
+    raise ValueError("give both draft and gamma for speculative decoding, or neither")
+  layout = decode_layout(partitioner, target, draft, draft_logical_axis_rules)
+  options = dict(eos_id=eos_id, num_decodes=num_decodes, temperature=temperature, topk=topk,
+                 topp=topp, max_decode_steps=max_decode_steps)
+
+  def baseline(params, encoder_input_tokens, decoder_inputs, rng):
+    cache, tokens_to_logits = layout.model_calls("target", target, params, encoder_input_tokens,
+                                                 decoder_inputs.shape[1])
+    return decoding.temperature_sample(decoder_inputs, cache, tokens_to_logits,
+                                       decode_rng=rng, **options)
+
+  def speculative(params, draft_params, encoder_input_tokens, decoder_inputs, rng):
+    max_decode_len = decoder_inputs.shape[1]
+    cache, tokens_to_logits = layout.model_calls("target", target, params, encoder_input_tokens,
+                                                 max_decode_len)
+    draft_cache, draft_tokens_to_logits = layout.model_calls(
+        "draft", draft, draft_params, encoder_input_tokens, max_decode_len)
+    return decoding.speculative_sample(
+        decoder_inputs, cache, tokens_to_logits, draft_cache=draft_cache,
+        draft_tokens_to_logits=draft_tokens_to_logits, gamma=gamma, decode_rng=rng,
+        verifier=verifier, **options)
+
+  return ShardedDecoders(
+      layout.params_shardings, layout.draft_params_shardings,
+      layout.partition(baseline, params_roles=("target",), num_batch_args=2),
+      None if draft is None else layout.partition(speculative, params_roles=("target", "draft"),
+                                                  num_batch_args=2))
+
+
+# --------------------------------------------------------------------------- restore
+
+
+# The checkpoint layouts are `spec_decode.t5.checkpoints`' business; this section reuses its
+# locating and parsing helpers and replaces only the final whole-array read by sliced reads.
+
+
+def restore_sharded(path: str, shardings: Params, template: Params, dtype: Any = None) -> Params:
+  """The parameters of a T5X checkpoint as jax.Arrays laid out by `shardings`.
+
+  `template`: the params tree of ShapeDtypeStructs (e.g. `partitioning.abstract_params(config)[0]`); the
+  checkpoint must match it exactly (`checkpoints.check_params`). `shardings`: the same tree of
+  Shardings (e.g. `partitioning.PjitPartitioner.params_shardings`). `dtype`: floating parameters are cast to
+  it slice by slice (T5X's inference restores in bfloat16). Each process reads only the slices
+  its own devices hold, each distinct slice once, one at a time; see the module docstring for
+  the layouts that force a whole read.
+  """
+  arrays = checkpoints.open_t5x_params(path, template)
+  checkpoints.check_params(template, arrays, os.fspath(path))
+
+  def place(array: ts.TensorStore | np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    stored = jnp.dtype(array.dtype.numpy_dtype if isinstance(array, ts.TensorStore)
+                       else array.dtype)
+    wanted = dtype if dtype is not None and jnp.issubdtype(stored, jnp.floating) else stored
+    return _array_from_slices(
+        tuple(array.shape), sharding,
+        lambda index: checkpoints.read_slice(array, index).astype(wanted, copy=False))
+
+  return jax.tree_util.tree_map(place, arrays, unfreeze(shardings))
+
+
+def restore_params(module: network.Transformer, path: str, shardings: Params,
+                   dtype: Any = None) -> Params:
+  """`module`'s parameters from any checkpoint `models.load_params` reads, as jax.Arrays laid
+  out by `shardings`, no device receiving more than its slices. A T5X checkpoint goes through
+  `restore_sharded` (TensorStore arrays read slice by slice: the whole target is never in host
+  memory at once); a Hugging Face folder or a demo .safetensors file is read into host memory
+  whole (their formats have no sliced reads), then each device gets its slices (`put_host`).
+  `dtype`: floating parameters are cast to it."""
+  kind, resolved = models.checkpoint_format(path)
+  if kind == "t5x":
+    template, _ = partitioning.abstract_params(module.config)
+    return restore_sharded(resolved, shardings, template, dtype)
+  return put_host(models.load_params(module, path, dtype), shardings)
