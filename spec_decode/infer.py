@@ -47,11 +47,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import json
 import os
-import pathlib
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -61,19 +58,16 @@ import numpy as np
 
 from spec_decode import call_costs
 from spec_decode import gin_utils
+from spec_decode import infer_outputs
 from spec_decode import models
 from spec_decode import decode_layout
 from spec_decode import partitioning
 from spec_decode import paths
 from spec_decode import plan
 from spec_decode.gin_utils import UsageError
-from spec_decode.engine import decoding
-from spec_decode.engine import drafting
 from spec_decode.t5 import vocab
 
 DEFAULT_GIN_FILE = "spec_decode/configs/demo/infer.gin"
-PREDICTIONS_FILE = "predictions.jsonl"
-SUMMARY_FILE = "summary.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,19 +215,11 @@ def make_batches(examples: Sequence[Example], batch_size: int, input_length: int
 # --------------------------------------------------------------------------- decoding
 
 
-@dataclasses.dataclass
-class DecodeRun:
-  """Per-example outputs of one model over all batches, and the time of its compiled calls."""
-  decodes: list[np.ndarray]  # [L] each
-  aux: list[dict[str, Any]]
-  compile_seconds: float
-  seconds: float
-
-
 def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any,
                batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
                layout: decode_layout.DecodeLayout,
-               progress: Callable[[str, int, int], None] = lambda *_: None) -> DecodeRun:
+               progress: Callable[[str, int, int], None] = lambda *_: None
+               ) -> infer_outputs.DecodeRun:
   """Compiles model.predict_batch_with_aux once on `layout` (`DecodeLayout.partition_predict`)
   and runs it over `batches`; `params`/`draft_params` as `layout.restore` placed them.
   `progress(stage, batches done, batches)` is called when compiling starts and after each batch."""
@@ -257,7 +243,7 @@ def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any
     for row in range(num_real):
       decodes.append(batch_decodes[row])
       aux.append({name: value[row].item() for name, value in batch_aux.items()})
-  return DecodeRun(decodes, aux, compile_seconds, seconds)
+  return infer_outputs.DecodeRun(decodes, aux, compile_seconds, seconds)
 
 
 def _check_batch_size(layout: decode_layout.DecodeLayout, batch_size: int) -> None:
@@ -293,141 +279,6 @@ def _check_memory(layout: decode_layout.DecodeLayout, batch_size: int, input_len
         f"{plan.format_bytes(budget)} per device budget")
 
 
-# --------------------------------------------------------------------------- outputs
-
-
-def _write_atomically(path: pathlib.Path, text: str) -> None:
-  with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False,
-                                   prefix=f".{path.name}.") as f:
-    f.write(text)
-  # A temporary file is private (0600); the output gets the usual mode (0644 under umask 022).
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(f.name, 0o666 & ~umask)
-  os.replace(f.name, path)
-
-
-def _check_output_dir(output_dir: str) -> None:
-  """UsageError naming INFER_OUTPUT_DIR when outputs could not be written there."""
-  out = pathlib.Path(output_dir)
-  if out.exists() and not out.is_dir():
-    raise UsageError(f"INFER_OUTPUT_DIR {output_dir} exists and is not a directory")
-  existing = out
-  while not existing.exists():
-    existing = existing.parent
-  if not existing.is_dir():
-    raise UsageError(f"INFER_OUTPUT_DIR {output_dir} is under {existing}, which is a file")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise UsageError(f"INFER_OUTPUT_DIR {output_dir}: {existing} is not writable")
-
-
-def _count(number: int, noun: str) -> str:
-  return f"{number} {noun}" + ("" if number == 1 else "es" if noun.endswith("ch") else "s")
-
-
-def _progress(name: str) -> Callable[[str, int, int], None]:
-  """Prints what a decode_all run is doing: compiling, then every tenth of the batches."""
-  def report(stage: str, done: int, total: int) -> None:
-    if stage == "compiling":
-      print(f"{name}: compiling, then decoding", flush=True)
-    elif total >= 10 and done % max(total // 10, 1) == 0 and done < total:
-      print(f"{name}: {done}/{total} batches", flush=True)
-  return report
-
-
-def _summarize(model: models.EncoderDecoderModel, source: str, cfg: DatasetConfig,
-               examples: Sequence[Example], run: DecodeRun, baseline: DecodeRun | None,
-               costs: Mapping[str, float] | None, eos_id: int
-               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-  """(summary, per-example records)."""
-  settings = model.decode_settings
-  greedy = settings.get("temperature") is not None and settings["temperature"] <= 1e-4
-  records = []
-  for i, example in enumerate(examples):
-    tokens = vocab.until_eos(run.decodes[i], eos_id)
-    record = {"inputs": example.inputs,
-              "prediction": model.output_vocabulary.decode(tokens)}
-    if example.target is not None:
-      record["target"] = example.target
-    record["score"] = run.aux[i]["scores"]
-    record["stats"] = {name: value for name, value in run.aux[i].items() if name != "scores"}
-    record["stats"].setdefault("generated_tokens", len(tokens))
-    if baseline is not None:
-      baseline_tokens = vocab.until_eos(baseline.decodes[i], eos_id)
-      record["baseline_prediction"] = model.output_vocabulary.decode(baseline_tokens)
-      if greedy:
-        record["identical"] = bool(np.array_equal(run.decodes[i], baseline.decodes[i]))
-    records.append(record)
-
-  generated = sum(r["stats"]["generated_tokens"] for r in records)
-  summary: dict[str, Any] = {
-      "source": source, "split": cfg.split if cfg.mixture_or_task_name else None,
-      "num_examples": len(examples), "batch_size": cfg.batch_size,
-      "task_feature_lengths": dict(cfg.task_feature_lengths),
-      "speculative": model.is_speculative, "decode_settings": settings,
-      "generated_tokens": generated, "compile_seconds": run.compile_seconds,
-      "wall_seconds": run.seconds, "tokens_per_second": generated / max(run.seconds, 1e-9)}
-  if model.is_speculative:
-    totals = {name: sum(r["stats"][name] for r in records) 
-              for name in decoding.SpeculativeStats.counter_names()}
-    summary.update(totals)
-    summary["alpha"] = totals["acceptance_sum"] / max(totals["verified_positions"], 1)
-    summary["tokens_per_target_call"] = totals["generated_tokens"] / max(totals["target_calls"], 1)
-  if baseline is not None:
-    summary["baseline"] = {
-        "compile_seconds": baseline.compile_seconds, "wall_seconds": baseline.seconds,
-        "tokens_per_second": sum(len(vocab.until_eos(d, eos_id)) for d in baseline.decodes)
-                             / max(baseline.seconds, 1e-9)}
-    summary["speedup"] = baseline.seconds / max(run.seconds, 1e-9)
-    summary["target_calls_saved"] = 1 - totals["target_calls"] / max(generated, 1)
-    summary["identical_outputs"] = (all(r["identical"] for r in records) if greedy else None)
-    if greedy:
-      summary["num_identical"] = sum(r["identical"] for r in records)
-  if costs is not None:
-    # Theorem 3.8 with this run's alpha: on this machine (its measured c and v), and where a
-    # (gamma+1)-token call costs what a 1-token call does (v = 1: TPU/GPU at batch 1).
-    gamma, alpha = settings["gamma"], summary["alpha"]
-    summary["costs"] = dict(costs)
-    summary["predicted_speedup_this_machine"] = float(drafting.expected_tokens_per_cost(
-        alpha, gamma, costs["c"], costs["v"]))
-    summary["predicted_speedup_v1"] = float(drafting.expected_tokens_per_cost(
-        alpha, gamma, costs["c"], 1.0))
-  return summary, records
-
-
-def _print_report(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
-                  num_printed: int, output_dir: pathlib.Path) -> None:
-  for record in records[:num_printed]:
-    print(f"> {_shorten(record['inputs'])}\n  {_shorten(record['prediction'])}")
-  if len(records) > num_printed:
-    print(f"  ... ({len(records) - num_printed} more in {output_dir / PREDICTIONS_FILE})")
-  line = (f"{_count(summary['num_examples'], 'example')}, {summary['generated_tokens']} tokens in "
-          f"{summary['wall_seconds']:.2f}s ({summary['tokens_per_second']:.0f} tokens/s)")
-  if summary["speculative"]:
-    line += (f"; alpha {summary['alpha']:.2f}, {summary['tokens_per_target_call']:.2f} tokens "
-             f"per target call (gamma {summary['decode_settings']['gamma']})")
-  print(line)
-  if "baseline" in summary:
-    identical = {True: "yes", False: "no", None: "n/a (temperature > 0)"}[
-        summary["identical_outputs"]]
-    print(f"baseline (target alone): {summary['baseline']['wall_seconds']:.2f}s; speedup "
-          f"{summary['speedup']:.2f}x (measured, wall clock); identical output: {identical}")
-  if "costs" in summary:
-    gamma, costs = summary["decode_settings"]["gamma"], summary["costs"]
-    print(f"what it means: {summary['target_calls_saved']:.0%} fewer target calls than the "
-          f"baseline ({summary['tokens_per_target_call']:.2f} tokens per call). On this "
-          f"machine a {gamma + 1}-token target call costs {costs['v']:.2f}x a 1-token call and "
-          f"a draft call {costs['c']:.2f}x, so the paper's formula (Theorem 3.8) predicts "
-          f"{summary['predicted_speedup_this_machine']:.2f}x here; where a {gamma + 1}-token "
-          f"call costs what a 1-token call does (TPU/GPU at batch 1, the paper's setting) it "
-          f"predicts {summary['predicted_speedup_v1']:.2f}x for this alpha.")
-  print(f"wrote {output_dir / PREDICTIONS_FILE} and {output_dir / SUMMARY_FILE}")
-
-
-def _shorten(text: str, limit: int = 120) -> str:
-  return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
 def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
           dataset_cfg: DatasetConfig = gin.REQUIRED, checkpoint_path: str = gin.REQUIRED,
           output_dir: str = gin.REQUIRED, compare_with_baseline: bool = False,
@@ -446,7 +297,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   if compare_with_baseline and not model.is_speculative:
     raise UsageError("COMPARE_WITH_BASELINE needs a speculative decode_fn "
                      "(decoding.speculative_sample)")
-  _check_output_dir(output_dir)
+  infer_outputs.check_output_dir(output_dir)
   start = time.perf_counter()
   examples = read_examples(dataset_cfg, model)
   input_length, target_length = _check_dataset_config(dataset_cfg)
@@ -466,30 +317,27 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   draft_params = (None if draft_module is None else
                   layout.restore("draft", draft_module, model.draft_checkpoint_path))
   batches = make_batches(examples, dataset_cfg.batch_size, input_length, target_length)
-  print(f"{_count(len(examples), 'example')} in {_count(len(batches), 'batch')} of "
-        f"{dataset_cfg.batch_size}")
+  print(f"{infer_outputs.count(len(examples), 'example')} in "
+        f"{infer_outputs.count(len(batches), 'batch')} of {dataset_cfg.batch_size}")
 
   name = "speculative decoder (target + draft)" if model.is_speculative else "target"
-  run = decode_all(model, params, draft_params, batches, seed, layout, progress=_progress(name))
+  run = decode_all(model, params, draft_params, batches, seed, layout,
+                   progress=infer_outputs.progress(name))
   baseline = costs = None
   if compare_with_baseline:
     baseline = decode_all(model.baseline(), params, None, batches, seed, layout,
-                          progress=_progress("baseline (target alone)"))
+                          progress=infer_outputs.progress("baseline (target alone)"))
     print("measuring one target call of 1 and of gamma + 1 tokens, and one draft call")
     costs = call_costs.verification_costs(
         (model.module, params), (model.draft_module, draft_params),
         model.decode_settings["gamma"], dataset_cfg.batch_size, input_length, target_length)
   source = dataset_cfg.mixture_or_task_name or dataset_cfg.input_file or "--text"
-  summary, records = _summarize(model, source, dataset_cfg, examples, run, baseline, costs,
-                                model.output_vocabulary.eos_id)
+  summary, records = infer_outputs.summarize(model, source, dataset_cfg, examples, run, baseline,
+                                             costs, model.output_vocabulary.eos_id)
   summary["run_seconds"] = time.perf_counter() - start  # inputs, restore, compile and decode
 
-  out = pathlib.Path(output_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  _write_atomically(out / PREDICTIONS_FILE, "".join(
-      json.dumps(record, ensure_ascii=False) + "\n" for record in records))
-  _write_atomically(out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
-  _print_report(summary, records, num_printed, out)
+  out = infer_outputs.write(output_dir, summary, records)
+  infer_outputs.print_report(summary, records, num_printed, out)
   return summary
 
 

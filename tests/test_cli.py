@@ -17,6 +17,7 @@ import pytest
 
 import tiny_t5
 from spec_decode import infer
+from spec_decode import infer_outputs
 from spec_decode import paths
 from spec_decode import plan
 from spec_decode.training import train
@@ -65,7 +66,7 @@ def test_decode_setting_bound_on_the_command_line_takes_effect(pair_run_gin, run
       f"--gin_file={pair_run_gin}", "--gin.decoding.speculative_sample.gamma=5",
       "--text=A dog runs.", f"--text={long_text}", f"--gin.INFER_OUTPUT_DIR='{out}'"])
   assert status == 0, stderr
-  summary = json.loads((out / infer.SUMMARY_FILE).read_text())
+  summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
   assert summary["decode_settings"]["gamma"] == 5
   assert summary["drafted_tokens"] <= 5 * summary["target_calls"]
   assert summary["drafted_tokens"] > 3 * summary["target_calls"]  # gamma 3 could not draft this
@@ -80,7 +81,7 @@ def test_decode_setting_bound_on_the_command_line_takes_effect(pair_run_gin, run
   # Outputs are readable by others, as files usually are (umask), not 0600.
   umask = os.umask(0)
   os.umask(umask)
-  for name in (infer.PREDICTIONS_FILE, infer.SUMMARY_FILE):
+  for name in (infer_outputs.PREDICTIONS_FILE, infer_outputs.SUMMARY_FILE):
     assert stat.S_IMODE((out / name).stat().st_mode) == 0o666 & ~umask
 
 

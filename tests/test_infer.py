@@ -17,6 +17,7 @@ import pytest
 
 import tiny_t5
 from spec_decode import infer
+from spec_decode import infer_outputs
 from spec_decode import models
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
@@ -73,8 +74,8 @@ def end_to_end(setup, tmp_path_factory):
     assert run.returncode == 0, f"{name} run failed:\n{run.stdout}\n{run.stderr}"
     out = directory / name
     records = [json.loads(line) for line in
-               (out / infer.PREDICTIONS_FILE).read_text(encoding="utf-8").splitlines()]
-    summary = json.loads((out / infer.SUMMARY_FILE).read_text())
+               (out / infer_outputs.PREDICTIONS_FILE).read_text(encoding="utf-8").splitlines()]
+    summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
     outputs[name] = (run.stdout, records, summary)
   return outputs
 

@@ -63,7 +63,7 @@ def test_tensorstore_arrays_are_read_slice_by_slice(setup, tmp_path, monkeypatch
   params, template, shardings = setup
   path = checkpoints.save_t5x(params, str(tmp_path), step=1)
   reads = []
-  read_slice = partitioning._read_slice
+  read_slice = checkpoints.read_slice
 
   def recording_read_slice(array, index):
     assert isinstance(array, ts.TensorStore)  # opened, never read whole up front
@@ -71,7 +71,7 @@ def test_tensorstore_arrays_are_read_slice_by_slice(setup, tmp_path, monkeypatch
     reads.append(data.shape)
     return data
 
-  monkeypatch.setattr(partitioning, "_read_slice", recording_read_slice)
+  monkeypatch.setattr(checkpoints, "read_slice", recording_read_slice)
   decode_layout.restore_sharded(path, shardings, template)
   expected = []
   for leaf, sharding in zip(jax.tree_util.tree_leaves(template),

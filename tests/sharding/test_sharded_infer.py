@@ -28,12 +28,14 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spec_decode import infer
+from spec_decode import infer_outputs
 from spec_decode import models
 from spec_decode import decode_layout
 from spec_decode import partitioning
 from spec_decode import plan
 from spec_decode.engine import decoding
 from spec_decode.t5 import checkpoints
+from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 from test_sharded_decoding import _loop_collectives
@@ -124,7 +126,7 @@ def setup(tmp_path_factory) -> Setup:
   target_checkpoint = checkpoints.save_t5x(target_params, str(directory / "target_t5x"), step=1)
   draft_checkpoint = checkpoints.save_t5x(draft_params, str(directory / "draft_t5x"), step=1)
   hf_folder = directory / "target_hf"
-  checkpoints.save_hf(TARGET, target_params, str(hf_folder))
+  hf_checkpoints.save_hf(TARGET, target_params, str(hf_folder))
   (directory / "target.gin").write_text(_model_gin(TARGET))
   (directory / "draft.gin").write_text(_model_gin(DRAFT))
   run_gin = directory / "run.gin"
@@ -201,8 +203,8 @@ def infer_runs(setup):
     assert process.returncode == 0, f"{name} failed:\n{output}"
     out = setup.directory / name
     records = [json.loads(line) for line in
-               (out / infer.PREDICTIONS_FILE).read_text(encoding="utf-8").splitlines()]
-    results[run_key] = (records, json.loads((out / infer.SUMMARY_FILE).read_text()))
+               (out / infer_outputs.PREDICTIONS_FILE).read_text(encoding="utf-8").splitlines()]
+    results[run_key] = (records, json.loads((out / infer_outputs.SUMMARY_FILE).read_text()))
   return results
 
 
