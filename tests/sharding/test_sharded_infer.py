@@ -150,7 +150,7 @@ models.SpeculativeEncoderDecoderModel:
   decode_fn = @decoding.speculative_sample
   draft_module = @models.transformer_from_gin_file()
   draft_checkpoint_path = '{draft_checkpoint}'
-  gamma = {GAMMA}
+decoding.speculative_sample.gamma = {GAMMA}
 models.transformer_from_gin_file.gin_file = '{directory / "draft.gin"}'
 CHECKPOINT_PATH = '{target_checkpoint}'
 MIXTURE_OR_TASK_NAME = None
@@ -329,8 +329,8 @@ def test_infer_loop_has_partition_decoders_collectives(setup):
   vocabulary = vocab.SentencePieceVocabulary(str(VOCAB_FILE))
   model = models.SpeculativeEncoderDecoderModel(
       network.Transformer(TARGET), vocabulary, vocabulary,
-      decode_fn=functools.partial(decoding.speculative_sample, temperature=1.0),
-      draft_module=network.Transformer(DRAFT), gamma=GAMMA)
+      decode_fn=functools.partial(decoding.speculative_sample, temperature=1.0, gamma=GAMMA),
+      draft_module=network.Transformer(DRAFT))
   params = layout.restore("target", model.module, setup.target_checkpoint)
   draft_params = layout.restore("draft", model.draft_module, setup.draft_checkpoint)
   batch = {"encoder_input_tokens": np.ones((BATCH_SIZE, INPUT_LENGTH), np.int32),
@@ -369,7 +369,7 @@ def run_main(capsys, monkeypatch):
   def no_restore(*args, **kwargs):
     raise AssertionError("restored before refusing")
 
-  monkeypatch.setattr(partitioning, "restore_params", no_restore)
+  monkeypatch.setattr(decode_layout, "restore_params", no_restore)
 
   def run(args):
     try:
