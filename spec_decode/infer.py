@@ -28,17 +28,13 @@ What `infer` does, in this order (every check before anything is compiled or wri
      example); with COMPARE_WITH_BASELINE, also `model.baseline()` (the target alone, same
      sampling settings) on the same parameters;
   4. decodes every batch, timing the compiled calls only, and gathers the outputs from every
-     process (`decode_layout.gather`);
-  5. writes INFER_OUTPUT_DIR/predictions.jsonl (one line per example: inputs, prediction,
-     target when known, score and the per-example stats; the baseline's prediction when
-     compared) and INFER_OUTPUT_DIR/summary.json (alpha = sum of acceptance_sum / sum of
-     verified_positions, tokens per target call = generated / target calls, wall time and
-     tokens/s, and with the baseline its time, the speedup and whether the outputs are
-     identical — meaningful at temperature 0; null otherwise), each written whole (temporary
-     file, then rename);
-  6. prints the first predictions and a short summary.
-A usage error (unset required macro, unknown task, missing checkpoint or data, different
-vocabularies, bad setting) prints one line `spec_decode.infer: error: ...` on stderr and exits
+     process (`decode_layout.gather`), saying what it is doing; with COMPARE_WITH_BASELINE it
+     then measures the c and v of Theorem 3.8 on this machine (`call_costs`);
+  5. writes INFER_OUTPUT_DIR/predictions.jsonl and summary.json, each whole, and prints the
+     first predictions and what the run measured and implies (`infer_outputs`).
+A usage error (a missing gin file, a binding that cannot take effect, an unset required macro,
+an unknown task, a missing or unreadable checkpoint, data or output place, different
+vocabularies, a bad setting) prints one line `spec_decode.infer: error: ...` on stderr and exits
 with status 2, leaving no output file behind.
 """
 
@@ -59,8 +55,8 @@ import numpy as np
 from spec_decode import call_costs
 from spec_decode import gin_utils
 from spec_decode import infer_outputs
-from spec_decode import models
 from spec_decode import decode_layout
+from spec_decode import models
 from spec_decode import partitioning
 from spec_decode import paths
 from spec_decode import plan

@@ -161,7 +161,7 @@ def test_draft_may_follow_its_own_rules():
 _COLLECTIVES = ("all-to-all", "collective-permute", "all-gather", "all-reduce", "reduce-scatter")
 
 
-def _loop_collectives(hlo: str) -> list[tuple[str, str]]:
+def collectives_in_loop(hlo: str) -> list[tuple[str, str]]:
   """(collective, op_name) of every collective inside a while loop of a compiled HLO module."""
   computations: dict[str, list[str]] = {}
   lines: list[str] = []
@@ -196,7 +196,7 @@ def _loop_collectives(hlo: str) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def loop_collectives():
   *_, compiled, _ = _sharded((2, 4), "sampled")
-  found = _loop_collectives(compiled.as_text())
+  found = collectives_in_loop(compiled.as_text())
   assert any(op == "all-reduce" for op, _ in found), "the HLO parser found no loop collectives"
   return found
 

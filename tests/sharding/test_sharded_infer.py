@@ -32,16 +32,17 @@ from spec_decode import infer_outputs
 from spec_decode import models
 from spec_decode import decode_layout
 from spec_decode import partitioning
+from spec_decode import paths
 from spec_decode import plan
 from spec_decode.engine import decoding
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
-from test_sharded_decoding import _loop_collectives
+from test_sharded_decoding import collectives_in_loop
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-VOCAB_FILE = REPO_ROOT / "spec_decode" / "assets" / "demo" / "spm_ende_8k.model"
+VOCAB_FILE = paths.DEMO_ASSETS / "spm_ende_8k.model"
 # heads, joined_kv, mlp and the vocabulary (8000) are divisible by 8.
 TARGET = network.T5Config(vocab_size=8000, emb_dim=16, num_heads=8, head_dim=2,
                           num_encoder_layers=1, num_decoder_layers=1, mlp_dim=16,
@@ -338,7 +339,7 @@ def test_infer_loop_has_partition_decoders_collectives(setup):
   rng = jax.random.PRNGKey(0)
   compiled = layout.partition_predict(model).lower(
       params, draft_params, layout.put_batch(batch), layout.put_replicated(rng)).compile()
-  found = _loop_collectives(compiled.as_text())
+  found = collectives_in_loop(compiled.as_text())
   model_ops = {(op, name.split("decode_chunk/")[1]) for op, name in found
                if "decode_chunk" in name}
   assert model_ops == {
@@ -356,7 +357,7 @@ def test_infer_loop_has_partition_decoders_collectives(setup):
   def without_jit_name(collectives):
     return sorted((op, name.split("/", 1)[1]) for op, name in collectives)
 
-  assert without_jit_name(found) == without_jit_name(_loop_collectives(reference.as_text()))
+  assert without_jit_name(found) == without_jit_name(collectives_in_loop(reference.as_text()))
 
 
 # --------------------------------------------------------------------------- refusals
