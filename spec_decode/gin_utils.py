@@ -163,8 +163,13 @@ def check_bindings_take_effect(entry_points: Sequence[Callable[..., Any]]) -> No
   Unscoped bindings of a selector apply in every scope, so any reference to it reaches them.
   """
   bindings = dict(gin_config._CONFIG)  # pylint: disable=protected-access
-  # A configs' registration names a function or class by its module path.
+  # A configs' registration names a function or class by its module path, or by the path a
+  # config imported it from (`from spec_decode import bench` registers
+  # `spec_decode.bench.BenchConfig` for `spec_decode.bench.config.BenchConfig`).
   reached_keys = {("", f"{fn.__module__}.{fn.__qualname__}") for fn in entry_points}
+  reached_keys |= {("", selector)
+                   for selector, configurable in gin_config._REGISTRY.items()  # pylint: disable=protected-access
+                   if any(configurable.wrapped is fn for fn in entry_points)}
   pending = list(reached_keys)
   while pending:
     scope, selector = pending.pop()

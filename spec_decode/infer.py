@@ -54,6 +54,7 @@ import numpy as np
 
 from spec_decode import paths
 from spec_decode import call_costs
+from spec_decode import compile_options
 from spec_decode import gin_utils
 from spec_decode import models
 from spec_decode.gin_utils import UsageError
@@ -225,7 +226,8 @@ def _jit(fn: Callable, model: models.EncoderDecoderModel, partitioner: Any
   """(jitted fn(params, draft_params, batch, rng), place(params, draft_params) putting the
   parameters where the jitted function expects them)."""
   if partitioner is None:
-    return jax.jit(fn), lambda params, draft_params: jax.device_put((params, draft_params))
+    return (jax.jit(fn, compiler_options=compile_options.decode_compiler_options()),
+            lambda params, draft_params: jax.device_put((params, draft_params)))
   from spec_decode import partitioning  # pylint: disable=g-import-not-at-top
   shapes, axes = partitioning.abstract_params(model.module.config)
   params_shardings = partitioner.logical_shardings(axes, shapes, what="parameter")
