@@ -9,6 +9,10 @@ logits feed a running max, so none is optimized away. Each cache has `init_decod
 shapes with zero keys and values (every input position unmasked): a call's cost does not depend
 on them, and running the encoder would cost one more compilation.
 
+`compile_call_sequence(...)` returns the compiled loop itself, and
+`interleaved_call_seconds({label: calls}, ...)` times several sequences in alternation (A B A B
+...), the way to measure a ratio on a shared machine.
+
 `verification_costs(target, draft, gamma, ...)` -> {'c': draft 1-token call / target 1-token
 call, 'v': target (gamma+1)-token call / target 1-token call}, each model timed alone.
 """
@@ -24,16 +28,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from spec_decode import compile_options as options_lib
 from spec_decode.engine import decoding
 from spec_decode.t5 import network
 
 Call = tuple[network.Transformer, Any, int]  # (module, params, tokens fed per row)
 
 
-def call_sequence_seconds(calls: Sequence[Call], batch_size: int, input_length: int,
-                          cache_length: int, loops: int, repetitions: int,
-                          compiler_options: Mapping[str, Any] | None = None) -> float:
-  """Median seconds of one pass through `calls` (see the module docstring)."""
+def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: int,
+                          cache_length: int, loops: int,
+                          compiler_options: Mapping[str, Any] | None = None,
+                          xla_defaults: bool = False) -> Callable[[], Any]:
+  """A callable running `loops` passes through `calls` once (compiled on its first call) and
+  waiting for the result (see the module docstring). Compiled as the decoders are
+  (`compile_options.merged(compiler_options, xla_defaults)`)."""
   encoder_tokens = jnp.ones((batch_size, input_length), jnp.int32)
   models = list({id(params): (module, params) for module, params, _ in calls}.values())
   slot = {id(params): i for i, (_, params) in enumerate(models)}
@@ -49,7 +57,8 @@ def call_sequence_seconds(calls: Sequence[Call], batch_size: int, input_length: 
   num_starts = max(cache_length - max(num_tokens for _, _, num_tokens in calls), 1)
   order = [(slot[id(params)], num_tokens) for _, params, num_tokens in calls]
 
-  @functools.partial(jax.jit, compiler_options=dict(compiler_options or {}))
+  @functools.partial(jax.jit,
+                     compiler_options=options_lib.merged(compiler_options, xla_defaults))
   def run_calls(all_params, caches):
     tokens_to_logits = [network.make_tokens_to_logits(module, params)
                         for (module, _), params in zip(models, all_params)]
@@ -68,8 +77,43 @@ def call_sequence_seconds(calls: Sequence[Call], batch_size: int, input_length: 
     return jax.lax.fori_loop(0, loops, one_pass, (caches, jnp.float32(-jnp.inf)))[1]
 
   all_params = [params for _, params in models]
-  return median_seconds(lambda: jax.block_until_ready(run_calls(all_params, caches)),
-                        repetitions, divisor=loops)
+  return lambda: jax.block_until_ready(run_calls(all_params, caches))
+
+
+def call_sequence_seconds(calls: Sequence[Call], batch_size: int, input_length: int,
+                          cache_length: int, loops: int, repetitions: int,
+                          compiler_options: Mapping[str, Any] | None = None,
+                          xla_defaults: bool = False) -> float:
+  """Median seconds of one pass through `calls` (see the module docstring)."""
+  return median_seconds(
+      compile_call_sequence(calls, batch_size, input_length, cache_length, loops,
+                            compiler_options, xla_defaults), repetitions, divisor=loops)
+
+
+def interleaved_call_seconds(sequences: Mapping[str, Sequence[Call]], batch_size: int,
+                             input_length: int, cache_length: int, loops: int,
+                             repetitions: int,
+                             compiler_options: Mapping[str, Any] | None = None,
+                             xla_defaults: Mapping[str, bool] | None = None
+                             ) -> dict[str, dict[str, Any]]:
+  """Per label, seconds of one pass through its calls, the sequences timed in alternation
+  (A B C A B C ...) after one untimed run each, so that load drift on a shared machine hits
+  all alike: {'median_s', 'all_s'}. Ratios of medians taken here are the ones to trust.
+  `xla_defaults[label]` compiles that label's sequence with XLA's defaults only."""
+  xla_defaults = xla_defaults or {}
+  runs = {label: compile_call_sequence(calls, batch_size, input_length, cache_length, loops,
+                                       compiler_options, xla_defaults.get(label, False))
+          for label, calls in sequences.items()}
+  for run in runs.values():
+    run()
+  timings: dict[str, list[float]] = {label: [] for label in runs}
+  for _ in range(repetitions):
+    for label, run in runs.items():
+      start = time.perf_counter()
+      run()
+      timings[label].append((time.perf_counter() - start) / loops)
+  return {label: {"median_s": statistics.median(values), "all_s": values}
+          for label, values in timings.items()}
 
 
 def median_seconds(run: Callable[[], Any], repetitions: int, divisor: int = 1) -> float:

@@ -85,10 +85,26 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
                                                     f"{bench.SIMULATED} T5.1.1 target"}
   assert all(0 < t["fraction_of_copy_bandwidth"] for t in limit["targets"])
 
+  cost = report["suites"]["verify_cost"]
+  assert cost["read_bandwidth"]["bytes_per_s"] > 0 and cost["matmul"]["flops_per_s"] > 0
+  (model,) = cost["models"]
+  assert [row["k"] for row in model["rows"]] == [1, 2]
+  assert model["weight_bytes_per_step"] > 0 and 0 < model["read_bandwidth_fraction"]
+  for row in model["rows"]:
+    for key in ("step_s", "v", "xla_step_s", "xla_v", "ours_over_xla", "roofline_v",
+                "serial_v"):
+      assert np.isfinite(row[key]) and row[key] > 0, key
+    assert row["roofline_v"] >= 1 and row["serial_v"] >= 1  # more rows never cost less
+  assert model["rows"][0]["v"] == model["rows"][0]["xla_v"] == 1.0
+  assert model["rows"][0]["roofline_v"] == model["rows"][0]["serial_v"] == 1.0
+  # The tiny model is under the goals' size: recorded as not measured, never asserted.
+  cost_goals = [g for g in report["goals"] if g["goal"].startswith("verify_cost")]
+  assert len(cost_goals) == 3 and all(g["met"] is None for g in cost_goals)
+
   assert report["goals"] and all("status" in goal for goal in report["goals"])
   assert "PairConfig" in report["gin_config"]
   for heading in ("own_baseline", "peer", "simulated_table2 (SIMULATED)", "physical_limit",
-                  "Goals"):
+                  "verify_cost", "Goals"):
     assert heading in markdown, heading
 
 
@@ -124,6 +140,20 @@ def test_goals_say_by_how_much_they_are_missed():
                        (False, "missed by 0 (100% of the target)"),  # must be strictly faster
                        (True, "met"), (None, "not measured (RuntimeError: cache)"),
                        (None, "not measured (no target of that size was measured in this run)")]
+
+
+def test_verify_cost_goals_are_upper_bounds_on_the_largest_model():
+  rows = [{"k": 1, "v": 1.0}, {"k": 4, "v": 1.8}, {"k": 8, "v": 2.0}]
+  suites = {"verify_cost": {"models": [
+      {"model": "small", "num_params": 10, "rows": [{"k": 4, "v": 9.0}]},
+      {"model": "large", "num_params": 800_000_000, "rows": rows,
+       "read_bandwidth_fraction": 0.6}]}}
+  by_goal = {g["goal"]: (g["met"], g["status"]) for g in bench.goals(suites)}
+  assert by_goal == {
+      "verify_cost: v(4) <= 1.5 (large)": (False, "missed by 0.3 (120% of the target)"),
+      "verify_cost: v(8) <= 2.0 (large)": (True, "met"),
+      "verify_cost: baseline step reads its weights at >= 80% of the read bandwidth (large)":
+          (False, "missed by 0.2 (75% of the target)")}
 
 
 def test_theory_comparison_uses_the_decoding_loops():

@@ -6,28 +6,32 @@ spec_decode/configs/bench/*.gin bind the config classes as this package exports 
 
 Modules, one job each:
   config      the gin-bound settings: PairConfig, OwnBaselineConfig, PeerConfig,
-              SimulatedTable2Config, PhysicalLimitConfig, BenchConfig; SUITES.
+              SimulatedTable2Config, PhysicalLimitConfig, VerifyCostConfig, BenchConfig;
+              SUITES.
   paper       the paper's Table 2 (Leviathan et al. 2023), the project's one copy: TABLE2.
   simulated   the benchmark-only coin acceptance rule (SIMULATED), never a selectable verifier.
   machine     the machine a run measured.
   pairs       Model and Pair: the shipped demo pair, random-weight pairs.
   decoders    Variant (one decoder setting), PairDecoders (compiled, timed runs), RunOutput.
-  timing      interleave, summarize, call and step timers, copy bandwidth.
+  timing      interleave, summarize, call and step timers, copy and read bandwidth, matmul
+              FLOP/s.
   theory      Theorem 3.8's predictions beside a measured speedup.
   workspace   the pairs, decoders and step timings a run's suites share.
-  suites/     own_baseline, peer (Hugging Face), simulated_table2, physical_limit.
+  suites/     own_baseline, peer (Hugging Face), simulated_table2, physical_limit,
+              verify_cost (v(k) for k = 1..8 beside the roofline).
   goals       the speed goals, recorded and never asserted.
   report      bench.json and the markdown tables.
   cli         the command line and `run_suites`.
 
 The public API (what scripts/reproduce_table2.py and the tests use), re-exported here:
   configs         PairConfig, OwnBaselineConfig, PeerConfig, SimulatedTable2Config,
-                  PhysicalLimitConfig, BenchConfig, SUITES
+                  PhysicalLimitConfig, VerifyCostConfig, BenchConfig, SUITES
   the paper       paper.TABLE2, paper.Table2Row
   models          Model, Pair, random_model, random_pair, build_pair, shipped_pair,
                   demo_files_exist
   decoding        Variant, PairDecoders, RunOutput, generated_lengths
-  timing          interleave, summarize, step_seconds, call_sequence_seconds, copy_bandwidth
+  timing          interleave, summarize, step_seconds, call_sequence_seconds, copy_bandwidth,
+                  read_bandwidth, matmul_throughput
   theory          predicted_speedup, realized_speedup, compare_with_theory, model_call_share
   SIMULATED       simulated_acceptance_rule, SIMULATED
   the run         describe_machine, goals, run_suites, main, to_markdown, write_report,
@@ -37,7 +41,8 @@ The public API (what scripts/reproduce_table2.py and the tests use), re-exported
 from spec_decode.bench import paper
 from spec_decode.bench.cli import main, run_suites
 from spec_decode.bench.config import (SUITES, BenchConfig, OwnBaselineConfig, PairConfig,
-                                      PeerConfig, PhysicalLimitConfig, SimulatedTable2Config)
+                                      PeerConfig, PhysicalLimitConfig, SimulatedTable2Config,
+                                      VerifyCostConfig)
 from spec_decode.bench.decoders import PairDecoders, RunOutput, Variant, generated_lengths
 from spec_decode.bench.goals import goals
 from spec_decode.bench.machine import describe_machine
@@ -48,14 +53,17 @@ from spec_decode.bench.simulated import SIMULATED, simulated_acceptance_rule
 from spec_decode.bench.theory import (compare_with_theory, model_call_share, predicted_speedup,
                                       realized_speedup)
 from spec_decode.bench.timing import (call_sequence_seconds, copy_bandwidth, interleave,
-                                      step_seconds, summarize)
+                                      matmul_throughput, read_bandwidth, step_seconds,
+                                      summarize)
 
 __all__ = [
     "SUITES", "BenchConfig", "OwnBaselineConfig", "PairConfig", "PeerConfig",
-    "PhysicalLimitConfig", "SimulatedTable2Config", "paper", "Model", "Pair", "random_model",
+    "PhysicalLimitConfig", "SimulatedTable2Config", "VerifyCostConfig", "paper", "Model",
+    "Pair", "random_model",
     "random_pair", "build_pair", "shipped_pair", "demo_files_exist", "Variant", "PairDecoders",
     "RunOutput", "generated_lengths", "interleave", "summarize", "step_seconds",
-    "call_sequence_seconds", "copy_bandwidth", "predicted_speedup", "realized_speedup",
+    "call_sequence_seconds", "copy_bandwidth", "read_bandwidth", "matmul_throughput",
+    "predicted_speedup", "realized_speedup",
     "compare_with_theory", "model_call_share", "simulated_acceptance_rule", "SIMULATED",
     "describe_machine", "goals", "run_suites", "main", "to_markdown", "write_report",
     "JSON_FILE", "MARKDOWN_FILE",

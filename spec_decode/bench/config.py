@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 # The suites in the order they run; `BenchConfig.suites` selects among them.
-SUITES = ("own_baseline", "peer", "simulated_table2", "physical_limit")
+SUITES = ("own_baseline", "peer", "simulated_table2", "physical_limit", "verify_cost")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +95,30 @@ class PhysicalLimitConfig:
   targets: Sequence[str] = ("pair", "simulated")
   copy_mib: int = 512
   copy_repetitions: int = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyCostConfig:
+  """v(k) for k in `num_tokens` of random-weight models with each of `model_gins` (plus
+  `overrides`), batch 1, `input_length` encoded tokens, a `cache_length` self-attention cache;
+  `calls` calls per timed loop, the median of `repetitions` interleaved loops counts; with
+  `compare_xla_defaults` the calls compiled with XLA's defaults are timed too. The roofline's
+  read bandwidth sums a `read_mib` MiB array and its FLOP/s time a [matmul_rows, matmul_size] x
+  [matmul_size, matmul_size] matmul, each the median of `bandwidth_repetitions`."""
+  model_gins: Sequence[str] = ("spec_decode/configs/models/t5_1_1/base.gin",
+                               "spec_decode/configs/models/t5_1_1/large.gin")
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"dtype": "float32"})
+  num_tokens: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)
+  input_length: int = 64
+  cache_length: int = 64
+  calls: int = 4
+  repetitions: int = 7
+  compare_xla_defaults: bool = True
+  read_mib: int = 512
+  matmul_rows: int = 512
+  matmul_size: int = 1024
+  bandwidth_repetitions: int = 5
+  seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

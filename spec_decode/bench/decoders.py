@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import compile_options
 from spec_decode.bench.pairs import Pair
 from spec_decode.bench.simulated import SIMULATED, simulated_acceptance_rule
 from spec_decode.engine import decoding
@@ -125,7 +126,7 @@ def _jitted_decoder(pair: Pair, variant: Variant, compiler_options: Mapping[str,
         verifier=variant.verifier_rule(), draft_policy=variant.policy())
     return decodes[:, 0], stats
 
-  options = dict(compiler_options)
+  options = compile_options.merged(compiler_options)
   return (jax.jit(prefill, compiler_options=options),
           jax.jit(decode, compiler_options=options))
 

@@ -12,14 +12,25 @@ GOAL_MEASURED_OVER_PREDICTED = 0.9
 GOAL_OURS_OVER_HF_ASSISTED = 2.0
 GOAL_BANDWIDTH_FRACTION = 0.5
 GOAL_BANDWIDTH_MIN_PARAMS = 200_000_000
+# verify_cost: a (gamma+1)-token call at most this many 1-token calls, for k = 4 and 8, and a
+# baseline step streaming its weights at this fraction of the measured read bandwidth (the
+# largest model of the suite, when it has GOAL_BANDWIDTH_MIN_PARAMS).
+GOAL_MAX_V = {4: 1.5, 8: 2.0}
+GOAL_READ_BANDWIDTH_FRACTION = 0.8
 
 
 def _goal(name: str, measured: float | None, target: float, note: str = "",
-          strict: bool = False) -> dict[str, Any]:
-  """A goal `measured >= target` (`>` when strict); `measured` None = not measured here."""
+          strict: bool = False, at_most: bool = False) -> dict[str, Any]:
+  """A goal `measured >= target` (`>` when strict; `measured <= target` when `at_most`);
+  `measured` None = not measured here."""
   goal = {"goal": name, "measured": measured, "target": target, "note": note}
   if measured is None:
     goal.update(met=None, status=f"not measured ({note})" if note else "not measured")
+  elif at_most and measured <= target:
+    goal.update(met=True, status="met")
+  elif at_most:
+    goal.update(met=False, status=f"missed by {measured - target:.3g} "
+                f"({measured / target:.0%} of the target)")
   elif measured > target or (measured == target and not strict):
     goal.update(met=True, status="met")
   else:
@@ -77,4 +88,25 @@ def goals(suites: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not large:
       result.append(_goal(name, None, GOAL_BANDWIDTH_FRACTION,
                           "no target of that size was measured in this run"))
+  cost = suites.get("verify_cost")
+  if cost:
+    big = max(cost["models"], key=lambda m: m["num_params"], default=None)
+    if big is None or big["num_params"] < GOAL_BANDWIDTH_MIN_PARAMS:
+      note = (f"no model of >= {GOAL_BANDWIDTH_MIN_PARAMS / 1e6:.0f}M params was measured in "
+              "this run")
+      big = None
+    else:
+      note = ""
+    for k, target in sorted(GOAL_MAX_V.items()):
+      v = None if big is None else next(
+          (row.get("v") for row in big["rows"] if row["k"] == k), None)
+      result.append(_goal(f"verify_cost: v({k}) <= {target} "
+                          f"({big['model'] if big else 'largest model'})", v, target,
+                          note or ("" if v is not None else f"k={k} not measured"),
+                          at_most=True))
+    result.append(_goal(
+        f"verify_cost: baseline step reads its weights at >= {GOAL_READ_BANDWIDTH_FRACTION:.0%} "
+        f"of the read bandwidth ({big['model'] if big else 'largest model'})",
+        None if big is None else big.get("read_bandwidth_fraction"),
+        GOAL_READ_BANDWIDTH_FRACTION, note or "k=1 not measured"))
   return result

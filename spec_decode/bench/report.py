@@ -163,9 +163,36 @@ def _physical_limit_section(limit: Mapping[str, Any]) -> list[str]:
                          "fraction of copy", "fraction incl. KV cache"], rows)
 
 
+def _verify_cost_section(cost: Mapping[str, Any]) -> list[str]:
+  read, matmul = cost["read_bandwidth"], cost["matmul"]
+  lines = ["## verify_cost", "",
+           f"v(k) = a k-token cached decoder call / a 1-token call, batch 1, cache "
+           f"{cost['cache_length']}, input {cost['input_length']} (medians of "
+           f"{cost['repetitions']} interleaved loops of {cost['calls_per_loop']} calls). Read "
+           f"bandwidth {read['bytes_per_s'] / 1e9:.2f} GB/s (the best of row sums, a "
+           f"matrix-vector product and numpy's sum over a {read['array_bytes'] / 2**20:.0f} MiB "
+           "array), matmul "
+           f"{cost['matmul']['flops_per_s'] / 1e9:.1f} GFLOP/s ([{matmul['rows']}, "
+           f"{matmul['size']}] x [{matmul['size']}, {matmul['size']}]). Roofline v: reading "
+           "and computing overlapped; serial v: not overlapped.", ""]
+  for model in cost["models"]:
+    fraction = model.get("read_bandwidth_fraction")
+    lines += [f"### {model['model']}: {model['num_params'] / 1e6:.0f}M params, "
+              f"{model['weight_bytes_per_step'] / 1e6:.0f} MB of weights per step"
+              + (f", 1-token call at {fraction:.0%} of the read bandwidth" if fraction else ""),
+              ""]
+    rows = [[row["k"], row["step_s"] * 1e3, row.get("v"),
+             row["xla_step_s"] * 1e3 if "xla_step_s" in row else None, row.get("xla_v"),
+             row["roofline_v"], row["serial_v"]] for row in model["rows"]]
+    lines += _table(["k", "ours ms", "ours v", "XLA defaults ms", "XLA defaults v",
+                     "roofline v", "serial v"], rows)
+  return lines
+
+
 _SECTIONS = (("own_baseline", _own_baseline_section), ("peer", _peer_section),
              ("simulated_table2", _simulated_table2_section),
-             ("physical_limit", _physical_limit_section))
+             ("physical_limit", _physical_limit_section),
+             ("verify_cost", _verify_cost_section))
 
 
 def to_markdown(report: Mapping[str, Any]) -> str:

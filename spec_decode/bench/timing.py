@@ -8,12 +8,17 @@
                                   loop (c, v and an iteration's calls come from it);
   step_seconds(...)               the same for one model's call alone.
   copy_bandwidth(...)             the machine's copy bandwidth (the physical limit's reference).
+  read_bandwidth(...)             the machine's read bandwidth (what a decode step's weights
+                                  stream at best: verify_cost's roofline).
+  matmul_throughput(...)          float32 FLOP/s of a compute-bound matmul (the roofline's
+                                  price of the extra rows of a k-token call).
 Every compiled function runs once before it is timed; a timed call ends at
 `jax.block_until_ready`; timings are medians of repetitions.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 from typing import Any, Callable, Mapping, Sequence
 
@@ -22,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import call_costs
+from spec_decode import compile_options
 from spec_decode.bench.decoders import RunOutput
 from spec_decode.bench.pairs import Model
 from spec_decode.engine import decoding
@@ -116,3 +122,48 @@ def copy_bandwidth(mib: int, repetitions: int, compiler_options: Mapping[str, An
                 lambda: np.copyto(destination, source), repetitions)}
   result["bytes_per_s"] = max(result["xla_bytes_per_s"], result["numpy_bytes_per_s"])
   return result
+
+
+def read_bandwidth(mib: int, repetitions: int, compiler_options: Mapping[str, Any]
+                   ) -> dict[str, float]:
+  """Bytes read per second over a `mib` MiB float32 array (median of `repetitions`), three
+  ways, the highest being the reference (a decode step's weights cannot stream faster):
+  a jitted sum of it as rows of 1024 ('xla_sum', compiled as the decoders are), a jitted
+  matrix-vector product of it as a [n, 1024] matrix ('xla_matvec': what a 1-token call does
+  to each weight matrix, multithreaded, all in one array) and numpy's sum ('numpy_sum')."""
+  size = mib * 2**20 // 4
+  options = compile_options.merged(compiler_options)
+  matrix = jnp.ones((size // 1024, 1024), jnp.float32)
+  vector = jnp.ones((1024,), jnp.float32)
+  row_sums = jax.jit(lambda m: jnp.sum(m, axis=1), compiler_options=options)
+  matvec = jax.jit(lambda m, v: m @ v, compiler_options=options)
+  source = np.ones((size,), np.float32)
+  nbytes = size * 4
+  result = {"array_bytes": nbytes,
+            "xla_sum_bytes_per_s": nbytes / call_costs.median_seconds(
+                lambda: jax.block_until_ready(row_sums(matrix)), repetitions),
+            "xla_matvec_bytes_per_s": nbytes / call_costs.median_seconds(
+                lambda: jax.block_until_ready(matvec(matrix, vector)), repetitions),
+            "numpy_sum_bytes_per_s": nbytes / call_costs.median_seconds(
+                lambda: np.add.reduce(source), repetitions)}
+  result["bytes_per_s"] = max(value for key, value in result.items()
+                              if key.endswith("bytes_per_s"))
+  return result
+
+
+def matmul_throughput(rows: int, size: int, repetitions: int,
+                      compiler_options: Mapping[str, Any]) -> dict[str, float]:
+  """float32 FLOP/s of a jitted [rows, size] x [size, size] matmul (compiled as the decoders
+  are; with rows in the hundreds and size ~1-2k: compute-bound, operands in cache), median of
+  `repetitions` (each timing a loop of 8 products)."""
+  products = 8
+
+  @functools.partial(jax.jit, compiler_options=compile_options.merged(compiler_options))
+  def chain(x, w):
+    return jax.lax.fori_loop(0, products, lambda _, x: (x @ w) * (1.0 / size), x)
+
+  x = jnp.ones((rows, size), jnp.float32)
+  w = jnp.ones((size, size), jnp.float32)
+  seconds = call_costs.median_seconds(lambda: jax.block_until_ready(chain(x, w)), repetitions,
+                                      divisor=products)
+  return {"rows": rows, "size": size, "flops_per_s": 2.0 * rows * size * size / seconds}

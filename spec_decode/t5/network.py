@@ -242,11 +242,33 @@ class MultiHeadAttention(nn.Module):
              deterministic: bool) -> Array:
     """query [B,q,H,D], key/value [B,kv,H,D], bias broadcastable to [B,H,q,kv] -> [B,q,E]."""
     # Logits and softmax in float32 whatever the activation dtype, for stability.
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32), key.astype(jnp.float32))
+    single_query = query.shape[1] == 1 and _single_query_products()
+    query, key = query.astype(jnp.float32), key.astype(jnp.float32)
+    if single_query:
+      # [B,1,H,D] x [B,kv,H,D]: multiply-reduce over D, read in the cache's own layout.
+      logits = jnp.moveaxis(jnp.sum(query * key, axis=-1), 1, 2)[:, :, None, :]
+    else:
+      logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
     weights = jax.nn.softmax(logits + bias).astype(value.dtype)
     weights = self.weights_dropout(weights, deterministic=deterministic)
-    mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    if single_query:
+      # [B,H,1,kv] x [B,kv,H,D]: multiply-reduce over kv -> [B,1,H,D].
+      mixed = jnp.sum(jnp.moveaxis(weights[:, :, 0, :], 1, 2)[..., None] * value, axis=1,
+                      keepdims=True)
+    else:
+      mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
     return self.out(mixed.reshape(mixed.shape[:-2] + (-1,)))
+
+
+# A 1-query attention (a baseline or draft decode step) as multiply-reduce loops on XLA:CPU:
+# its two einsums are small batched dots that first copy the cached keys and values into
+# head-major order, every layer, every step (a T5.1.1-large step: 96 such copies). Read at
+# trace time; other backends keep the einsums.
+SINGLE_QUERY_PRODUCTS_ON_CPU = True
+
+
+def _single_query_products() -> bool:
+  return SINGLE_QUERY_PRODUCTS_ON_CPU and jax.default_backend() == "cpu"
 
 
 def _activation(name: str) -> Callable[[Array], Array]:

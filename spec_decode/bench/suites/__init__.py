@@ -7,4 +7,6 @@
                     `assistant_model`.
   simulated_table2  the paper's Table 2 rows at real model sizes, acceptance forced by a coin.
   physical_limit    weight bytes per baseline step / step time against the copy bandwidth.
+  verify_cost       v(k): a k-token decoder call's cost over a 1-token call's, k = 1..8, at
+                    T5.1.1-base/-large, beside the machine's roofline.
 """
