@@ -16,6 +16,7 @@ import gin
 import pytest
 
 import tiny_t5
+from spec_decode import bench
 from spec_decode import infer
 from spec_decode import infer_outputs
 from spec_decode import paths
@@ -23,7 +24,7 @@ from spec_decode import plan
 from spec_decode.training import train
 
 PROGRAMS = {"spec_decode.infer": infer.main, "spec_decode.plan": plan.main,
-            "spec_decode.training.train": train.main}
+            "spec_decode.bench": bench.main, "spec_decode.training.train": train.main}
 
 
 @pytest.fixture
@@ -112,6 +113,7 @@ def test_a_setting_of_an_unused_decode_fn_cannot_take_effect(pair_run_gin, run_c
 
 @pytest.mark.parametrize("program, extra", [("spec_decode.infer", []),
                                             ("spec_decode.plan", []),
+                                            ("spec_decode.bench", []),
                                             ("spec_decode.training.train", ["--model_dir=x"])])
 def test_missing_gin_file(program, extra, run_cli):
   _assert_error(run_cli(program, ["--gin_file=spec_decode/configs/nope.gin", *extra]), program,
