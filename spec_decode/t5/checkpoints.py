@@ -39,7 +39,7 @@ import posixpath
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -335,8 +335,11 @@ def _orbax_metadata_tree(metadata_bytes: bytes, directory: str) -> dict:
   return unflatten_params(items)
 
 
-def _restore(path: str, template: Mapping[str, Any] | None, only_target: bool
-             ) -> dict[str, Any]:
+def _restore(path: str, template: Mapping[str, Any] | None, only_target: bool,
+             zarr_array: Callable[[dict, str, Any], Any] | None = None) -> dict[str, Any]:
+  """The checkpoint's state with every zarr-stored leaf given to `zarr_array(spec, where,
+  template)` (default `_read_zarr`: read whole) and inline arrays as numpy arrays."""
+  zarr_array = zarr_array or _read_zarr
   directory, msgpack_bytes, metadata_bytes = _locate_t5x(path)
   where = os.fspath(path)
   if msgpack_bytes is not None:
@@ -363,13 +366,13 @@ def _restore(path: str, template: Mapping[str, Any] | None, only_target: bool
     if isinstance(leaf, str) and leaf.startswith(_ORBAX_PLACEHOLDER):
       spec = {"driver": "zarr", "metadata": {},
               "kvstore": _kvstore(directory, leaf[len(_ORBAX_PLACEHOLDER):])}
-      return _read_zarr(spec, where_leaf, leaf_template)
+      return zarr_array(spec, where_leaf, leaf_template)
     if _is_tensorstore_spec(leaf):
       if "value_type" in leaf:  # from an Orbax _METADATA tree
         spec = {k: v for k, v in leaf.items() if k != "value_type"}
       else:
         spec = _legacy_array_spec(leaf, directory, where_leaf)
-      return _read_zarr(spec, where_leaf, leaf_template)
+      return zarr_array(spec, where_leaf, leaf_template)
     if isinstance(leaf, (np.ndarray, np.generic)):
       return np.asarray(leaf)
     return leaf
@@ -416,39 +419,8 @@ def open_t5x_params(path: str, template: Params) -> Params:
   """The parameters of a T5X checkpoint (any layout `load_t5x` reads), each an
   opened TensorStore, or a numpy array where only a whole read is possible (inline msgpack
   arrays, zarr arrays stored without metadata)."""
-  where = os.fspath(path)
-  directory, msgpack_bytes, metadata_bytes = _locate_t5x(path)
-  if msgpack_bytes is None:
-    contents = _orbax_metadata_tree(metadata_bytes, directory)
-  else:
-    try:
-      contents = serialization.msgpack_restore(msgpack_bytes)
-    except Exception as e:  # msgpack raises a zoo of exception types on garbage
-      raise ValueError(f"{where}: not a msgpack T5X checkpoint ({e})") from e
-  if not isinstance(contents, Mapping):
-    raise ValueError(f"{where}: not a T5X checkpoint")
-  params = _optimizer_state(contents, where).get("target")
-  if not isinstance(params, Mapping) or not params:
-    raise ValueError(f"{where}: the checkpoint has no parameters (optimizer.target)")
-  templates = dict(flatten_params(template))
-
-  def open_leaf(leaf_path: tuple[str, ...], leaf: Any) -> Any:
-    leaf_where = f"{where}: {'/'.join(leaf_path)}"
-    leaf_template = templates.get(leaf_path)
-    if isinstance(leaf, str) and leaf.startswith(_ORBAX_PLACEHOLDER):
-      name = leaf[len(_ORBAX_PLACEHOLDER):]
-      spec = {"driver": "zarr", "metadata": {}, "kvstore": _kvstore(directory, name)}
-      return _open_zarr(spec, leaf_where, leaf_template)
-    if _is_tensorstore_spec(leaf):
-      if "value_type" in leaf:  # from an Orbax _METADATA tree
-        spec = {k: v for k, v in leaf.items() if k != "value_type"}
-      else:
-        spec = _legacy_array_spec(leaf, directory, leaf_where)
-      return _open_zarr(spec, leaf_where, leaf_template)
-    return np.asarray(leaf)
-
-  return unflatten_params(
-      {p: open_leaf(p, leaf) for p, leaf in flatten_params(params)})
+  return _restore(path, {"target": template}, only_target=True,
+                  zarr_array=_open_zarr)["target"]
 
 
 def read_slice(array: ts.TensorStore | np.ndarray, index: tuple[slice, ...]) -> np.ndarray:

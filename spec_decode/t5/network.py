@@ -260,15 +260,12 @@ class MultiHeadAttention(nn.Module):
     return self.out(mixed.reshape(mixed.shape[:-2] + (-1,)))
 
 
-# A 1-query attention (a baseline or draft decode step) as multiply-reduce loops on XLA:CPU:
-# its two einsums are small batched dots that first copy the cached keys and values into
-# head-major order, every layer, every step (a T5.1.1-large step: 96 such copies). Read at
-# trace time; other backends keep the einsums.
-SINGLE_QUERY_PRODUCTS_ON_CPU = True
-
-
 def _single_query_products() -> bool:
-  return SINGLE_QUERY_PRODUCTS_ON_CPU and jax.default_backend() == "cpu"
+  """A 1-query attention (a baseline or draft decode step) as multiply-reduce loops on XLA:CPU:
+  its two einsums are small batched dots that first copy the cached keys and values into
+  head-major order, every layer, every step (a T5.1.1-large step: 96 such copies). Decided at
+  trace time; other backends keep the einsums."""
+  return jax.default_backend() == "cpu"
 
 
 def _activation(name: str) -> Callable[[Array], Array]:
