@@ -21,9 +21,11 @@ class PairConfig:
 
   `source`: 'demo' (the shipped pair of `spec_decode.t5.demo_pair`, with its bundled English inputs),
   'random' (random weights with the configs of `target_gin`/`draft_gin` plus the overrides, and
-  random inputs), or 'auto' (demo when its files exist, else random). A random pair decodes
-  with no EOS (every row runs to `max_decode_len`), so its timings do not depend on where a
-  random model happens to stop. `gamma` is the speculative decoders' (own_baseline's main one and
+  random inputs), 'near_bigram' (`pairs.near_bigram_pair`: a random `target_gin` target with its
+  residual branches scaled by `residual_scale` and a 1+1-layer draft made of the target's own
+  arrays; `draft_gin` unused), or 'auto' (demo when its files exist, else random). Random and
+  near-bigram pairs decode with no EOS (every row runs to `max_decode_len`), so their timings
+  do not depend on where a random model happens to stop. `gamma` is the speculative decoders' (own_baseline's main one and
   the peer comparison's). `step_calls` decoder calls (or iterations' worth of calls) make one
   timed loop of `timing.call_sequence_seconds` (c, v, the interleaved iteration,
   physical_limit); the median of `step_repetitions` loops counts.
@@ -41,6 +43,7 @@ class PairConfig:
   step_calls: int = 32
   step_repetitions: int = 5
   seed: int = 0
+  residual_scale: float = 0.01
 
 
 @dataclasses.dataclass(frozen=True)

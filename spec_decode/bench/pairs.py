@@ -5,6 +5,9 @@ its draft and the inputs they decode).
                              texts; `demo_files_exist()` says whether it is shipped.
   random_pair(name, config)  random weights with the config's model gin files, random inputs,
                              no EOS (every row decodes to the length limit).
+  near_bigram_pair(config)   a random-weight target with damped residual branches and a
+                             1+1-layer draft made of its own parameters, which agree most of the
+                             time without training; random inputs, no EOS.
   build_pair(PairConfig)     the pair PairConfig.source names.
 Inputs are [N, input_length] int32, 0-padded, each row ending in EOS.
 """
@@ -12,6 +15,7 @@ Inputs are [N, input_length] int32, 0-padded, each row ending in EOS.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -145,12 +149,78 @@ def random_pair(name: str, config: PairConfig | SimulatedTable2Config, num_input
               f"random weights ({config.target_gin}, {config.draft_gin}), random inputs, no EOS")
 
 
+# PairConfig.source's values.
+PAIR_SOURCES = ("auto", "demo", "random", "near_bigram")
+# The parameters a residual branch ends in (attention output and MLP output projections):
+# scaling them scales what each sublayer adds to the residual stream.
+_RESIDUAL_OUTPUTS = ("out", "wo")
+
+
+def _scaled(tree: Mapping[str, Any], scale: float) -> dict[str, Any]:
+  """A copy of a parameter tree with every `out`/`wo` kernel multiplied by `scale` (the other
+  leaves are the same arrays)."""
+  result = {}
+  for key, value in tree.items():
+    if key in _RESIDUAL_OUTPUTS:
+      result[key] = {"kernel": value["kernel"] * np.float32(scale)}
+    elif isinstance(value, Mapping):
+      result[key] = _scaled(value, scale)
+    else:
+      result[key] = value
+  return result
+
+
+def near_bigram_pair(config: PairConfig) -> Pair:
+  """A target and draft that agree most of the time without training.
+
+  Target: random weights (`checkpoints.random_params`) with the config of `config.target_gin`
+  plus `target_overrides`, every residual branch (the attention and MLP output kernels
+  `out`/`wo` of both stacks) scaled by `config.residual_scale`. The residual stream then stays
+  close to the current token's embedding, so the target is close to a bigram model: its next
+  token depends mostly on the last one.
+  Draft: the same config with 1 encoder and 1 decoder layer, whose parameters are the target's
+  own arrays (the same objects, not copies): the token embedding, the logits layer, the final
+  norms, the relative-position biases and layer 0 of each stack (so its branches are scaled
+  too). The scale sets how often they agree (greedy alpha); `draft_gin` is not used.
+  Random inputs, no EOS (eos_id = vocab_size).
+  """
+  target_module = models.transformer_from_gin_file(config.target_gin,
+                                                   dict(config.target_overrides))
+  target_config = target_module.config
+  params = jax.device_put(_scaled(checkpoints.random_params(target_config, config.seed),
+                                  config.residual_scale))
+  draft_config = dataclasses.replace(target_config, num_encoder_layers=1, num_decoder_layers=1)
+  shared_top = {"encoder": ("relpos_bias", "encoder_norm", "layers_0"),
+                "decoder": ("relpos_bias", "decoder_norm", "layers_0", "logits_dense")}
+  draft_params = {"token_embedder": params["token_embedder"]}
+  for stack, names in shared_top.items():
+    # logits_dense exists only in untied (T5.1.1) models; tied ones share the embedding.
+    draft_params[stack] = {name: params[stack][name] for name in names
+                           if name in params[stack]}
+  name = f"near-bigram {'/'.join(pathlib.PurePath(config.target_gin).with_suffix('').parts[-2:])}"
+  target = Model(f"{name} target", target_module, params)
+  draft = Model(f"{name} draft (1+1 layers)", network.Transformer(draft_config), draft_params)
+  vocab_size = target_config.vocab_size
+  inputs = random_inputs(vocab_size, config.input_length, config.num_random_inputs,
+                         config.seed)
+  description = (
+      f"near-bigram pair: random weights ({config.target_gin}), residual branches (attention "
+      f"and MLP output kernels, both stacks) scaled by {config.residual_scale:g}; the draft "
+      "has 1 encoder + 1 decoder layer and shares the target's arrays (embedding, logits "
+      "layer, final norms, relative-position biases, layer 0 of each stack); random inputs, "
+      "no EOS")
+  return Pair(name, target, draft, inputs, vocab_size, config.max_decode_len, description)
+
+
 def build_pair(config: PairConfig) -> Pair:
   """The pair `config.source` names: 'demo' (the shipped pair on its bundled English
-  sentences), 'random', or 'auto' (demo when its files exist, else random)."""
-  if config.source not in ("auto", "demo", "random"):
-    raise ValueError(f"PairConfig.source must be 'auto', 'demo' or 'random', got "
-                     f"{config.source!r}")
+  sentences), 'random', 'near_bigram' (`near_bigram_pair`), or 'auto' (demo when its files
+  exist, else random)."""
+  if config.source not in PAIR_SOURCES:
+    raise ValueError(f"PairConfig.source must be one of {', '.join(map(repr, PAIR_SOURCES))}, "
+                     f"got {config.source!r}")
+  if config.source == "near_bigram":
+    return near_bigram_pair(config)
   if config.source == "demo" or (config.source == "auto" and demo_files_exist()):
     texts = (demo_pair.ASSET_DIR / "examples.en").read_text().splitlines()
     return shipped_pair(texts, config.input_prefix, config.input_length, config.max_decode_len,
