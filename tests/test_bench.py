@@ -4,11 +4,14 @@ and the SIMULATED coin rule (its law, and that no decoding config can reach it).
 import json
 
 import gin
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from spec_decode import bench
+from spec_decode.bench.suites import peer
+from spec_decode.t5 import checkpoints
 from spec_decode.engine import decoding
 from spec_decode.t5 import demo_pair
 from spec_decode.engine import verify
@@ -131,7 +134,8 @@ def test_goals_say_by_how_much_they_are_missed():
                                                                 "measured_over_realized": 0.95,
                                                                 "measured_over_interleaved": 0.9}},
           {"temperature": 1.0, "batch_size": 8, "speculative": {"speedup": 1.0}}]},
-      "peer": {"temperatures": [{"temperature": 0.0, "ours_speculative_over_hf_assisted": 3.0},
+      "peer": {"pair": "demo", "gamma": 5, "target_params": 11_000_000,
+               "temperatures": [{"temperature": 0.0, "ours_speculative_over_hf_assisted": 3.0},
                                 {"temperature": 1.0, "error": "RuntimeError: cache"}]},
       "physical_limit": {"targets": [{"model": "small", "num_params": 10}]},
   }
@@ -215,3 +219,98 @@ def test_simulated_rule_is_not_a_registered_verifier(clean_gin):
     gin.get_configurable(decoding.speculative_sample)(
         jnp.zeros((1, 4), jnp.int32), None, None, 1, draft_cache=None,
         draft_tokens_to_logits=None, gamma=2)
+
+
+# A T5.1.1 config at toy width, deep enough that the 1+1-layer draft drops most of the target.
+NEAR_BIGRAM_TINY = dict(TINY, vocab_size=128, num_encoder_layers=3, num_decoder_layers=3)
+
+
+def _near_bigram_config(residual_scale):
+  return bench.PairConfig(source="near_bigram",
+                          target_gin="spec_decode/configs/models/t5_1_1/small.gin",
+                          target_overrides=NEAR_BIGRAM_TINY, residual_scale=residual_scale,
+                          input_length=8, max_decode_len=16, gamma=3, num_random_inputs=4)
+
+
+def _greedy_alpha(pair):
+  decoders = bench.PairDecoders(pair, {})
+  return bench.summarize([decoders.run(bench.Variant(0.0, 3), i, 1) for i in range(4)])["alpha"]
+
+
+def test_near_bigram_draft_is_the_targets_own_arrays_and_agrees_with_it():
+  pair = bench.build_pair(_near_bigram_config(1e-4))
+  target, draft = pair.target.params, pair.draft.params
+  assert (draft["token_embedder"]["embedding"] is target["token_embedder"]["embedding"])
+  for stack, names in {"encoder": ("relpos_bias", "encoder_norm", "layers_0"),
+                       "decoder": ("relpos_bias", "decoder_norm", "layers_0", "logits_dense")
+                       }.items():
+    assert set(draft[stack]) == set(names)
+    for name in names:
+      for ours, theirs in zip(jax.tree_util.tree_leaves(draft[stack][name]),
+                              jax.tree_util.tree_leaves(target[stack][name])):
+        assert ours is theirs, (stack, name)
+  assert (pair.draft.config.num_encoder_layers, pair.draft.config.num_decoder_layers) == (1, 1)
+  assert pair.draft.config.emb_dim == pair.target.config.emb_dim and not pair.has_eos
+  # Every residual branch of the target is scaled, nothing else is.
+  unscaled = checkpoints.random_params(pair.target.config, 0)
+  for path, leaf in checkpoints.flatten_params(target):
+    expected = checkpoints.flatten_params(unscaled)
+    expected = dict(expected)[path] * (1e-4 if path[-2] in ("out", "wo") else 1.0)
+    np.testing.assert_allclose(np.asarray(leaf), expected, rtol=1e-6, err_msg=str(path))
+  assert "scaled by 0.0001" in pair.description
+  assert _greedy_alpha(pair) > 0.9
+  # Unscaled, the same construction is no longer close to a bigram model: rare agreement.
+  assert _greedy_alpha(bench.build_pair(_near_bigram_config(1.0))) < 0.5
+
+
+def test_hugging_face_worker_decodes_as_our_baseline(tmp_path):
+  pair = bench.build_pair(_near_bigram_config(1e-3))
+  decoders = bench.PairDecoders(pair, {})
+  ours = [decoders.run(bench.Variant(0.0), i, 1) for i in range(3)]
+  worker = peer.HuggingFaceWorker(pair, str(tmp_path), gamma=3, num_threads=1,
+                                  assistant_schedule="constant")
+  try:
+    assert set(worker.versions) == {"torch_version", "transformers_version"}
+    for assisted in (False, True):
+      theirs = [worker.run(0.0, assisted, i) for i in range(3)]
+      assert all(out.tokens == pair.max_decode_len and out.seconds > 0 for out in theirs)
+      assert peer.greedy_agreement(ours, theirs, pair.eos_id)["all_identical"], assisted
+  finally:
+    worker.close()
+  assert worker._process.returncode == 0  # stdin closed: the worker exits cleanly
+
+
+def _peer_entry(ours_base, ours_spec, hf_base, hf_assisted):
+  rate = lambda tokens_per_s: {"tokens_per_s": tokens_per_s, "tokens_per_s_min": tokens_per_s,
+                               "tokens_per_s_max": tokens_per_s}
+  return {"temperature": 0.0, "ours baseline": rate(ours_base),
+          "ours speculative": dict(rate(ours_spec), alpha=0.85), "hf generate": rate(hf_base),
+          "hf assisted": rate(hf_assisted), "ours_speedup": ours_spec / ours_base,
+          "hf_speedup": hf_assisted / hf_base,
+          "ours_speculative_over_hf_assisted": ours_spec / hf_assisted,
+          "greedy_agreement_with_ours_baseline": {
+              "hf assisted": {"identical": 3, "compared": 4}}}
+
+
+def test_peer_report_and_goals_at_a_real_size():
+  suite = {"pair": "near-bigram t5_1_1/large", "pair_description": "a stated construction",
+           "target_params": 780_000_000, "draft_params": 90_000_000, "gamma": 3,
+           "max_decode_len": 64, "torch_num_threads": 2, "torch_version": "t",
+           "transformers_version": "x",
+           "temperatures": [_peer_entry(ours_base=4.0, ours_spec=6.0, hf_base=3.0,
+                                        hf_assisted=5.0)]}
+  by_status = [(g["goal"], g["met"], g["status"]) for g in bench.goals({"peer": suite})]
+  assert by_status == [
+      ("peer (near-bigram t5_1_1/large) batch 1 greedy gamma=3: ours speculative tokens/s >= "
+       "1.5x HF assisted generation", False, "missed by 0.3 (80% of the target)"),
+      ("peer (near-bigram t5_1_1/large) batch 1 greedy gamma=3: ours speculative/baseline "
+       "speedup >= HF assisted/generate speedup (ratio of the two >= 1)", False,
+       "missed by 0.1 (90% of the target)")]
+  markdown = bench.to_markdown({"machine": {"cpu_model": "cpu", "usable_cores": 2,
+                                            "load_average_at_start": None, "jax_version": "j",
+                                            "jax_backend": "cpu"},
+                                "compiler_options": {}, "suites": {"peer": suite},
+                                "goals": []})
+  assert "a stated construction" in markdown
+  assert ("| near-bigram t5_1_1/large | 0 | 4.0 [4.0-4.0] | 6.0 [6.0-6.0] | 1.5 | "
+          "3.0 [3.0-3.0] | 5.0 [5.0-5.0] | 1.67 | 1.2 | 0.85 | hf assisted 3/4 |") in markdown

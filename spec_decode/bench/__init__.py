@@ -11,7 +11,9 @@ Modules, one job each:
   paper       the paper's Table 2 (Leviathan et al. 2023), the project's one copy: TABLE2.
   simulated   the benchmark-only coin acceptance rule (SIMULATED), never a selectable verifier.
   machine     the machine a run measured.
-  pairs       Model and Pair: the shipped demo pair, random-weight pairs.
+  pairs       Model and Pair: the shipped demo pair, random-weight pairs, the training-free
+              near-bigram pair (a draft that agrees with its target most of the time).
+  hf_worker   Hugging Face generate in its own process, for the peer suite.
   decoders    Variant (one decoder setting), PairDecoders (compiled, timed runs), RunOutput.
   timing      interleave, summarize, call and step timers, copy and read bandwidth, matmul
               FLOP/s.
@@ -27,8 +29,8 @@ The public API (what scripts/reproduce_table2.py and the tests use), re-exported
   configs         PairConfig, OwnBaselineConfig, PeerConfig, SimulatedTable2Config,
                   PhysicalLimitConfig, VerifyCostConfig, BenchConfig, SUITES
   the paper       paper.TABLE2, paper.Table2Row
-  models          Model, Pair, random_model, random_pair, build_pair, shipped_pair,
-                  demo_files_exist
+  models          Model, Pair, random_model, random_pair, near_bigram_pair, build_pair,
+                  shipped_pair, demo_files_exist
   decoding        Variant, PairDecoders, RunOutput, generated_lengths
   timing          interleave, summarize, step_seconds, call_sequence_seconds, copy_bandwidth,
                   read_bandwidth, matmul_throughput
@@ -46,8 +48,8 @@ from spec_decode.bench.config import (SUITES, BenchConfig, OwnBaselineConfig, Pa
 from spec_decode.bench.decoders import PairDecoders, RunOutput, Variant, generated_lengths
 from spec_decode.bench.goals import goals
 from spec_decode.bench.machine import describe_machine
-from spec_decode.bench.pairs import (Model, Pair, build_pair, demo_files_exist, random_model,
-                                     random_pair, shipped_pair)
+from spec_decode.bench.pairs import (Model, Pair, build_pair, demo_files_exist,
+                                     near_bigram_pair, random_model, random_pair, shipped_pair)
 from spec_decode.bench.report import JSON_FILE, MARKDOWN_FILE, to_markdown, write_report
 from spec_decode.bench.simulated import SIMULATED, simulated_acceptance_rule
 from spec_decode.bench.theory import (compare_with_theory, model_call_share, predicted_speedup,
@@ -60,7 +62,7 @@ __all__ = [
     "SUITES", "BenchConfig", "OwnBaselineConfig", "PairConfig", "PeerConfig",
     "PhysicalLimitConfig", "SimulatedTable2Config", "VerifyCostConfig", "paper", "Model",
     "Pair", "random_model",
-    "random_pair", "build_pair", "shipped_pair", "demo_files_exist", "Variant", "PairDecoders",
+    "random_pair", "near_bigram_pair", "build_pair", "shipped_pair", "demo_files_exist", "Variant", "PairDecoders",
     "RunOutput", "generated_lengths", "interleave", "summarize", "step_seconds",
     "call_sequence_seconds", "copy_bandwidth", "read_bandwidth", "matmul_throughput",
     "predicted_speedup", "realized_speedup",

@@ -111,23 +111,29 @@ def _own_baseline_section(own: Mapping[str, Any]) -> list[str]:
 def _peer_section(peer: Mapping[str, Any]) -> list[str]:
   lines = [f"## peer: Hugging Face generate (torch {peer.get('torch_version')}, "
            f"transformers {peer.get('transformers_version')}, {peer['torch_num_threads']} "
-           f"threads), batch 1, gamma {peer['gamma']}", ""]
+           f"threads, its own process), batch 1, gamma {peer['gamma']}, "
+           f"{peer['max_decode_len']} new tokens", "",
+           f"Pair: {peer['pair_description']}; target {peer['target_params'] / 1e6:.0f}M params, "
+           f"draft {peer['draft_params'] / 1e6:.0f}M params (its own count, shared arrays "
+           "included). Speedups: speculative over the same framework's baseline.", ""]
   if "error" in peer:
     lines += [f"Not run: {peer['error']}", ""]
   rows = []
   for entry in peer["temperatures"]:
     if "error" in entry:
-      rows.append([entry["temperature"], f"error: {entry['error']}"] + [""] * 7)
+      rows.append([peer["pair"], entry["temperature"], f"error: {entry['error']}"] + [""] * 8)
       continue
     agreement = entry.get("greedy_agreement_with_ours_baseline")
     agree = "-" if agreement is None else ", ".join(
         f"{label} {a['identical']}/{a['compared']}" for label, a in agreement.items())
-    rows.append([entry["temperature"], _rate(entry["ours baseline"]),
+    rows.append([peer["pair"], entry["temperature"], _rate(entry["ours baseline"]),
                  _rate(entry["ours speculative"]), entry["ours_speedup"],
                  _rate(entry["hf generate"]), _rate(entry["hf assisted"]),
-                 entry["hf_speedup"], entry["ours_speculative_over_hf_assisted"], agree])
-  return lines + _table(["T", "ours baseline", "ours speculative", "ours speedup",
-                         "HF generate", "HF assisted", "HF speedup", "ours spec / HF assisted",
+                 entry["hf_speedup"], entry["ours_speculative_over_hf_assisted"],
+                 entry["ours speculative"]["alpha"], agree])
+  return lines + _table(["target", "T", "ours baseline tok/s", "ours speculative tok/s",
+                         "ours speedup", "HF baseline tok/s", "HF assisted tok/s", "HF speedup",
+                         "ours spec / HF assisted", "alpha (ours)",
                          "greedy identical to ours baseline"], rows)
 
 
