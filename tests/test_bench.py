@@ -252,15 +252,16 @@ def test_near_bigram_draft_is_the_targets_own_arrays_and_agrees_with_it():
   assert (pair.draft.config.num_encoder_layers, pair.draft.config.num_decoder_layers) == (1, 1)
   assert pair.draft.config.emb_dim == pair.target.config.emb_dim and not pair.has_eos
   # Every residual branch of the target is scaled, nothing else is.
-  unscaled = checkpoints.random_params(pair.target.config, 0)
+  unscaled = dict(checkpoints.flatten_params(checkpoints.random_params(pair.target.config, 0)))
   for path, leaf in checkpoints.flatten_params(target):
-    expected = checkpoints.flatten_params(unscaled)
-    expected = dict(expected)[path] * (1e-4 if path[-2] in ("out", "wo") else 1.0)
+    expected = unscaled[path] * (1e-4 if path[-2] in ("out", "wo") else 1.0)
     np.testing.assert_allclose(np.asarray(leaf), expected, rtol=1e-6, err_msg=str(path))
   assert "scaled by 0.0001" in pair.description
   assert _greedy_alpha(pair) > 0.9
   # Unscaled, the same construction is no longer close to a bigram model: rare agreement.
   assert _greedy_alpha(bench.build_pair(_near_bigram_config(1.0))) < 0.5
+  with pytest.raises(ValueError, match="residual_scale must be > 0"):
+    bench.build_pair(_near_bigram_config(0.0))
 
 
 def test_hugging_face_worker_decodes_as_our_baseline(tmp_path):

@@ -184,6 +184,8 @@ def near_bigram_pair(config: PairConfig) -> Pair:
   too). The scale sets how often they agree (greedy alpha); `draft_gin` is not used.
   Random inputs, no EOS (eos_id = vocab_size).
   """
+  if config.residual_scale <= 0:
+    raise ValueError(f"PairConfig.residual_scale must be > 0, got {config.residual_scale}")
   target_module = models.transformer_from_gin_file(config.target_gin,
                                                    dict(config.target_overrides))
   target_config = target_module.config
