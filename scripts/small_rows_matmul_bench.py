@@ -30,7 +30,8 @@ ROWS = [1, 2, 4, 8]
 
 
 def _load_kernel() -> None:
-  source = os.path.join(os.path.dirname(__file__), "..", "spec_decode", "t5", "small_rows_matmul.cc")
+  source = os.path.join(os.path.dirname(__file__), "..", "spec_decode", "t5",
+                        "small_rows_matmul.cc")
   library = os.path.join(tempfile.mkdtemp(), "small_rows_matmul.so")
   subprocess.run(["g++", "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-isystem",
                   jax.ffi.include_dir(), source, "-o", library], check=True)
@@ -66,7 +67,8 @@ def main() -> None:
     x = rng.standard_normal((16, k), dtype=np.float32)
     for m in range(1, 17):
       got = np.asarray(jax.jit(kernel_dot)(x[:m], w))
-      np.testing.assert_allclose(got, x[:m].astype(np.float64) @ w, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+      np.testing.assert_allclose(got, x[:m].astype(np.float64) @ w, rtol=1e-4,
+                                 atol=1e-4 * np.sqrt(k))
       alone = np.concatenate([np.asarray(jax.jit(kernel_dot)(x[r:r + 1], w)) for r in range(m)])
       assert np.array_equal(got, alone), (k, n, m)
   print("correctness: ok (np.dot tolerance, rows bit-identical for m=1..16)", flush=True)

@@ -25,10 +25,12 @@ Contract:
     share the bit-identity above (they do not elsewhere either: 1-query attention has its own
     code path).
   * Partitioning: a custom call is opaque to GSPMD, which would gather a model-split weight
-    onto every device to run it. So the kernel is used only when the traced x and w carry no
-    mesh of more than one device: under `jax.jit` with `in_shardings` on a multi-device mesh
-    (how `partitioning.Partitioner.partition` compiles) their abstract values name that mesh,
-    and XLA's dot is used, replicated weights included (the avals do not say which are split).
+    onto every device to run it, so partitioned computations keep XLA's dot. The tracer does
+    not say how `jax.jit`'s `in_shardings` split it, so the caller does:
+    `partitioning.PjitPartitioner.partition` traces under `xla_dots()` (`with_xla_dots`) when its
+    mesh has more than one device, replicated weights included. As a second guard, values
+    whose abstract value names a multi-device mesh (committed sharded arguments) get XLA's
+    dot too.
   * Compilation: on first use, `g++` (or `$CXX`) builds the kernel with -O3 -march=native into
     `$XDG_CACHE_HOME/spec_decode/cpu_kernels` (default ~/.cache/...), one file per hash of the
     source, flags, compiler version, jaxlib version and CPU flags, written under a temporary
@@ -42,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
+import functools
 import hashlib
 import math
 import os
@@ -50,7 +53,8 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +66,8 @@ TARGET_NAME = "spec_decode_small_rows_matmul"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "small_rows_matmul.cc")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 DISABLE_VARIABLE = "SPEC_DECODE_CPU_KERNELS"  # "0": XLA's dot everywhere
+
+T = TypeVar("T")
 
 _xla_dots = contextvars.ContextVar("spec_decode_xla_dots", default=False)
 _load_lock = threading.Lock()
@@ -77,6 +83,17 @@ def xla_dots() -> Iterator[None]:
     yield
   finally:
     _xla_dots.reset(token)
+
+
+def with_xla_dots(fn: Callable[..., T]) -> Callable[..., T]:
+  """`fn`, run (so traced) within `xla_dots()`: what a partitioned function is compiled from."""
+
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    with xla_dots():
+      return fn(*args, **kwargs)
+
+  return traced
 
 
 def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
