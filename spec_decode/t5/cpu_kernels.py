@@ -3,8 +3,8 @@
 Why: a batch-1 decode call of k = 1..16 tokens multiplies k activation rows by each weight
 matrix and is bound by reading the weights, so k rows should cost about what one row costs.
 XLA:CPU's dot does not get there (see `compile_options` and the verify_cost bench suite);
-`small_rows_matmul.cc` reads each weight element once for all rows (numbers in its header and
-in scripts/small_rows_matmul_bench.py).
+`small_rows_matmul.cc` reads each weight element once for all rows (measured: the docstring of
+scripts/small_rows_matmul_bench.py).
 
 Contract:
   * `dense_product(x [..., K], w [K, n]) -> [..., n]`: `jnp.dot(x, w)`, by the kernel when
@@ -20,15 +20,15 @@ Contract:
     per k in increasing k). It agrees with XLA's dot to float rounding. Differentiable
     (forward and reverse: the tangents are XLA dots); under `vmap` it runs once per batch
     element.
-  * One row stays with XLA's matrix-vector product, measured as fast or faster than the
-    kernel's (scripts/small_rows_matmul_bench.py), so a 1-token and a k-token call do not
-    share the bit-identity above (they do not elsewhere either: 1-query attention has its own
-    code path).
+  * One row stays with XLA's matrix-vector product, measured faster than the kernel's
+    (scripts/small_rows_matmul_bench.py), so a 1-token and a k-token call do not share the
+    bit-identity above (they do not elsewhere either: 1-query attention has its own code
+    path).
   * Partitioning: a custom call is opaque to GSPMD, which would gather a model-split weight
     onto every device to run it, so partitioned computations keep XLA's dot. The tracer does
     not say how `jax.jit`'s `in_shardings` split it, so the caller does:
-    `partitioning.PjitPartitioner.partition` traces under `xla_dots()` (`with_xla_dots`) when its
-    mesh has more than one device, replicated weights included. As a second guard, values
+    `partitioning.PjitPartitioner.partition` traces under `xla_dots()` (`with_xla_dots`) when
+    its mesh has more than one device, replicated weights included. As a second guard, values
     whose abstract value names a multi-device mesh (committed sharded arguments) get XLA's
     dot too.
   * Compilation: on first use, `g++` (or `$CXX`) builds the kernel with -O3 -march=native into
