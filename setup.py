@@ -10,8 +10,10 @@ setuptools.setup(
     version="0.1.0",
     description="Exact speculative decoding (Leviathan et al., 2023) for T5 in JAX/Flax, T5X-native.",
     packages=setuptools.find_packages(include=["spec_decode", "spec_decode.*"]),
-    # Configs and the demo pair ship inside the package: a plain `pip install .` finds them.
-    package_data={"spec_decode": ["assets/demo/*", "configs/**/*.gin", "t5x/*.gin", "t5x/table2/*.gin"]},
+    # Configs, the demo pair and the CPU kernel's source (compiled on first use) ship inside the
+    # package: a plain `pip install .` finds them.
+    package_data={"spec_decode": ["assets/demo/*", "configs/**/*.gin", "t5x/*.gin",
+                                  "t5x/table2/*.gin", "t5/*.cc"]},
     python_requires=">=3.11,<3.12",
     install_requires=[
         "jax[cpu]>=0.10,<0.11",

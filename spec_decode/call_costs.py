@@ -19,6 +19,7 @@ call, 'v': target (gamma+1)-token call / target 1-token call}, each model timed 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 
 from spec_decode import compile_options as options_lib
 from spec_decode.engine import decoding
-from spec_decode.t5 import network
+from spec_decode.t5 import cpu_kernels, network
 
 Call = tuple[network.Transformer, Any, int]  # (module, params, tokens fed per row)
 
@@ -41,7 +42,8 @@ def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: 
                           xla_defaults: bool = False) -> Callable[[], Any]:
   """A callable running `loops` passes through `calls` once (compiled on its first call) and
   waiting for the result (see the module docstring). Compiled as the decoders are
-  (`compile_options.merged(compiler_options, xla_defaults)`)."""
+  (`compile_options.merged(compiler_options, xla_defaults)`); with `xla_defaults`, traced
+  with XLA's dots in place of `cpu_kernels`' (what XLA alone would do)."""
   encoder_tokens = jnp.ones((batch_size, input_length), jnp.int32)
   models = list({id(params): (module, params) for module, params, _ in calls}.values())
   slot = {id(params): i for i, (_, params) in enumerate(models)}
@@ -77,7 +79,12 @@ def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: 
     return jax.lax.fori_loop(0, loops, one_pass, (caches, jnp.float32(-jnp.inf)))[1]
 
   all_params = [params for _, params in models]
-  return lambda: jax.block_until_ready(run_calls(all_params, caches))
+
+  def run():
+    with cpu_kernels.xla_dots() if xla_defaults else contextlib.nullcontext():
+      return jax.block_until_ready(run_calls(all_params, caches))
+
+  return run
 
 
 def call_sequence_seconds(calls: Sequence[Call], batch_size: int, input_length: int,

@@ -52,6 +52,8 @@ from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 from jax.sharding import PartitionSpec
 
+from spec_decode.t5 import cpu_kernels
+
 Array = jax.Array
 Initializer = Callable[..., Array]
 DecodeCache = dict[str, Any]
@@ -131,7 +133,11 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool,
 
 
 class Dense(nn.Module):
-  """Bias-free `x @ kernel` with a float32 kernel [in, out] carrying logical axis names."""
+  """Bias-free `x @ kernel` with a float32 kernel [in, out] carrying logical axis names.
+
+  On XLA:CPU a float32 product of at most `cpu_kernels.MAX_ROWS` rows (a decode call) runs
+  `cpu_kernels`' small-row matmul, which reads the kernel once for all rows; other backends,
+  larger products and partitioned computations use XLA's dot (see `cpu_kernels`)."""
 
   features: int
   kernel_axes: tuple[str, str]
@@ -143,7 +149,7 @@ class Dense(nn.Module):
     kernel = nn_partitioning.param_with_axes(
         "kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32,
         axes=self.kernel_axes)
-    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    return cpu_kernels.dense_product(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
 class Embed(nn.Module):

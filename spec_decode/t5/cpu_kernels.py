@@ -1,0 +1,200 @@
+"""A small-row matmul for XLA:CPU, called from XLA as an FFI custom call: `dense_product`.
+
+Why: a batch-1 decode call of k = 1..16 tokens multiplies k activation rows by each weight
+matrix and is bound by reading the weights, so k rows should cost about what one row costs.
+XLA:CPU's dot does not get there (see `compile_options` and the verify_cost bench suite);
+`small_rows_matmul.cc` reads each weight element once for all rows (measured: the docstring of
+scripts/small_rows_matmul_bench.py).
+
+Contract:
+  * `dense_product(x [..., K], w [K, n]) -> [..., n]`: `jnp.dot(x, w)`, by the kernel when
+    `kernel_applies(x, w)`, else by XLA. Decided at trace time.
+  * `kernel_applies(x, w)`: JAX's default backend is CPU, x and w are float32, w is 2-D, x has
+    `MIN_ROWS`..`MAX_ROWS` rows (the product of its leading axes), the computation is not
+    partitioned over several devices (see below), kernels are not switched off
+    (`SPEC_DECODE_CPU_KERNELS=0` or `xla_dots()`), and the kernel is available (compiled and
+    registered on first use).
+  * `small_rows_matmul(x [m, K], w [K, n]) -> [m, n]`: the kernel itself, any m (needs
+    `available()`). Its rows are bit-identical whatever the row count: row r of an m-row
+    product equals the 1-row product of x[r] (each output element is one fused multiply-add
+    per k in increasing k). It agrees with XLA's dot to float rounding. Differentiable
+    (forward and reverse: the tangents are XLA dots); under `vmap` it runs once per batch
+    element.
+  * One row stays with XLA's matrix-vector product, measured faster than the kernel's
+    (scripts/small_rows_matmul_bench.py), so a 1-token and a k-token call do not share the
+    bit-identity above (they do not elsewhere either: 1-query attention has its own code
+    path).
+  * Partitioning: a custom call is opaque to GSPMD, which would gather a model-split weight
+    onto every device to run it, so partitioned computations keep XLA's dot. The tracer does
+    not say how `jax.jit`'s `in_shardings` split it, so the caller does:
+    `partitioning.PjitPartitioner.partition` traces under `xla_dots()` (`with_xla_dots`) when
+    its mesh has more than one device, replicated weights included. As a second guard, values
+    whose abstract value names a multi-device mesh (committed sharded arguments) get XLA's
+    dot too.
+  * Compilation: on first use, `g++` (or `$CXX`) builds the kernel with -O3 -march=native into
+    `$XDG_CACHE_HOME/spec_decode/cpu_kernels` (default ~/.cache/...), one file per hash of the
+    source, flags, compiler version, jaxlib version and CPU flags, written under a temporary
+    name and renamed into place, so concurrent processes never load a partial file. Without a
+    compiler, on a CPU without AVX2/FMA, or on any build or load failure, one warning and XLA's
+    dot from then on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import functools
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+
+MIN_ROWS = 2  # one row: XLA's matrix-vector product (see the module docstring)
+MAX_ROWS = 16
+TARGET_NAME = "spec_decode_small_rows_matmul"
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "small_rows_matmul.cc")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+DISABLE_VARIABLE = "SPEC_DECODE_CPU_KERNELS"  # "0": XLA's dot everywhere
+
+T = TypeVar("T")
+
+_xla_dots = contextvars.ContextVar("spec_decode_xla_dots", default=False)
+_load_lock = threading.Lock()
+_loaded: bool | None = None  # None: not tried yet
+
+
+@contextlib.contextmanager
+def xla_dots() -> Iterator[None]:
+  """Within this context, functions traced use XLA's dot (e.g. the benchmark's 'XLA defaults'
+  reference). Applies at trace time: an already compiled function keeps its choice."""
+  token = _xla_dots.set(True)
+  try:
+    yield
+  finally:
+    _xla_dots.reset(token)
+
+
+def with_xla_dots(fn: Callable[..., T]) -> Callable[..., T]:
+  """`fn`, run (so traced) within `xla_dots()`: what a partitioned function is compiled from."""
+
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    with xla_dots():
+      return fn(*args, **kwargs)
+
+  return traced
+
+
+def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
+  """Whether `dense_product(x, w)` uses the kernel (see the module docstring)."""
+  rows = math.prod(x.shape[:-1])
+  if (_xla_dots.get() or os.environ.get(DISABLE_VARIABLE) == "0"
+      or jax.default_backend() != "cpu" or w.ndim != 2 or not MIN_ROWS <= rows <= MAX_ROWS
+      or x.dtype != jnp.float32 or w.dtype != jnp.float32):
+    return False
+  if _on_multi_device_mesh(x) or _on_multi_device_mesh(w):
+    return False
+  return available()
+
+
+def available() -> bool:
+  """Whether the kernel is built and registered (building it on the first call)."""
+  return _load()
+
+
+def dense_product(x: jax.Array, w: jax.Array) -> jax.Array:
+  """`jnp.dot(x [..., K], w [K, n])` -> [..., n], by the kernel where it applies."""
+  if not kernel_applies(x, w):
+    return jnp.dot(x, w)
+  rows = x.reshape(-1, x.shape[-1])
+  return small_rows_matmul(rows, w).reshape(x.shape[:-1] + (w.shape[1],))
+
+
+@jax.custom_jvp
+def small_rows_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x [m, K] @ w [K, n] -> [m, n] float32 by the kernel (`available()` must be True)."""
+  return jax.ffi.ffi_call(TARGET_NAME, jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype),
+                          vmap_method="sequential")(x, w)
+
+
+@small_rows_matmul.defjvp
+def _small_rows_matmul_jvp(primals, tangents):
+  # Tangents are linear in (dx, dw): XLA dots, which JAX also knows how to transpose.
+  (x, w), (dx, dw) = primals, tangents
+  return small_rows_matmul(x, w), jnp.dot(dx, w) + jnp.dot(x, dw)
+
+
+def _on_multi_device_mesh(value: jax.Array) -> bool:
+  """Whether `value`'s abstract value names a mesh of more than one device."""
+  mesh = getattr(getattr(jax.typeof(value), "sharding", None), "mesh", None)
+  return mesh is not None and not mesh.empty and mesh.size > 1
+
+
+def _load() -> bool:
+  """Compiles (or finds in the cache), loads and registers the kernel once per process; False
+  (after one warning) on failure."""
+  global _loaded
+  with _load_lock:
+    if _loaded is None:
+      try:
+        handler = ctypes.cdll.LoadLibrary(_build()).SmallRowsMatmul
+        jax.ffi.register_ffi_target(TARGET_NAME, jax.ffi.pycapsule(handler), platform="cpu")
+        _loaded = True
+      except Exception as error:  # pylint: disable=broad-except  (any failure: XLA's dot)
+        warnings.warn(f"spec_decode: the CPU small-row matmul kernel is unavailable ({error}); "
+                      "dense layers use XLA's dot", RuntimeWarning, stacklevel=2)
+        _loaded = False
+    return _loaded
+
+
+def _build() -> str:
+  """Path of the compiled kernel for this source, compiler, jaxlib and CPU, building it if
+  the cache does not have it."""
+  compiler = os.environ.get("CXX") or shutil.which("g++")
+  if not compiler:
+    raise RuntimeError("no C++ compiler (g++ or $CXX)")
+  version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True,
+                           timeout=60).stdout
+  with open(SOURCE, "rb") as source:
+    key = hashlib.sha256(source.read())
+  for part in (compiler, version, " ".join(FLAGS), jaxlib.__version__, _cpu_flags()):
+    key.update(b"\0" + part.encode())
+  directory = os.path.join(os.environ.get("XDG_CACHE_HOME")
+                           or os.path.join(os.path.expanduser("~"), ".cache"),
+                           "spec_decode", "cpu_kernels")
+  library = os.path.join(directory, f"small_rows_matmul-{key.hexdigest()[:20]}.so")
+  if os.path.exists(library):
+    return library
+  os.makedirs(directory, exist_ok=True)
+  handle, partial = tempfile.mkstemp(suffix=".so.partial", dir=directory)
+  os.close(handle)
+  try:
+    built = subprocess.run([compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), SOURCE, "-o",
+                            partial], capture_output=True, text=True, timeout=300)
+    if built.returncode != 0:
+      raise RuntimeError(f"{compiler} failed: {built.stderr.strip()[-2000:]}")
+    os.replace(partial, library)
+  finally:
+    if os.path.exists(partial):
+      os.remove(partial)
+  return library
+
+
+def _cpu_flags() -> str:
+  """The CPU's feature flags (-march=native depends on them), '' where unreadable."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+      return next((line for line in cpuinfo if line.startswith("flags")), "")
+  except OSError:
+    return ""
