@@ -50,7 +50,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from spec_decode import compile_options
-from spec_decode.t5 import cpu_kernels, network
+from spec_decode.t5 import network
 
 MESH_AXES = ("data", "model")
 LogicalAxisRules = Sequence[tuple[str, str | Sequence[str] | None]]
@@ -350,11 +350,8 @@ class PjitPartitioner:
 
     Shardings inside `fn` must be NamedShardings (e.g. from `sharding`): no mesh context is set.
     Compiled with `compile_options.decode_compiler_options()` (every caller partitions a
-    decoder). On a mesh of several devices, traced with XLA's dots (`cpu_kernels.xla_dots`):
-    GSPMD cannot split the CPU kernel's custom call and would gather model-split weights.
+    decoder).
     """
-    if self._mesh.size > 1:
-      fn = cpu_kernels.with_xla_dots(fn)
     return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                    static_argnums=static_argnums, donate_argnums=donate_argnums,
                    compiler_options=compile_options.decode_compiler_options())

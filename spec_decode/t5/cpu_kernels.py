@@ -10,8 +10,7 @@ Contract:
   * `dense_product(x [..., K], w [K, n]) -> [..., n]`: `jnp.dot(x, w)`, by the kernel when
     `kernel_applies(x, w)`, else by XLA. Decided at trace time.
   * `kernel_applies(x, w)`: JAX's default backend is CPU, x and w are float32, w is 2-D, x has
-    `MIN_ROWS`..`MAX_ROWS` rows (the product of its leading axes), the computation is not
-    partitioned over several devices (see below), kernels are not switched off
+    `MIN_ROWS`..`MAX_ROWS` rows (the product of its leading axes), the process has one device (see below), kernels are not switched off
     (`SPEC_DECODE_CPU_KERNELS=0` or `xla_dots()`), and the kernel is available (compiled and
     registered on first use).
   * `small_rows_matmul(x [m, K], w [K, n]) -> [m, n]`: the kernel itself, any m (needs
@@ -25,12 +24,10 @@ Contract:
     bit-identity above (they do not elsewhere either: 1-query attention has its own code
     path).
   * Partitioning: a custom call is opaque to GSPMD, which would gather a model-split weight
-    onto every device to run it, so partitioned computations keep XLA's dot. The tracer does
-    not say how `jax.jit`'s `in_shardings` split it, so the caller does:
-    `partitioning.PjitPartitioner.partition` traces under `xla_dots()` (`with_xla_dots`) when
-    its mesh has more than one device, replicated weights included. As a second guard, values
-    whose abstract value names a multi-device mesh (committed sharded arguments) get XLA's
-    dot too.
+    onto every device to run it, and inside `jax.jit` a traced value does not say how
+    `in_shardings` split it. So the kernel applies only in a process with one device (a CPU
+    process has one unless XLA is told to simulate more, as the sharding tests do); with
+    several, every product is XLA's dot.
   * Compilation: on first use, `g++` (or `$CXX`) builds the kernel with -O3 -march=native into
     `$XDG_CACHE_HOME/spec_decode/cpu_kernels` (default ~/.cache/...), one file per hash of the
     source, flags, compiler version, jaxlib version and CPU flags, written under a temporary
@@ -44,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
-import functools
 import hashlib
 import math
 import os
@@ -53,8 +49,7 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -66,8 +61,6 @@ TARGET_NAME = "spec_decode_small_rows_matmul"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "small_rows_matmul.cc")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 DISABLE_VARIABLE = "SPEC_DECODE_CPU_KERNELS"  # "0": XLA's dot everywhere
-
-T = TypeVar("T")
 
 _xla_dots = contextvars.ContextVar("spec_decode_xla_dots", default=False)
 _load_lock = threading.Lock()
@@ -85,17 +78,6 @@ def xla_dots() -> Iterator[None]:
     _xla_dots.reset(token)
 
 
-def with_xla_dots(fn: Callable[..., T]) -> Callable[..., T]:
-  """`fn`, run (so traced) within `xla_dots()`: what a partitioned function is compiled from."""
-
-  @functools.wraps(fn)
-  def traced(*args, **kwargs):
-    with xla_dots():
-      return fn(*args, **kwargs)
-
-  return traced
-
-
 def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
   """Whether `dense_product(x, w)` uses the kernel (see the module docstring)."""
   rows = math.prod(x.shape[:-1])
@@ -103,9 +85,7 @@ def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
       or jax.default_backend() != "cpu" or w.ndim != 2 or not MIN_ROWS <= rows <= MAX_ROWS
       or x.dtype != jnp.float32 or w.dtype != jnp.float32):
     return False
-  if _on_multi_device_mesh(x) or _on_multi_device_mesh(w):
-    return False
-  return available()
+  return jax.device_count() == 1 and available()
 
 
 def available() -> bool:
@@ -133,12 +113,6 @@ def _small_rows_matmul_jvp(primals, tangents):
   # Tangents are linear in (dx, dw): XLA dots, which JAX also knows how to transpose.
   (x, w), (dx, dw) = primals, tangents
   return small_rows_matmul(x, w), jnp.dot(dx, w) + jnp.dot(x, dw)
-
-
-def _on_multi_device_mesh(value: jax.Array) -> bool:
-  """Whether `value`'s abstract value names a mesh of more than one device."""
-  mesh = getattr(getattr(jax.typeof(value), "sharding", None), "mesh", None)
-  return mesh is not None and not mesh.empty and mesh.size > 1
 
 
 def _load() -> bool:
