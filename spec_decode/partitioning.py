@@ -345,13 +345,14 @@ class PjitPartitioner:
 
   def partition(self, fn: Callable, in_shardings: Any, out_shardings: Any,
                 static_argnums: int | Sequence[int] = (),
-                donate_argnums: int | Sequence[int] = ()) -> Callable:
+                donate_argnums: int | Sequence[int] = (),
+                compiler_options: Mapping[str, Any] | None = None) -> Callable:
     """`jax.jit(fn)` with explicit shardings on this mesh (T5X's `partition`, under jit's names).
 
     Shardings inside `fn` must be NamedShardings (e.g. from `sharding`): no mesh context is set.
     Compiled with `compile_options.decode_compiler_options()` (every caller partitions a
-    decoder).
+    decoder), `compiler_options` merged on top (`compile_options.merged`).
     """
     return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                    static_argnums=static_argnums, donate_argnums=donate_argnums,
-                   compiler_options=compile_options.decode_compiler_options())
+                   compiler_options=compile_options.merged(compiler_options))
