@@ -3,18 +3,24 @@ place a decode is compiled (mesh, rules and shardings: `spec_decode.partitioning
 
 Decode layout (`decode_layout` -> `DecodeLayout`): the one place a decode is compiled and its
 parameters placed, used by `spec_decode.infer` (through `DecodeLayout.partition_predict`, any
-`models.EncoderDecoderModel`) and by `partition_decoders` (the engine's functions alone). Target
-parameters follow the rules; draft parameters are replicated on every device by default
-(`replicated_parameter_rules`: a draft step is latency-bound and must not wait on collectives)
-or follow their own rules. Each cache is pinned to its sharding where it is created and after
-every model call (`DecodeLayout.model_calls`), so the `lax.while_loop` carries both caches in one
-layout. Per-row writes (the caches' and the engine's token buffer) are vmapped scatters, which
-GSPMD keeps on the devices holding the rows: inside the loop a model call's only collectives are
-the all-reduces of its 'model'-split matmuls (the sampling's reductions over 'model'-split
-logits add theirs), and nothing is permuted or resharded per step (checked on the compiled HLO
-of both users by tests/sharding). Batches go in split over 'data' (`put_batch`: a batch the
-'data' axis does not divide is a ValueError naming it), outputs come out split alike and are
-fetched by `gather` (`process_allgather`, multi-host safe).
+`models.EncoderDecoderModel`), by `partition_decoders` (the engine's functions alone) and by the
+benchmark (`spec_decode.bench.decoders`: the prefill and the decoding loop compiled apart, the
+caches passing from one to the other in their layouts). Target parameters follow the rules;
+draft parameters are replicated on every device by default (`replicated_parameter_rules`: a
+draft step is latency-bound and must not wait on collectives) or follow their own rules. Each
+cache is pinned to its sharding where it is created and after every model call
+(`DecodeLayout.model_calls`, or its halves `init_cache` and `tokens_to_logits`), so the
+`lax.while_loop` carries both caches in one layout. Per-row writes (the caches' and the engine's
+token buffer) are vmapped scatters, which GSPMD keeps on the devices holding the rows: inside
+the loop a model call's only collectives are the all-reduces of its 'model'-split matmuls (the
+sampling's reductions over 'model'-split logits add theirs), and nothing is permuted or
+resharded per step (checked on the compiled HLO of infer's, partition_decoders' and the
+benchmark's loops by tests/sharding). Batches go in split over 'data' (`put_batch`: a batch the
+'data' axis does not divide is a ValueError naming it), outputs come out split alike (a call
+that returns caches leaves them in their layouts: `DecodeLayout.partition`'s argument and output
+kinds) and are fetched by `gather` (`process_allgather`, multi-host safe). Decodes are compiled
+with `compile_options.decode_compiler_options()`, a layout's `compiler_options` on top (the
+benchmark's).
 
 Restoring (`DecodeLayout.restore` -> `restore_params`): parameters go straight into their
 shards. T5X checkpoints (`restore_sharded`): every array stored as a TensorStore (zarr) array is

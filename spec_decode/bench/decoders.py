@@ -103,7 +103,8 @@ def _partitioned_decoder(layout: decode_layout.DecodeLayout, pair: Pair, variant
   prefill(target_params, draft_params, encoder_tokens [B, Le]) -> (target cache, draft cache):
     the encoders and the decode caches (the draft's None for the baseline), each in its layout;
   loop(target_params, draft_params, target cache, draft cache, rng) -> (decodes [B, L],
-    stats or None), split over 'data': the decoding loop alone."""
+    log_probs [B], stats or None), split over 'data': the decoding loop alone, computing what
+    infer's does (the scores too: the same compiled loop, tests/sharding compares them)."""
   target, draft, max_decode_len = pair.target, pair.draft, pair.max_decode_len
   draft_role = None if variant.is_baseline else "draft"
 
@@ -114,21 +115,24 @@ def _partitioned_decoder(layout: decode_layout.DecodeLayout, pair: Pair, variant
                               max_decode_len), draft_cache)
 
   def loop(target_params, draft_params, target_cache, draft_cache, rng):
-    inputs = jnp.zeros((target_cache["encoder_mask"].shape[0], max_decode_len), jnp.int32)
+    # Split over 'data' as infer's decoder inputs are: each row's state stays with its caches.
+    inputs = jax.lax.with_sharding_constraint(
+        jnp.zeros((target_cache["encoder_mask"].shape[0], max_decode_len), jnp.int32),
+        layout.partitioner.batch_sharding)
     target_cache = layout.pin_cache("target", target_cache)
     tokens_to_logits = layout.tokens_to_logits("target", target.module, target_params)
     if variant.is_baseline:
-      decodes, _ = decoding.temperature_sample(
+      decodes, log_probs = decoding.temperature_sample(
           inputs, target_cache, tokens_to_logits, pair.eos_id, decode_rng=rng,
           temperature=variant.temperature)
-      return decodes[:, 0], None
-    decodes, _, stats = decoding.speculative_sample(
+      return decodes[:, 0], log_probs[:, 0], None
+    decodes, log_probs, stats = decoding.speculative_sample(
         inputs, target_cache, tokens_to_logits, pair.eos_id,
         draft_cache=layout.pin_cache("draft", draft_cache),
         draft_tokens_to_logits=layout.tokens_to_logits("draft", draft.module, draft_params),
         gamma=variant.gamma, decode_rng=rng, temperature=variant.temperature,
         verifier=variant.verifier_rule(), draft_policy=variant.policy())
-    return decodes[:, 0], stats
+    return decodes[:, 0], log_probs[:, 0], stats
 
   return (layout.partition(prefill, ("target", draft_role, "batch"), outputs="pinned"),
           layout.partition(loop, ("target", draft_role, "pinned", "pinned", "replicated")))
@@ -175,7 +179,7 @@ class PairDecoders:
     loop_start = time.perf_counter()
     outputs = jax.block_until_ready(loop(*params_and_tokens[:2], *caches, rng))
     end = time.perf_counter()
-    decodes, stats = decode_layout.gather(outputs)
+    decodes, _, stats = decode_layout.gather(outputs)
     summed = None
     if stats is not None:
       summed = {name: float(np.sum(getattr(stats, name)))

@@ -9,6 +9,9 @@ T5X TensorStore checkpoints):
   * restored parameters have T5X's shardings, model-split kernels are split on every device, the
     draft is replicated, and each device holds exactly the plan's parameter and cache bytes;
   * the compiled decode loop's only collectives are the model-split matmuls' all-reduces;
+  * the benchmark's decoders (`bench.PairDecoders`, the same layout) on a (2, 4) mesh give the
+    decodes and statistics of one device, greedy, sampled and the sampled baseline, and their
+    compiled loop has exactly infer's collectives;
   * a run over the memory budget, or with a batch the 'data' axis does not divide, is refused
     with one line before anything is restored.
 """
@@ -27,6 +30,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from spec_decode import bench
+from spec_decode.bench import pairs as bench_pairs
 from spec_decode import infer
 from spec_decode import infer_outputs
 from spec_decode import models
@@ -39,7 +44,7 @@ from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
-from test_sharded_decoding import collectives_in_loop
+from test_sharded_decoding import comparable_loop_collectives
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 VOCAB_FILE = paths.DEMO_ASSETS / "spm_ende_8k.model"
@@ -320,13 +325,15 @@ def test_each_device_holds_the_plans_bytes(setup, num_partitions):
 # --------------------------------------------------------------------------- the compiled loop
 
 
-def test_infer_loop_has_partition_decoders_collectives(setup):
-  """The loop infer compiles (speculative, sampled, (2, 4) mesh): each model call's only
-  collectives are its 'model'-split matmuls' all-reduces (attention out, mlp wo, embedding),
-  nothing is permuted or exchanged all-to-all, and its collectives are exactly those of
-  `partition_decoders`' loop (the rest: reductions over the vocabulary-split logits)."""
-  layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(2, 4)),
-                                      TARGET, DRAFT)
+LOOP_MESH = (2, 4)
+
+
+@pytest.fixture(scope="module")
+def infer_loop(setup):
+  """(layout, target params, draft params, `comparable_loop_collectives`) of the loop infer
+  compiles: speculative, sampled, on LOOP_MESH."""
+  layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=LOOP_MESH),
+                                       TARGET, DRAFT)
   vocabulary = vocab.SentencePieceVocabulary(str(VOCAB_FILE))
   model = models.SpeculativeEncoderDecoderModel(
       network.Transformer(TARGET), vocabulary, vocabulary,
@@ -336,10 +343,18 @@ def test_infer_loop_has_partition_decoders_collectives(setup):
   draft_params = layout.restore("draft", model.draft_module, setup.draft_checkpoint)
   batch = {"encoder_input_tokens": np.ones((BATCH_SIZE, INPUT_LENGTH), np.int32),
            "decoder_input_tokens": np.zeros((BATCH_SIZE, TARGET_LENGTH), np.int32)}
-  rng = jax.random.PRNGKey(0)
   compiled = layout.partition_predict(model).lower(
-      params, draft_params, layout.put_batch(batch), layout.put_replicated(rng)).compile()
-  found = collectives_in_loop(compiled.as_text())
+      params, draft_params, layout.put_batch(batch),
+      layout.put_replicated(jax.random.PRNGKey(0))).compile()
+  return layout, params, draft_params, comparable_loop_collectives(compiled)
+
+
+def test_infer_loop_has_partition_decoders_collectives(infer_loop):
+  """The loop infer compiles: each model call's only collectives are its 'model'-split
+  matmuls' all-reduces (attention out, mlp wo, embedding), nothing is permuted or exchanged
+  all-to-all, and its collectives are exactly those of `partition_decoders`' loop (the rest:
+  reductions over the vocabulary-split logits)."""
+  layout, params, draft_params, found = infer_loop
   model_ops = {(op, name.split("decode_chunk/")[1]) for op, name in found
                if "decode_chunk" in name}
   assert model_ops == {
@@ -350,14 +365,63 @@ def test_infer_loop_has_partition_decoders_collectives(setup):
   assert not [c for c in found if c[0] in ("all-to-all", "collective-permute")], found
 
   decoders = decode_layout.partition_decoders(layout.partitioner, TARGET, DRAFT, eos_id=1,
-                                             gamma=GAMMA, temperature=1.0)
-  reference = decoders.speculative.lower(params, draft_params, batch["encoder_input_tokens"],
-                                         batch["decoder_input_tokens"], rng).compile()
+                                              gamma=GAMMA, temperature=1.0)
+  reference = decoders.speculative.lower(
+      params, draft_params, np.ones((BATCH_SIZE, INPUT_LENGTH), np.int32),
+      np.zeros((BATCH_SIZE, TARGET_LENGTH), np.int32), jax.random.PRNGKey(0)).compile()
+  assert found == comparable_loop_collectives(reference)
 
-  def without_jit_name(collectives):
-    return sorted((op, name.split("/", 1)[1]) for op, name in collectives)
 
-  assert without_jit_name(found) == without_jit_name(collectives_in_loop(reference.as_text()))
+# --------------------------------------------------------------------------- the bench's decoders
+
+
+BENCH_VARIANTS = {"greedy": bench.Variant(0.0, gamma=GAMMA),
+                  "sampled": bench.Variant(1.0, gamma=GAMMA),
+                  "sampled baseline": bench.Variant(1.0)}
+
+
+@pytest.fixture(scope="module")
+def bench_runs(setup):
+  """{(variant name, 'one device' | LOOP_MESH): bench.RunOutput} of the bench's PairDecoders
+  on the test pair (batch BATCH_SIZE, repetition 1: its inputs and rng), and the PairDecoders
+  on LOOP_MESH."""
+  pair = bench.Pair(
+      "tiny", bench.Model("target", network.Transformer(TARGET), setup.target_params),
+      bench.Model("draft", network.Transformer(DRAFT), setup.draft_params),
+      bench_pairs.random_inputs(TARGET.vocab_size, INPUT_LENGTH, 2 * BATCH_SIZE, seed=3),
+      eos_id=vocab.EOS_ID, max_decode_len=TARGET_LENGTH, description="test pair")
+  decoders = {"one device": bench.PairDecoders(pair, {}),
+              LOOP_MESH: bench.PairDecoders(pair, {}, partitioning.PjitPartitioner(
+                  mesh_shape=LOOP_MESH))}
+  runs = {(name, mesh): decoders[mesh].run(variant, 1, BATCH_SIZE)
+          for name, variant in BENCH_VARIANTS.items() for mesh in decoders}
+  return runs, decoders[LOOP_MESH]
+
+
+@pytest.mark.parametrize("name", BENCH_VARIANTS)
+def test_bench_decoders_on_a_mesh_match_one_device(bench_runs, name):
+  runs, _ = bench_runs
+  got, want = runs[name, LOOP_MESH], runs[name, "one device"]
+  np.testing.assert_array_equal(got.decodes, want.decodes)
+  assert got.tokens == want.tokens
+  if want.stats is None:
+    assert got.stats is None
+  else:
+    _assert_same_numbers(got.stats, want.stats, name)
+
+
+def test_bench_runs_are_not_trivial(bench_runs):
+  runs, _ = bench_runs
+  greedy, sampled = runs["greedy", "one device"], runs["sampled", "one device"]
+  assert not np.array_equal(greedy.decodes, sampled.decodes)
+  for run in (greedy, sampled):
+    assert 0 < run.stats["accepted_tokens"] < run.stats["drafted_tokens"]
+
+
+def test_bench_loop_has_infers_collectives(bench_runs, infer_loop):
+  _, decoders = bench_runs
+  lowered = decoders.lower_loop(BENCH_VARIANTS["sampled"], 1, BATCH_SIZE)
+  assert comparable_loop_collectives(lowered.compile()) == infer_loop[3]
 
 
 # --------------------------------------------------------------------------- refusals
