@@ -5,7 +5,8 @@ infer uses it with any partitioner. Checked here on a tiny random T5 pair (demo 
 T5X TensorStore checkpoints):
   * `python -m spec_decode.infer` itself (subprocesses) at NUM_PARTITIONS 1 (the data-parallel
     mesh (8, 1)), 2, 4 and 8 gives the predictions, scores and statistics of the single-device
-    run, greedy and sampled with a fixed seed (baseline included);
+    run, greedy and sampled with a fixed seed (baseline included), and so does a run as two
+    processes of 4 devices each (one JAX distributed system), whose process 0 alone writes;
   * restored parameters have T5X's shardings, model-split kernels are split on every device, the
     draft is replicated, and each device holds exactly the plan's parameter and cache bytes;
   * the compiled decode loop's only collectives are the model-split matmuls' all-reduces;
@@ -21,8 +22,10 @@ import functools
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import gin
 import jax
@@ -173,8 +176,9 @@ SEED = 5
 
 
 def _start_infer(setup: Setup, name: str, num_devices: int, num_partitions: int,
-                 temperature: float) -> subprocess.Popen:
-  """`python -m spec_decode.infer` on `num_devices` CPU devices, writing to directory `name`."""
+                 temperature: float, flags: Sequence[str] = ()) -> subprocess.Popen:
+  """`python -m spec_decode.infer` on `num_devices` CPU devices, writing to directory `name`
+  (`flags`: more command-line flags)."""
   env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
   env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + (
       [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -186,7 +190,7 @@ def _start_infer(setup: Setup, name: str, num_devices: int, num_partitions: int,
        f"--gin.INFER_OUTPUT_DIR='{setup.directory / name}'",
        f"--gin.decoding.speculative_sample.temperature={temperature}",
        # The baseline once, greedy: it must then reproduce the speculative outputs.
-       f"--gin.COMPARE_WITH_BASELINE={temperature == 0}"],
+       f"--gin.COMPARE_WITH_BASELINE={temperature == 0}", *flags],
       env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -205,13 +209,18 @@ def infer_runs(setup):
       running.append(((mode, key), name,
                       _start_infer(setup, name, devices, num_partitions, MODES[mode])))
     run_key, name, process = running.pop(0)
-    output, _ = process.communicate(timeout=600)
-    assert process.returncode == 0, f"{name} failed:\n{output}"
-    out = setup.directory / name
-    records = [json.loads(line) for line in
-               (out / infer_outputs.PREDICTIONS_FILE).read_text(encoding="utf-8").splitlines()]
-    results[run_key] = (records, json.loads((out / infer_outputs.SUMMARY_FILE).read_text()))
+    results[run_key] = _finished_run(setup, name, process)
   return results
+
+
+def _finished_run(setup: Setup, name: str, process: subprocess.Popen) -> tuple[list, dict]:
+  """(records, summary) that the infer `process` wrote into directory `name`."""
+  output, _ = process.communicate(timeout=600)
+  assert process.returncode == 0, f"{name} failed:\n{output}"
+  out = setup.directory / name
+  records = [json.loads(line) for line in
+             (out / infer_outputs.PREDICTIONS_FILE).read_text(encoding="utf-8").splitlines()]
+  return records, json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
 
 
 def _assert_same_numbers(got: dict, want: dict, what: str) -> None:
@@ -226,8 +235,12 @@ def _assert_same_numbers(got: dict, want: dict, what: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("num_partitions", NUM_PARTITIONS)
 def test_infer_matches_one_device(infer_runs, mode, num_partitions):
-  records, summary = infer_runs[mode, num_partitions]
-  want_records, want_summary = infer_runs[mode, "one device"]
+  _assert_same_run(infer_runs[mode, num_partitions], infer_runs[mode, "one device"])
+
+
+def _assert_same_run(got: tuple[list, dict], want: tuple[list, dict]) -> None:
+  """Two infer runs' (records, summary) agree: texts exactly, numbers to float rounding."""
+  (records, summary), (want_records, want_summary) = got, want
   assert len(records) == len(want_records) == len(TEXTS)
   for i, (record, want) in enumerate(zip(records, want_records)):
     assert set(record) == set(want)
@@ -251,6 +264,23 @@ def test_infer_runs_are_not_trivial(infer_runs):
   for records in (greedy, sampled):
     accepted = sum(r["stats"]["accepted_tokens"] for r in records)
     assert 0 < accepted < sum(r["stats"]["drafted_tokens"] for r in records)
+
+
+def test_two_processes_match_one_device(setup, infer_runs):
+  """`python -m spec_decode.infer` as one distributed system of 2 processes with 4 CPU devices
+  each (T5X's --multiprocess_gpu flags; NUM_PARTITIONS=2: the (4, 2) mesh spans both) gives the
+  predictions of the single-device run, and only process 0 writes them."""
+  with socket.socket() as probe:  # a free port for the coordinator
+    probe.bind(("localhost", 0))
+    port = probe.getsockname()[1]
+  processes = [_start_infer(setup, f"two_processes_{index}", 4, 2, MODES["sampled"], [
+      "--multiprocess_gpu", f"--coordinator_address=localhost:{port}", "--process_count=2",
+      f"--process_index={index}"]) for index in range(2)]
+  output, _ = processes[1].communicate(timeout=600)
+  assert processes[1].returncode == 0, f"process 1 failed:\n{output}"
+  _assert_same_run(_finished_run(setup, "two_processes_0", processes[0]),
+                   infer_runs["sampled", "one device"])
+  assert not (setup.directory / "two_processes_1").exists()
 
 
 # --------------------------------------------------------------------------- restore and plan
