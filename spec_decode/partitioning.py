@@ -28,8 +28,8 @@ Multi-host: `initialize_distributed` (called by `PjitPartitioner`) runs
 `jax.distributed.initialize()` when the environment says this process is one of several (see
 its docstring); it must happen before anything else touches JAX's devices. Each process then
 builds the same global mesh, reads only its own shards, and gets its own shards of the outputs
-(gather them with `jax.experimental.multihost_utils.process_allgather`). Multi-host runs are not
-tested here: the tests simulate 8 devices in one process.
+(gather them with `jax.experimental.multihost_utils.process_allgather`). tests/sharding runs
+`spec_decode.infer` as 2 processes of 4 CPU devices (T5X's --multiprocess_gpu flags).
 """
 
 from __future__ import annotations
@@ -268,7 +268,8 @@ def initialize_distributed() -> bool:
       TPU_WORKER_HOSTNAMES (multi-host Cloud TPU on GKE): JAX's own cluster detection fills in
       the coordinator, process count and id.
   Elsewhere (e.g. a multi-host TPU VM without these variables) call
-  `jax.distributed.initialize()` yourself before building a partitioner.
+  `jax.distributed.initialize()` yourself before building a partitioner (`spec_decode.infer`
+  does with T5X's --multiprocess_gpu flags).
   """
   if jax.distributed.is_initialized():
     return False
