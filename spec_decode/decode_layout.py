@@ -3,18 +3,24 @@ place a decode is compiled (mesh, rules and shardings: `spec_decode.partitioning
 
 Decode layout (`decode_layout` -> `DecodeLayout`): the one place a decode is compiled and its
 parameters placed, used by `spec_decode.infer` (through `DecodeLayout.partition_predict`, any
-`models.EncoderDecoderModel`) and by `partition_decoders` (the engine's functions alone). Target
-parameters follow the rules; draft parameters are replicated on every device by default
-(`replicated_parameter_rules`: a draft step is latency-bound and must not wait on collectives)
-or follow their own rules. Each cache is pinned to its sharding where it is created and after
-every model call (`DecodeLayout.model_calls`), so the `lax.while_loop` carries both caches in one
-layout. Per-row writes (the caches' and the engine's token buffer) are vmapped scatters, which
-GSPMD keeps on the devices holding the rows: inside the loop a model call's only collectives are
-the all-reduces of its 'model'-split matmuls (the sampling's reductions over 'model'-split
-logits add theirs), and nothing is permuted or resharded per step (checked on the compiled HLO
-of both users by tests/sharding). Batches go in split over 'data' (`put_batch`: a batch the
-'data' axis does not divide is a ValueError naming it), outputs come out split alike and are
-fetched by `gather` (`process_allgather`, multi-host safe).
+`models.EncoderDecoderModel`), by `partition_decoders` (the engine's functions alone) and by the
+benchmark (`spec_decode.bench.decoders`: the prefill and the decoding loop compiled apart, the
+caches passing from one to the other in their layouts). Target parameters follow the rules;
+draft parameters are replicated on every device by default (`replicated_parameter_rules`: a
+draft step is latency-bound and must not wait on collectives) or follow their own rules. Each
+cache is pinned to its sharding where it is created and after every model call
+(`DecodeLayout.model_calls`, or its halves `init_cache` and `tokens_to_logits`), so the
+`lax.while_loop` carries both caches in one layout. Per-row writes (the caches' and the engine's
+token buffer) are vmapped scatters, which GSPMD keeps on the devices holding the rows: inside
+the loop a model call's only collectives are the all-reduces of its 'model'-split matmuls (the
+sampling's reductions over 'model'-split logits add theirs), and nothing is permuted or
+resharded per step (checked on the compiled HLO of infer's, partition_decoders' and the
+benchmark's loops by tests/sharding). Batches go in split over 'data' (`put_batch`: a batch the
+'data' axis does not divide is a ValueError naming it), outputs come out split alike (a call
+that returns caches leaves them in their layouts: `DecodeLayout.partition`'s argument and output
+kinds) and are fetched by `gather` (`process_allgather`, multi-host safe). Decodes are compiled
+with `compile_options.decode_compiler_options()`, a layout's `compiler_options` on top (the
+benchmark's).
 
 Restoring (`DecodeLayout.restore` -> `restore_params`): parameters go straight into their
 shards. T5X checkpoints (`restore_sharded`): every array stored as a TensorStore (zarr) array is
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -58,11 +64,14 @@ def _batch_axes(leaf: Any) -> PartitionSpec:
 def put_host(arrays: Any, shardings: Any) -> Any:
   """Host (numpy) arrays -> jax.Arrays laid out by `shardings` (a tree, or one sharding for
   every leaf), each device receiving only its slice: no device ever holds a whole array it
-  does not replicate. Every process must pass the same arrays (each keeps its own slices)."""
+  does not replicate. Every process must pass the same arrays (each keeps its own slices).
+  A jax.Array already laid out so is returned as it is."""
   if isinstance(shardings, jax.sharding.Sharding):
     shardings = jax.tree_util.tree_map(lambda _: shardings, arrays)
 
   def put(array: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+    if isinstance(array, jax.Array) and array.sharding.is_equivalent_to(sharding, array.ndim):
+      return array  # already laid out (e.g. on the one device of a 1x1 mesh): no second copy
     array = np.asarray(array)
     return _array_from_slices(array.shape, sharding, lambda index: array[index])
 
@@ -93,21 +102,26 @@ def gather(outputs: Any) -> Any:
   return multihost_utils.process_allgather(outputs, tiled=True)
 
 
+# The kinds of argument `DecodeLayout.partition` lays out (see there).
+ARGUMENT_KINDS = ("target", "draft", None, "batch", "replicated", "pinned")
+
+
 class _InputsChecked:
   """A jitted decoder whose batch arguments are checked against the mesh before jit sees them
   (jit's own check would name no logical axis)."""
 
-  def __init__(self, jitted: Callable, check: Callable[..., None], num_batch_args: int):
+  def __init__(self, jitted: Callable, check: Callable[..., None],
+               batch_positions: Sequence[int]):
     self._jitted = jitted
     self._check = check
-    self._num_batch_args = num_batch_args
+    self._batch_positions = tuple(batch_positions)
 
   def __call__(self, *args: Any) -> Any:
-    self._check(*args[-1 - self._num_batch_args:-1])  # (params..., batch args..., rng)
+    self._check(*(args[i] for i in self._batch_positions))
     return self._jitted(*args)
 
   def lower(self, *args: Any) -> jax.stages.Lowered:
-    self._check(*args[-1 - self._num_batch_args:-1])
+    self._check(*(args[i] for i in self._batch_positions))
     return self._jitted.lower(*args)
 
 
@@ -117,9 +131,11 @@ class DecodeLayout:
   decode is compiled (`partition`) and its parameters are placed (`restore`, `put_params`).
 
   Target parameters follow the partitioner's rules, draft parameters `draft_rules`; each model's
-  decode cache is pinned to its layout where it is created and after every model call
-  (`model_calls`, a `models.ModelCalls`), so the engine's `lax.while_loop` carries it in one
-  layout. Batches are split over 'data'; outputs too (`gather` fetches them).
+  decode cache is pinned to its layout where it is created (`init_cache`) and after every model
+  call (`tokens_to_logits`; both at once: `model_calls`, a `models.ModelCalls`), so the
+  engine's `lax.while_loop` carries it in one layout. Batches are split over 'data'; outputs
+  too, unless a call returns caches (`partition`; `gather` fetches outputs). Every decode is
+  compiled with `compiler_options` on top of `compile_options.decode_compiler_options()`.
   """
   partitioner: partitioning.PjitPartitioner
   target: network.T5Config
@@ -127,6 +143,7 @@ class DecodeLayout:
   draft_rules: tuple[tuple[str, Any], ...]
   params_shardings: Params
   draft_params_shardings: Params | None
+  compiler_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
   def mesh(self) -> Mesh:
@@ -143,38 +160,65 @@ class DecodeLayout:
     return jax.lax.with_sharding_constraint(
         cache, self.partitioner.cache_shardings(cache, self.rules(role)))
 
-  def model_calls(self, role: str, module_or_config: network.Transformer | network.T5Config,
-                  params: Params, encoder_input_tokens: jax.Array, max_decode_len: int
-                  ) -> tuple[network.DecodeCache, Callable]:
-    """(initial cache, tokens_to_logits) of one model, both keeping the cache in its layout."""
-    cache = network.init_decode_cache(module_or_config, params, encoder_input_tokens,
-                                      max_decode_len)
+  def init_cache(self, role: str, module_or_config: network.Transformer | network.T5Config,
+                 params: Params, encoder_input_tokens: jax.Array, max_decode_len: int
+                 ) -> network.DecodeCache:
+    """`network.init_decode_cache` of one model, in its layout (inside a jitted function)."""
+    return self.pin_cache(role, network.init_decode_cache(
+        module_or_config, params, encoder_input_tokens, max_decode_len))
+
+  def tokens_to_logits(self, role: str,
+                       module_or_config: network.Transformer | network.T5Config,
+                       params: Params) -> Callable:
+    """`network.make_tokens_to_logits` of one model, its new cache kept in its layout."""
     tokens_to_logits = network.make_tokens_to_logits(module_or_config, params)
 
     def pinned_tokens_to_logits(state: decoding.DecodingState):
       logits, new_cache = tokens_to_logits(state)
       return logits, self.pin_cache(role, new_cache)
 
-    return self.pin_cache(role, cache), pinned_tokens_to_logits
+    return pinned_tokens_to_logits
+
+  def model_calls(self, role: str, module_or_config: network.Transformer | network.T5Config,
+                  params: Params, encoder_input_tokens: jax.Array, max_decode_len: int
+                  ) -> tuple[network.DecodeCache, Callable]:
+    """(initial cache, tokens_to_logits) of one model, both keeping the cache in its layout."""
+    return (self.init_cache(role, module_or_config, params, encoder_input_tokens,
+                            max_decode_len),
+            self.tokens_to_logits(role, module_or_config, params))
 
   def check_batch(self, *batch: Any) -> None:
     """ValueError naming the axis when the 'data' axis does not divide a batch leaf."""
     partitioning.check_divisible(batch, jax.tree_util.tree_map(_batch_axes, batch),
                     self.partitioner.logical_axis_rules, self.mesh, what="inputs")
 
-  def partition(self, fn: Callable, *, params_roles: Sequence[str | None],
-                num_batch_args: int) -> Callable:
-    """`fn(*params, *batch_args, rng)` jitted on the mesh: one parameter argument per
-    `params_roles` entry ('target' or 'draft': placed in that layout; None: an absent model,
-    pass None), batch arguments (arrays or trees of [B, ...] arrays) split over 'data', the rng
-    replicated; outputs split over 'data'. Batches are checked by `check_batch` before jit sees
-    them."""
-    params_shardings = tuple(None if role is None else self._shardings(role)
-                             for role in params_roles)
+  def partition(self, fn: Callable, args: Sequence[str | None],
+                outputs: str = "batch") -> Callable:
+    """`fn` jitted on the mesh, each argument laid out by its kind, one `args` entry each:
+      'target', 'draft'  that model's parameters (as `put_params` or `restore` place them);
+      None               an absent model's parameters (pass None);
+      'batch'            an array or tree of [B, ...] arrays, split over 'data' (`put_batch`),
+                         checked by `check_batch` before jit sees it;
+      'replicated'       e.g. an rng (`put_replicated`);
+      'pinned'           kept where it is: a decode cache another partitioned call returned
+                         (`fn` pins it, `pin_cache`, so its loop carries it in its layout).
+    `outputs`: 'batch' splits every output over 'data' (fetch them with `gather`); 'pinned'
+    leaves each where `fn` pins it (caches made by `init_cache` stay in their layouts: hand
+    them to another call as 'pinned')."""
+    unknown = [kind for kind in args if kind not in ARGUMENT_KINDS]
+    if unknown or outputs not in ("batch", "pinned"):
+      raise ValueError(f"argument kinds are {ARGUMENT_KINDS} and outputs 'batch' or 'pinned', "
+                       f"got {unknown or [outputs]}")
     batch = self.partitioner.batch_sharding
-    jitted = self.partitioner.partition(
-        fn, params_shardings + (batch,) * num_batch_args + (self.partitioner.replicated,), batch)
-    return _InputsChecked(jitted, self.check_batch, num_batch_args)
+    # None: jit keeps the argument's own layout ('pinned') or has nothing to lay out (None).
+    shardings_by_kind = {"batch": batch, "replicated": self.partitioner.replicated}
+    in_shardings = tuple(self._shardings(kind) if kind in ("target", "draft")
+                         else shardings_by_kind.get(kind) for kind in args)
+    jitted = self.partitioner.partition(fn, in_shardings,
+                                        batch if outputs == "batch" else None,
+                                        compiler_options=self.compiler_options)
+    return _InputsChecked(jitted, self.check_batch,
+                          [i for i, kind in enumerate(args) if kind == "batch"])
 
   def partition_predict(self, model: Any) -> Callable:
     """`model.predict_batch_with_aux` (a `models.EncoderDecoderModel`) partitioned, with its
@@ -188,8 +232,8 @@ class DecodeLayout:
         return pinned.predict_batch_with_aux(params, batch, rng=rng)
       return pinned.predict_batch_with_aux(params, batch, rng=rng, draft_params=draft_params)
 
-    return self.partition(predict, num_batch_args=1, params_roles=(
-        "target", "draft" if model.is_speculative else None))
+    return self.partition(
+        predict, ("target", "draft" if model.is_speculative else None, "batch", "replicated"))
 
   def put_params(self, role: str, params: Params) -> Params:
     """Host parameters of the 'target' or 'draft' -> their layout, slice by slice."""
@@ -223,11 +267,13 @@ class DecodeLayout:
 
 def decode_layout(partitioner: partitioning.PjitPartitioner, target: network.T5Config,
                   draft: network.T5Config | None = None,
-                  draft_logical_axis_rules: partitioning.LogicalAxisRules | None = None) -> DecodeLayout:
+                  draft_logical_axis_rules: partitioning.LogicalAxisRules | None = None,
+                  compiler_options: Mapping[str, Any] | None = None) -> DecodeLayout:
   """The `DecodeLayout` of `target` (and `draft`) on `partitioner`'s mesh. Draft parameters
   follow `draft_logical_axis_rules`, by default `partitioning.replicated_parameter_rules` of the
   partitioner's (a draft step is latency-bound and must not wait on collectives). Both models'
-  parameter shapes are checked against the mesh here (ValueError)."""
+  parameter shapes are checked against the mesh here (ValueError). `compiler_options`: XLA
+  options merged on top of the decoders' own (`compile_options.merged`)."""
   rules = partitioner.logical_axis_rules
   draft_rules = tuple(tuple(rule) for rule in
                       (draft_logical_axis_rules or partitioning.replicated_parameter_rules(rules)))
@@ -238,7 +284,8 @@ def decode_layout(partitioner: partitioning.PjitPartitioner, target: network.T5C
     return partitioner.logical_shardings(axes, shapes, model_rules, what="parameters")
 
   return DecodeLayout(partitioner, target, draft, draft_rules, shardings(target, rules),
-                      None if draft is None else shardings(draft, draft_rules))
+                      None if draft is None else shardings(draft, draft_rules),
+                      dict(compiler_options or {}))
 
 
 # --------------------------------------------------------------------------- decoders
@@ -298,9 +345,9 @@ def partition_decoders(partitioner: partitioning.PjitPartitioner, target: networ
 
   return ShardedDecoders(
       layout.params_shardings, layout.draft_params_shardings,
-      layout.partition(baseline, params_roles=("target",), num_batch_args=2),
-      None if draft is None else layout.partition(speculative, params_roles=("target", "draft"),
-                                                  num_batch_args=2))
+      layout.partition(baseline, ("target", "batch", "batch", "replicated")),
+      None if draft is None else layout.partition(
+          speculative, ("target", "draft", "batch", "batch", "replicated")))
 
 
 # --------------------------------------------------------------------------- restore

@@ -32,6 +32,13 @@ What `infer` does, in this order (every check before anything is compiled or wri
      then measures the c and v of Theorem 3.8 on this machine (`call_costs`);
   5. writes INFER_OUTPUT_DIR/predictions.jsonl and summary.json, each whole, and prints the
      first predictions and what the run measured and implies (`infer_outputs`).
+Multi-host: every process runs the same command with T5X's flags `--multiprocess_gpu
+--coordinator_address=HOST:PORT --process_count=N --process_index=I` (despite the name, any
+backend; or the environment `partitioning.initialize_distributed` reads), which start JAX's
+distributed system before anything touches a device. Every process reads all inputs, restores
+its own shards, decodes its rows and gathers every output; process 0 alone writes and prints
+the outputs.
+
 A usage error (a missing gin file, a binding that cannot take effect, an unset required macro,
 an unknown task, a missing or unreadable checkpoint, data or output place, different
 vocabularies, a bad setting) prints one line `spec_decode.infer: error: ...` on stderr and exits
@@ -332,17 +339,31 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
                                              costs, model.output_vocabulary.eos_id)
   summary["run_seconds"] = time.perf_counter() - start  # inputs, restore, compile and decode
 
-  out = infer_outputs.write(output_dir, summary, records)
-  infer_outputs.print_report(summary, records, num_printed, out)
+  if jax.process_index() == 0:  # every process holds the same gathered outputs
+    out = infer_outputs.write(output_dir, summary, records)
+    infer_outputs.print_report(summary, records, num_printed, out)
   return summary
 
 
 # --------------------------------------------------------------------------- command line
 
 
+def _initialize_distributed(args: argparse.Namespace) -> None:
+  """T5X's multi-process start (its train.py flags): `jax.distributed.initialize` with the
+  flags given (None: JAX detects them from a cluster's environment)."""
+  given = [f"--{name}" for name in ("coordinator_address", "process_count", "process_index")
+           if getattr(args, name) is not None]
+  if not args.multiprocess_gpu:
+    if given:
+      raise UsageError(f"{', '.join(given)} need --multiprocess_gpu")
+    return
+  jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index)
+
+
 def _run(args: argparse.Namespace, bindings: list[str]) -> None:
   if args.text is not None and args.input_file is not None:
     raise UsageError("give --text or --input_file, not both")
+  _initialize_distributed(args)
   # The flags replace the config's input source, so they come after every other binding.
   if args.text is not None:
     bindings += ["MIXTURE_OR_TASK_NAME = None", "infer.DatasetConfig.input_file = None",
@@ -375,6 +396,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="decode this file's lines instead of the config's inputs")
   parser.add_argument("--data_dir", default=None,
                       help="data root of the seqio tasks (binds tasks.data_dir.path)")
+  parser.add_argument("--multiprocess_gpu", action="store_true",
+                      help="start JAX's distributed system (T5X's flag; any backend), from "
+                           "the three flags below")
+  parser.add_argument("--coordinator_address", default=None,
+                      help="host:port of process 0 (with --multiprocess_gpu)")
+  parser.add_argument("--process_count", type=int, default=None,
+                      help="number of processes (with --multiprocess_gpu)")
+  parser.add_argument("--process_index", type=int, default=None,
+                      help="this process's index, 0 first (with --multiprocess_gpu)")
   args, bindings = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
   return gin_utils.run("spec_decode.infer", lambda: _run(args, bindings))
 

@@ -28,8 +28,8 @@ Multi-host: `initialize_distributed` (called by `PjitPartitioner`) runs
 `jax.distributed.initialize()` when the environment says this process is one of several (see
 its docstring); it must happen before anything else touches JAX's devices. Each process then
 builds the same global mesh, reads only its own shards, and gets its own shards of the outputs
-(gather them with `jax.experimental.multihost_utils.process_allgather`). Multi-host runs are not
-tested here: the tests simulate 8 devices in one process.
+(gather them with `jax.experimental.multihost_utils.process_allgather`). tests/sharding runs
+`spec_decode.infer` as 2 processes of 4 CPU devices (T5X's --multiprocess_gpu flags).
 """
 
 from __future__ import annotations
@@ -268,7 +268,8 @@ def initialize_distributed() -> bool:
       TPU_WORKER_HOSTNAMES (multi-host Cloud TPU on GKE): JAX's own cluster detection fills in
       the coordinator, process count and id.
   Elsewhere (e.g. a multi-host TPU VM without these variables) call
-  `jax.distributed.initialize()` yourself before building a partitioner.
+  `jax.distributed.initialize()` yourself before building a partitioner (`spec_decode.infer`
+  does with T5X's --multiprocess_gpu flags).
   """
   if jax.distributed.is_initialized():
     return False
@@ -345,13 +346,14 @@ class PjitPartitioner:
 
   def partition(self, fn: Callable, in_shardings: Any, out_shardings: Any,
                 static_argnums: int | Sequence[int] = (),
-                donate_argnums: int | Sequence[int] = ()) -> Callable:
+                donate_argnums: int | Sequence[int] = (),
+                compiler_options: Mapping[str, Any] | None = None) -> Callable:
     """`jax.jit(fn)` with explicit shardings on this mesh (T5X's `partition`, under jit's names).
 
     Shardings inside `fn` must be NamedShardings (e.g. from `sharding`): no mesh context is set.
     Compiled with `compile_options.decode_compiler_options()` (every caller partitions a
-    decoder).
+    decoder), `compiler_options` merged on top (`compile_options.merged`).
     """
     return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                    static_argnums=static_argnums, donate_argnums=donate_argnums,
-                   compiler_options=compile_options.decode_compiler_options())
+                   compiler_options=compile_options.merged(compiler_options))

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import gin
 
 from spec_decode import gin_utils
+from spec_decode import partitioning
 from spec_decode.bench.config import (SUITES, BenchConfig, OwnBaselineConfig, PairConfig,
                                       PeerConfig, PhysicalLimitConfig, SimulatedTable2Config,
                                       VerifyCostConfig)
@@ -52,10 +53,13 @@ def run_suites(bench_config: BenchConfig) -> dict[str, Any]:
   if unknown:
     raise ValueError(f"unknown suites {unknown}; choose from {list(SUITES)}")
   os.makedirs(bench_config.output_dir, exist_ok=True)
+  partitioner = partitioning.PjitPartitioner(mesh_shape=(1, bench_config.num_partitions))
   simulated_config = _bound(SimulatedTable2Config)
-  workspace = Workspace(_bound(PairConfig), simulated_config, bench_config.compiler_options)
+  workspace = Workspace(_bound(PairConfig), simulated_config, bench_config.compiler_options,
+                        partitioner)
   report: dict[str, Any] = {"machine": describe_machine(),
                             "compiler_options": dict(bench_config.compiler_options),
+                            "mesh": dict(partitioner.mesh.shape),
                             "suites": {}, "timings_s": {}}
   runners = {
       "own_baseline": lambda: own_baseline_suite(workspace, _bound(OwnBaselineConfig)),
@@ -99,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench_config = _bound(BenchConfig)
     try:
       report = run_suites(bench_config)
-    except ValueError as e:  # e.g. an unknown suite
+    except ValueError as e:  # e.g. an unknown suite, more partitions than devices
       raise gin_utils.UsageError(gin_utils.first_line(e)) from None
     print(write_report(report, bench_config.output_dir))
     print(f"\nwrote {os.path.join(bench_config.output_dir, JSON_FILE)} and {MARKDOWN_FILE}")

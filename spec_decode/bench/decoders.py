@@ -1,11 +1,14 @@
-"""Our decoders of a pair, compiled and timed: `PairDecoders(pair).run(variant, repetition,
-batch_size) -> RunOutput`.
+"""Our decoders of a pair, compiled and timed: `PairDecoders(pair, compiler_options,
+partitioner).run(variant, repetition, batch_size) -> RunOutput`.
 
 A `Variant` names one decoder setting (the baseline, or a speculative decoder with its gamma,
 verifier and drafting policy). Each decode runs as two compiled calls timed apart, the prefill
-(encoders, decode caches) and the decoding loop, and ends at `jax.block_until_ready`. Tokens
-count up to and including a row's first EOS, else to the length limit (`generated_lengths`),
-for every decoder, ours and Hugging Face's.
+(encoders, decode caches) and the decoding loop, and ends at `jax.block_until_ready`. Both are
+compiled and their arrays placed by `decode_layout.DecodeLayout`, the path `spec_decode.infer`
+decodes through, on the partitioner's mesh (by default one device); decodes and
+statistics are fetched by `decode_layout.gather`. Tokens count up to and including a row's
+first EOS, else to the length limit (`generated_lengths`), for every decoder, ours and Hugging
+Face's.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import compile_options
+from spec_decode import decode_layout
+from spec_decode import partitioning
 from spec_decode.bench.pairs import Pair
 from spec_decode.bench.simulated import SIMULATED, simulated_acceptance_rule
 from spec_decode.engine import decoding
 from spec_decode.engine import drafting
 from spec_decode.engine import verify
-from spec_decode.t5 import network
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,69 +97,102 @@ def generated_lengths(decodes: np.ndarray, eos_id: int | None) -> np.ndarray:
   return np.where(is_eos.any(axis=1), is_eos.argmax(axis=1) + 1, decodes.shape[1])
 
 
-def _jitted_decoder(pair: Pair, variant: Variant, compiler_options: Mapping[str, Any]
-                    ) -> tuple[Callable, Callable]:
-  """The two compiled halves of one decode, timed apart:
-  prefill(target_params, draft_params, encoder_tokens [B, Le]) -> caches: the encoders and the
-    decode caches (the draft's only for a speculative variant);
-  decode(target_params, draft_params, caches, rng) -> (decodes [B, L], stats or None): the
-    decoding loop alone."""
+def _partitioned_decoder(layout: decode_layout.DecodeLayout, pair: Pair, variant: Variant
+                         ) -> tuple[Callable, Callable]:
+  """The two compiled halves of one decode on `layout`, timed apart:
+  prefill(target_params, draft_params, encoder_tokens [B, Le]) -> (target cache, draft cache):
+    the encoders and the decode caches (the draft's None for the baseline), each in its layout;
+  loop(target_params, draft_params, target cache, draft cache, rng) -> (decodes [B, L],
+    log_probs [B], stats or None), split over 'data': the decoding loop alone, computing what
+    infer's does (the scores too: the same compiled loop, tests/sharding compares them)."""
   target, draft, max_decode_len = pair.target, pair.draft, pair.max_decode_len
+  draft_role = None if variant.is_baseline else "draft"
 
   def prefill(target_params, draft_params, encoder_tokens):
-    caches = [network.init_decode_cache(target.module, target_params, encoder_tokens,
-                                        max_decode_len)]
-    if not variant.is_baseline:
-      caches.append(network.init_decode_cache(draft.module, draft_params, encoder_tokens,
-                                              max_decode_len))
-    return caches
+    draft_cache = None if variant.is_baseline else layout.init_cache(
+        "draft", draft.module, draft_params, encoder_tokens, max_decode_len)
+    return (layout.init_cache("target", target.module, target_params, encoder_tokens,
+                              max_decode_len), draft_cache)
 
-  def decode(target_params, draft_params, caches, rng):
-    inputs = jnp.zeros((caches[0]["encoder_mask"].shape[0], max_decode_len), jnp.int32)
-    tokens_to_logits = network.make_tokens_to_logits(target.module, target_params)
+  def loop(target_params, draft_params, target_cache, draft_cache, rng):
+    # Split over 'data' as infer's decoder inputs are: each row's state stays with its caches.
+    inputs = jax.lax.with_sharding_constraint(
+        jnp.zeros((target_cache["encoder_mask"].shape[0], max_decode_len), jnp.int32),
+        layout.partitioner.batch_sharding)
+    target_cache = layout.pin_cache("target", target_cache)
+    tokens_to_logits = layout.tokens_to_logits("target", target.module, target_params)
     if variant.is_baseline:
-      decodes, _ = decoding.temperature_sample(
-          inputs, caches[0], tokens_to_logits, pair.eos_id, decode_rng=rng,
+      decodes, log_probs = decoding.temperature_sample(
+          inputs, target_cache, tokens_to_logits, pair.eos_id, decode_rng=rng,
           temperature=variant.temperature)
-      return decodes[:, 0], None
-    decodes, _, stats = decoding.speculative_sample(
-        inputs, caches[0], tokens_to_logits, pair.eos_id, draft_cache=caches[1],
-        draft_tokens_to_logits=network.make_tokens_to_logits(draft.module, draft_params),
+      return decodes[:, 0], log_probs[:, 0], None
+    decodes, log_probs, stats = decoding.speculative_sample(
+        inputs, target_cache, tokens_to_logits, pair.eos_id,
+        draft_cache=layout.pin_cache("draft", draft_cache),
+        draft_tokens_to_logits=layout.tokens_to_logits("draft", draft.module, draft_params),
         gamma=variant.gamma, decode_rng=rng, temperature=variant.temperature,
         verifier=variant.verifier_rule(), draft_policy=variant.policy())
-    return decodes[:, 0], stats
+    return decodes[:, 0], log_probs[:, 0], stats
 
-  options = compile_options.merged(compiler_options)
-  return (jax.jit(prefill, compiler_options=options),
-          jax.jit(decode, compiler_options=options))
+  return (layout.partition(prefill, ("target", draft_role, "batch"), outputs="pinned"),
+          layout.partition(loop, ("target", draft_role, "pinned", "pinned", "replicated")))
 
 
 class PairDecoders:
-  """Our compiled decoders of one pair, one per variant (jax keeps one executable per batch
-  shape), as timed runs: `run(variant, repetition, batch_size) -> RunOutput`. The repetition
-  picks the inputs (`Pair.batch`) and the rng."""
+  """Our compiled decoders of one pair on `partitioner`'s mesh (None: one device), one per
+  variant (jax keeps one executable per batch shape), as timed runs: `run(variant, repetition,
+  batch_size) -> RunOutput`. The repetition picks the inputs (`Pair.batch`) and the rng.
+  Compiled and placed as `spec_decode.infer` decodes (`decode_layout.decode_layout`: target
+  parameters split by the partitioner's rules, the draft replicated, each cache pinned to its
+  layout), with `compiler_options` on top of the decoders' own. Batch sizes must be multiples
+  of the mesh's 'data' axis (a ValueError before compiling)."""
 
-  def __init__(self, pair: Pair, compiler_options: Mapping[str, Any]):
+  def __init__(self, pair: Pair, compiler_options: Mapping[str, Any],
+               partitioner: partitioning.PjitPartitioner | None = None):
     self.pair = pair
-    self.compiler_options = compiler_options
+    if partitioner is None:  # one device, the same path
+      partitioner = partitioning.PjitPartitioner(mesh_shape=(1, 1))
+    self.layout = decode_layout.decode_layout(partitioner, pair.target.config,
+                                              pair.draft.config,
+                                              compiler_options=compiler_options)
+    self._params = (self.layout.put_params("target", pair.target.params),
+                    self.layout.put_params("draft", pair.draft.params))
     self._decoders: dict[Variant, tuple[Callable, Callable]] = {}
 
-  def run(self, variant: Variant, repetition: int, batch_size: int) -> RunOutput:
+  def _halves(self, variant: Variant) -> tuple[Callable, Callable]:
     if variant not in self._decoders:
-      self._decoders[variant] = _jitted_decoder(self.pair, variant, self.compiler_options)
-    prefill, decode = self._decoders[variant]
-    params = (self.pair.target.params, self.pair.draft.params)
-    encoder_tokens = jnp.asarray(self.pair.batch(repetition, batch_size))
-    rng = jax.random.PRNGKey(repetition)
+      self._decoders[variant] = _partitioned_decoder(self.layout, self.pair, variant)
+    return self._decoders[variant]
+
+  def _prefill_args(self, variant: Variant, repetition: int, batch_size: int) -> tuple:
+    """(target params, draft params or None, encoder tokens) of one run, placed."""
+    draft_params = None if variant.is_baseline else self._params[1]
+    return (self._params[0], draft_params,
+            self.layout.put_batch(self.pair.batch(repetition, batch_size)))
+
+  def run(self, variant: Variant, repetition: int, batch_size: int) -> RunOutput:
+    prefill, loop = self._halves(variant)
+    params_and_tokens = self._prefill_args(variant, repetition, batch_size)
+    rng = self.layout.put_replicated(jax.random.PRNGKey(repetition))
     start = time.perf_counter()
-    caches = jax.block_until_ready(prefill(*params, encoder_tokens))
+    caches = jax.block_until_ready(prefill(*params_and_tokens))
     loop_start = time.perf_counter()
-    decodes, stats = jax.block_until_ready(decode(*params, caches, rng))
+    outputs = jax.block_until_ready(loop(*params_and_tokens[:2], *caches, rng))
     end = time.perf_counter()
-    decodes = np.asarray(decodes)
+    decodes, _, stats = decode_layout.gather(outputs)
     summed = None
     if stats is not None:
       summed = {name: float(np.sum(getattr(stats, name)))
                 for name in decoding.SpeculativeStats.counter_names()}
     return RunOutput(end - start, int(generated_lengths(decodes, self.pair.eos_id).sum()),
                      decodes, summed, decode_seconds=end - loop_start)
+
+  def lower_loop(self, variant: Variant, repetition: int, batch_size: int
+                 ) -> jax.stages.Lowered:
+    """The decoding loop `run(variant, repetition, batch_size)` times, lowered (its compiled
+    HLO shows what the loop communicates)."""
+    prefill, loop = self._halves(variant)
+    params_and_tokens = self._prefill_args(variant, repetition, batch_size)
+    caches = prefill(*params_and_tokens)
+    return loop.lower(*params_and_tokens[:2], *caches,
+                      self.layout.put_replicated(jax.random.PRNGKey(repetition)))

@@ -2,8 +2,9 @@
 the machine and the operative gin config, via `plain`) and `bench.md` (`to_markdown`: one section
 of tables per suite that ran, then the goals).
 
-A report is `{"machine": describe_machine(), "compiler_options": {...}, "suites": {name:
-result}, "timings_s": {name: seconds}, "goals": [...], "gin_config": str}`.
+A report is `{"machine": describe_machine(), "compiler_options": {...}, "mesh": {"data": 1,
+"model": num_partitions}, "suites": {name: result}, "timings_s": {name: seconds}, "goals":
+[...], "gin_config": str}`.
 """
 
 from __future__ import annotations
@@ -209,8 +210,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
   lines = ["# spec_decode benchmark", "",
            f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, load average at "
            f"start {load}; jax {machine['jax_version']} "
-           f"({machine['jax_backend']}). tokens/s are medians [min-max] over interleaved "
-           "repetitions.", ""]
+           f"({machine['jax_backend']}); our decoders on mesh {report['mesh']}. tokens/s are "
+           "medians [min-max] over interleaved repetitions.", ""]
   if report["compiler_options"]:
     lines += [f"**XLA compiler options {report['compiler_options']}: compiled for a quick "
               "check, so these timings are not representative.**", ""]

@@ -1,11 +1,13 @@
 """What the suites share within one run: `Workspace` builds the two pairs ('pair': PairConfig's,
-'simulated': SimulatedTable2Config's), their compiled decoders and their step timings on first
-use, so suites that need the same pair or timing neither rebuild nor recompile it."""
+'simulated': SimulatedTable2Config's), their compiled decoders (on the run's partitioner) and
+their step timings on first use, so suites that need the same pair or timing neither rebuild
+nor recompile it."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from spec_decode import partitioning
 from spec_decode.bench.config import PairConfig, SimulatedTable2Config
 from spec_decode.bench.decoders import PairDecoders
 from spec_decode.bench.pairs import Pair, build_pair, random_pair
@@ -20,8 +22,10 @@ class Workspace:
   """The pairs by name ('pair' | 'simulated'), their decoders, and their calls' timings."""
 
   def __init__(self, pair_config: PairConfig, simulated_config: SimulatedTable2Config,
-               compiler_options: Mapping[str, Any]):
+               compiler_options: Mapping[str, Any],
+               partitioner: partitioning.PjitPartitioner):
     self.compiler_options = compiler_options
+    self.partitioner = partitioner
     self.configs: dict[str, PairConfig | SimulatedTable2Config] = {
         "pair": pair_config, "simulated": simulated_config}
     self._pairs: dict[str, Pair] = {}
@@ -39,7 +43,8 @@ class Workspace:
 
   def decoders(self, which: str) -> PairDecoders:
     if which not in self._decoders:
-      self._decoders[which] = PairDecoders(self.pair(which), self.compiler_options)
+      self._decoders[which] = PairDecoders(self.pair(which), self.compiler_options,
+                                            self.partitioner)
     return self._decoders[which]
 
   def calls(self, which: str, batch_size: int, calls: tuple[tuple[str, int], ...]) -> float:

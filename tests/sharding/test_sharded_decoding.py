@@ -193,6 +193,13 @@ def collectives_in_loop(hlo: str) -> list[tuple[str, str]]:
   return found
 
 
+def comparable_loop_collectives(compiled: jax.stages.Compiled) -> list[tuple[str, str]]:
+  """`collectives_in_loop` of a compiled decode, sorted, each op_name without the jitted
+  function's name: what two decoders' loops are compared by."""
+  return sorted((op, name.split("/", 1)[1])
+                for op, name in collectives_in_loop(compiled.as_text()))
+
+
 @pytest.fixture(scope="module")
 def loop_collectives():
   *_, compiled, _ = _sharded((2, 4), "sampled")

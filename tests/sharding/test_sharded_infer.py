@@ -5,10 +5,14 @@ infer uses it with any partitioner. Checked here on a tiny random T5 pair (demo 
 T5X TensorStore checkpoints):
   * `python -m spec_decode.infer` itself (subprocesses) at NUM_PARTITIONS 1 (the data-parallel
     mesh (8, 1)), 2, 4 and 8 gives the predictions, scores and statistics of the single-device
-    run, greedy and sampled with a fixed seed (baseline included);
+    run, greedy and sampled with a fixed seed (baseline included), and so does a run as two
+    processes of 4 devices each (one JAX distributed system), whose process 0 alone writes;
   * restored parameters have T5X's shardings, model-split kernels are split on every device, the
     draft is replicated, and each device holds exactly the plan's parameter and cache bytes;
   * the compiled decode loop's only collectives are the model-split matmuls' all-reduces;
+  * the benchmark's decoders (`bench.PairDecoders`, the same layout) on a (2, 4) mesh give the
+    decodes and statistics of one device, greedy, sampled and the sampled baseline, and their
+    compiled loop has exactly infer's collectives;
   * a run over the memory budget, or with a batch the 'data' axis does not divide, is refused
     with one line before anything is restored.
 """
@@ -18,8 +22,10 @@ import functools
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import gin
 import jax
@@ -27,6 +33,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from spec_decode import bench
+from spec_decode.bench import pairs as bench_pairs
 from spec_decode import infer
 from spec_decode import infer_outputs
 from spec_decode import models
@@ -39,7 +47,7 @@ from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
-from test_sharded_decoding import collectives_in_loop
+from test_sharded_decoding import comparable_loop_collectives
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 VOCAB_FILE = paths.DEMO_ASSETS / "spm_ende_8k.model"
@@ -168,8 +176,9 @@ SEED = 5
 
 
 def _start_infer(setup: Setup, name: str, num_devices: int, num_partitions: int,
-                 temperature: float) -> subprocess.Popen:
-  """`python -m spec_decode.infer` on `num_devices` CPU devices, writing to directory `name`."""
+                 temperature: float, flags: Sequence[str] = ()) -> subprocess.Popen:
+  """`python -m spec_decode.infer` on `num_devices` CPU devices, writing to directory `name`
+  (`flags`: more command-line flags)."""
   env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
   env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + (
       [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -181,7 +190,7 @@ def _start_infer(setup: Setup, name: str, num_devices: int, num_partitions: int,
        f"--gin.INFER_OUTPUT_DIR='{setup.directory / name}'",
        f"--gin.decoding.speculative_sample.temperature={temperature}",
        # The baseline once, greedy: it must then reproduce the speculative outputs.
-       f"--gin.COMPARE_WITH_BASELINE={temperature == 0}"],
+       f"--gin.COMPARE_WITH_BASELINE={temperature == 0}", *flags],
       env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -200,13 +209,18 @@ def infer_runs(setup):
       running.append(((mode, key), name,
                       _start_infer(setup, name, devices, num_partitions, MODES[mode])))
     run_key, name, process = running.pop(0)
-    output, _ = process.communicate(timeout=600)
-    assert process.returncode == 0, f"{name} failed:\n{output}"
-    out = setup.directory / name
-    records = [json.loads(line) for line in
-               (out / infer_outputs.PREDICTIONS_FILE).read_text(encoding="utf-8").splitlines()]
-    results[run_key] = (records, json.loads((out / infer_outputs.SUMMARY_FILE).read_text()))
+    results[run_key] = _finished_run(setup, name, process)
   return results
+
+
+def _finished_run(setup: Setup, name: str, process: subprocess.Popen) -> tuple[list, dict]:
+  """(records, summary) that the infer `process` wrote into directory `name`."""
+  output, _ = process.communicate(timeout=600)
+  assert process.returncode == 0, f"{name} failed:\n{output}"
+  out = setup.directory / name
+  records = [json.loads(line) for line in
+             (out / infer_outputs.PREDICTIONS_FILE).read_text(encoding="utf-8").splitlines()]
+  return records, json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
 
 
 def _assert_same_numbers(got: dict, want: dict, what: str) -> None:
@@ -221,8 +235,12 @@ def _assert_same_numbers(got: dict, want: dict, what: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("num_partitions", NUM_PARTITIONS)
 def test_infer_matches_one_device(infer_runs, mode, num_partitions):
-  records, summary = infer_runs[mode, num_partitions]
-  want_records, want_summary = infer_runs[mode, "one device"]
+  _assert_same_run(infer_runs[mode, num_partitions], infer_runs[mode, "one device"])
+
+
+def _assert_same_run(got: tuple[list, dict], want: tuple[list, dict]) -> None:
+  """Two infer runs' (records, summary) agree: texts exactly, numbers to float rounding."""
+  (records, summary), (want_records, want_summary) = got, want
   assert len(records) == len(want_records) == len(TEXTS)
   for i, (record, want) in enumerate(zip(records, want_records)):
     assert set(record) == set(want)
@@ -246,6 +264,23 @@ def test_infer_runs_are_not_trivial(infer_runs):
   for records in (greedy, sampled):
     accepted = sum(r["stats"]["accepted_tokens"] for r in records)
     assert 0 < accepted < sum(r["stats"]["drafted_tokens"] for r in records)
+
+
+def test_two_processes_match_one_device(setup, infer_runs):
+  """`python -m spec_decode.infer` as one distributed system of 2 processes with 4 CPU devices
+  each (T5X's --multiprocess_gpu flags; NUM_PARTITIONS=2: the (4, 2) mesh spans both) gives the
+  predictions of the single-device run, and only process 0 writes them."""
+  with socket.socket() as probe:  # a free port for the coordinator
+    probe.bind(("localhost", 0))
+    port = probe.getsockname()[1]
+  processes = [_start_infer(setup, f"two_processes_{index}", 4, 2, MODES["sampled"], [
+      "--multiprocess_gpu", f"--coordinator_address=localhost:{port}", "--process_count=2",
+      f"--process_index={index}"]) for index in range(2)]
+  output, _ = processes[1].communicate(timeout=600)
+  assert processes[1].returncode == 0, f"process 1 failed:\n{output}"
+  _assert_same_run(_finished_run(setup, "two_processes_0", processes[0]),
+                   infer_runs["sampled", "one device"])
+  assert not (setup.directory / "two_processes_1").exists()
 
 
 # --------------------------------------------------------------------------- restore and plan
@@ -320,13 +355,15 @@ def test_each_device_holds_the_plans_bytes(setup, num_partitions):
 # --------------------------------------------------------------------------- the compiled loop
 
 
-def test_infer_loop_has_partition_decoders_collectives(setup):
-  """The loop infer compiles (speculative, sampled, (2, 4) mesh): each model call's only
-  collectives are its 'model'-split matmuls' all-reduces (attention out, mlp wo, embedding),
-  nothing is permuted or exchanged all-to-all, and its collectives are exactly those of
-  `partition_decoders`' loop (the rest: reductions over the vocabulary-split logits)."""
-  layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(2, 4)),
-                                      TARGET, DRAFT)
+LOOP_MESH = (2, 4)
+
+
+@pytest.fixture(scope="module")
+def infer_loop(setup):
+  """(layout, target params, draft params, `comparable_loop_collectives`) of the loop infer
+  compiles: speculative, sampled, on LOOP_MESH."""
+  layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=LOOP_MESH),
+                                       TARGET, DRAFT)
   vocabulary = vocab.SentencePieceVocabulary(str(VOCAB_FILE))
   model = models.SpeculativeEncoderDecoderModel(
       network.Transformer(TARGET), vocabulary, vocabulary,
@@ -336,10 +373,18 @@ def test_infer_loop_has_partition_decoders_collectives(setup):
   draft_params = layout.restore("draft", model.draft_module, setup.draft_checkpoint)
   batch = {"encoder_input_tokens": np.ones((BATCH_SIZE, INPUT_LENGTH), np.int32),
            "decoder_input_tokens": np.zeros((BATCH_SIZE, TARGET_LENGTH), np.int32)}
-  rng = jax.random.PRNGKey(0)
   compiled = layout.partition_predict(model).lower(
-      params, draft_params, layout.put_batch(batch), layout.put_replicated(rng)).compile()
-  found = collectives_in_loop(compiled.as_text())
+      params, draft_params, layout.put_batch(batch),
+      layout.put_replicated(jax.random.PRNGKey(0))).compile()
+  return layout, params, draft_params, comparable_loop_collectives(compiled)
+
+
+def test_infer_loop_has_partition_decoders_collectives(infer_loop):
+  """The loop infer compiles: each model call's only collectives are its 'model'-split
+  matmuls' all-reduces (attention out, mlp wo, embedding), nothing is permuted or exchanged
+  all-to-all, and its collectives are exactly those of `partition_decoders`' loop (the rest:
+  reductions over the vocabulary-split logits)."""
+  layout, params, draft_params, found = infer_loop
   model_ops = {(op, name.split("decode_chunk/")[1]) for op, name in found
                if "decode_chunk" in name}
   assert model_ops == {
@@ -350,14 +395,63 @@ def test_infer_loop_has_partition_decoders_collectives(setup):
   assert not [c for c in found if c[0] in ("all-to-all", "collective-permute")], found
 
   decoders = decode_layout.partition_decoders(layout.partitioner, TARGET, DRAFT, eos_id=1,
-                                             gamma=GAMMA, temperature=1.0)
-  reference = decoders.speculative.lower(params, draft_params, batch["encoder_input_tokens"],
-                                         batch["decoder_input_tokens"], rng).compile()
+                                              gamma=GAMMA, temperature=1.0)
+  reference = decoders.speculative.lower(
+      params, draft_params, np.ones((BATCH_SIZE, INPUT_LENGTH), np.int32),
+      np.zeros((BATCH_SIZE, TARGET_LENGTH), np.int32), jax.random.PRNGKey(0)).compile()
+  assert found == comparable_loop_collectives(reference)
 
-  def without_jit_name(collectives):
-    return sorted((op, name.split("/", 1)[1]) for op, name in collectives)
 
-  assert without_jit_name(found) == without_jit_name(collectives_in_loop(reference.as_text()))
+# --------------------------------------------------------------------------- the bench's decoders
+
+
+BENCH_VARIANTS = {"greedy": bench.Variant(0.0, gamma=GAMMA),
+                  "sampled": bench.Variant(1.0, gamma=GAMMA),
+                  "sampled baseline": bench.Variant(1.0)}
+
+
+@pytest.fixture(scope="module")
+def bench_runs(setup):
+  """{(variant name, 'one device' | LOOP_MESH): bench.RunOutput} of the bench's PairDecoders
+  on the test pair (batch BATCH_SIZE, repetition 1: its inputs and rng), and the PairDecoders
+  on LOOP_MESH."""
+  pair = bench.Pair(
+      "tiny", bench.Model("target", network.Transformer(TARGET), setup.target_params),
+      bench.Model("draft", network.Transformer(DRAFT), setup.draft_params),
+      bench_pairs.random_inputs(TARGET.vocab_size, INPUT_LENGTH, 2 * BATCH_SIZE, seed=3),
+      eos_id=vocab.EOS_ID, max_decode_len=TARGET_LENGTH, description="test pair")
+  decoders = {"one device": bench.PairDecoders(pair, {}),
+              LOOP_MESH: bench.PairDecoders(pair, {}, partitioning.PjitPartitioner(
+                  mesh_shape=LOOP_MESH))}
+  runs = {(name, mesh): decoders[mesh].run(variant, 1, BATCH_SIZE)
+          for name, variant in BENCH_VARIANTS.items() for mesh in decoders}
+  return runs, decoders[LOOP_MESH]
+
+
+@pytest.mark.parametrize("name", BENCH_VARIANTS)
+def test_bench_decoders_on_a_mesh_match_one_device(bench_runs, name):
+  runs, _ = bench_runs
+  got, want = runs[name, LOOP_MESH], runs[name, "one device"]
+  np.testing.assert_array_equal(got.decodes, want.decodes)
+  assert got.tokens == want.tokens
+  if want.stats is None:
+    assert got.stats is None
+  else:
+    _assert_same_numbers(got.stats, want.stats, name)
+
+
+def test_bench_runs_are_not_trivial(bench_runs):
+  runs, _ = bench_runs
+  greedy, sampled = runs["greedy", "one device"], runs["sampled", "one device"]
+  assert not np.array_equal(greedy.decodes, sampled.decodes)
+  for run in (greedy, sampled):
+    assert 0 < run.stats["accepted_tokens"] < run.stats["drafted_tokens"]
+
+
+def test_bench_loop_has_infers_collectives(bench_runs, infer_loop):
+  _, decoders = bench_runs
+  lowered = decoders.lower_loop(BENCH_VARIANTS["sampled"], 1, BATCH_SIZE)
+  assert comparable_loop_collectives(lowered.compile()) == infer_loop[3]
 
 
 # --------------------------------------------------------------------------- refusals
