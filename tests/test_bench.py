@@ -310,7 +310,8 @@ def test_peer_report_and_goals_at_a_real_size():
   markdown = bench.to_markdown({"machine": {"cpu_model": "cpu", "usable_cores": 2,
                                             "load_average_at_start": None, "jax_version": "j",
                                             "jax_backend": "cpu"},
-                                "compiler_options": {}, "suites": {"peer": suite},
+                                "compiler_options": {}, "mesh": {"data": 1, "model": 1},
+                                "suites": {"peer": suite},
                                 "goals": []})
   assert "a stated construction" in markdown
   assert ("| near-bigram t5_1_1/large | 0 | 4.0 [4.0-4.0] | 6.0 [6.0-6.0] | 1.5 | "
