@@ -1,6 +1,7 @@
 """`spec_decode.bench`: the smoke run of every suite, the report's fields, the goals' bookkeeping
 and the SIMULATED coin rule (its law, and that no decoding config can reach it)."""
 
+import dataclasses
 import json
 
 import gin
@@ -262,6 +263,11 @@ def test_near_bigram_draft_is_the_targets_own_arrays_and_agrees_with_it():
   assert _greedy_alpha(bench.build_pair(_near_bigram_config(1.0))) < 0.5
   with pytest.raises(ValueError, match="residual_scale must be > 0"):
     bench.build_pair(_near_bigram_config(0.0))
+  # Settings another source would read are refused, not ignored.
+  with pytest.raises(ValueError, match="PairConfig.draft_gin does not apply"):
+    bench.build_pair(dataclasses.replace(_near_bigram_config(1e-4), draft_gin="x.gin"))
+  with pytest.raises(ValueError, match="PairConfig.residual_scale does not apply"):
+    bench.build_pair(dataclasses.replace(_near_bigram_config(1e-4), source="random"))
 
 
 def test_hugging_face_worker_decodes_as_our_baseline(tmp_path):

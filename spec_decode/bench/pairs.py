@@ -221,6 +221,14 @@ def build_pair(config: PairConfig) -> Pair:
   if config.source not in PAIR_SOURCES:
     raise ValueError(f"PairConfig.source must be one of {', '.join(map(repr, PAIR_SOURCES))}, "
                      f"got {config.source!r}")
+  # Settings only one source reads: bound for another, they could not take effect.
+  defaults = PairConfig()
+  ignored = (("draft_gin", "draft_overrides") if config.source == "near_bigram"
+             else ("residual_scale",))
+  for name in ignored:
+    if getattr(config, name) != getattr(defaults, name):
+      raise ValueError(f"PairConfig.{name} does not apply to PairConfig.source = "
+                       f"{config.source!r}")
   if config.source == "near_bigram":
     return near_bigram_pair(config)
   if config.source == "demo" or (config.source == "auto" and demo_files_exist()):

@@ -49,11 +49,9 @@ class HuggingFaceWorker:
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(
         [str(paths.ROOT)] + [p for p in [environment.get("PYTHONPATH")] if p])
-    # Idle OpenMP threads yield instead of spinning: on a machine shared with other work,
-    # spinning threads at each op's barrier made torch's 2-thread generate 3x slower than
-    # 1 thread (T5.1.1-base, 2 cores, load average 3-6); yielding recovered it. A value the
-    # caller set is kept.
-    environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # The worker keeps OpenMP's own wait policy (set OMP_WAIT_POLICY to change it): on a quiet
+    # 2-core EPYC, PASSIVE made torch's 2-thread T5.1.1-base generate slower (13.3 vs 16.0
+    # tokens/s); only under load from other work did spinning threads hurt it.
     eos_id = pair.eos_id if pair.has_eos else -1
     self._process = subprocess.Popen(
         [sys.executable, "-m", hf_worker.__name__, directory, str(gamma), str(num_threads),
