@@ -7,7 +7,9 @@ one's third-party packages (a .pth line naming this site-packages), so the test 
 nothing; spec_decode itself comes only from the wheel (checked).
 """
 
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -41,10 +43,11 @@ def installed(tmp_path_factory):
   return python, cwd
 
 
-def _run(installed, *args: str) -> subprocess.CompletedProcess:
+def _run(installed, *args: str, env: dict[str, str] | None = None
+         ) -> subprocess.CompletedProcess:
   python, cwd = installed
   return subprocess.run([str(python), *args], cwd=cwd, capture_output=True, text=True,
-                        timeout=900)
+                        timeout=900, env=env)
 
 
 def test_the_package_comes_from_the_wheel(installed):
@@ -65,3 +68,17 @@ def test_bench_smoke_runs_from_elsewhere(installed):
   run = _run(installed, "-m", "spec_decode.bench", "--smoke")
   assert run.returncode == 0, run.stderr[-2000:]
   assert (installed[1] / "out" / "bench_smoke" / "bench.json").is_file()
+
+
+def test_the_cpu_kernel_builds_from_the_wheels_source(installed, tmp_path):
+  if shutil.which(os.environ.get("CXX") or "g++") is None:
+    pytest.skip("no C++ compiler here: the kernel falls back to XLA's dot (tests/test_cpu_kernels)")
+  # An empty cache: the kernel must be compiled from the .cc file the wheel installed.
+  run = _run(installed, "-c", "from spec_decode.t5 import cpu_kernels; "
+             "print(cpu_kernels.available()); print(cpu_kernels.SOURCE)",
+             env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+  assert run.returncode == 0, run.stderr[-2000:]
+  available, source = run.stdout.split()
+  assert available == "True", run.stderr[-2000:]
+  assert pathlib.Path(source).is_relative_to(installed[0].parent.parent)
+  assert list((tmp_path / "spec_decode" / "cpu_kernels").glob("*.so"))
