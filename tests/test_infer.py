@@ -5,6 +5,7 @@ from the seqio task with T5X checkpoints, once from a text file with Hugging Fac
 runs' subprocesses share a JAX compilation cache, so the second one compiles nothing new.
 """
 
+import functools
 import json
 import os
 import pathlib
@@ -151,15 +152,7 @@ def test_text_inputs_are_prefixed_trimmed_and_eos_terminated(tmp_path):
 @pytest.fixture
 def run_main(capsys):
   """infer.main in this process: (exit status, stderr lines)."""
-
-  def run(args):
-    try:
-      status = infer.main(args)
-    finally:
-      gin.clear_config()
-    return status, capsys.readouterr().err.strip().splitlines()
-
-  return run
+  return functools.partial(tiny_t5.run_infer_main, capsys=capsys)
 
 
 def _assert_one_line_error(status, stderr, message, output_dir):

@@ -4,11 +4,17 @@
 binding `network.T5Config` (like spec_decode/configs/models/*), a T5X checkpoint (`save_t5x`) and a Hugging
 Face folder (`save_hf`), and returns their paths and configs. `SHRINK` are the T5Config fields
 that shrink any T5.1.1 config to the tiny target (`DRAFT_SHRINK` to the draft).
+`write_model_files` writes the same files for given parameters; `write_run_gin` a
+`spec_decode.infer` run config for a pair; `run_infer_main` runs `infer.main` in the test's
+process.
 """
 
 import dataclasses
 import pathlib
 
+import gin
+
+from spec_decode import infer
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import network
@@ -47,7 +53,12 @@ def _gin_text(config: network.T5Config) -> str:
 
 def write_model(directory: pathlib.Path, name: str, config: network.T5Config,
                 seed: int) -> TinyModel:
-  params = checkpoints.random_params(config, seed)
+  return write_model_files(directory, name, config, checkpoints.random_params(config, seed))
+
+
+def write_model_files(directory: pathlib.Path, name: str, config: network.T5Config,
+                      params: dict) -> TinyModel:
+  """`name`.gin, a T5X checkpoint and a Hugging Face folder of the given parameters."""
   directory.mkdir(parents=True, exist_ok=True)
   gin_file = directory / f"{name}.gin"
   gin_file.write_text(_gin_text(config))
@@ -68,12 +79,14 @@ def write_run_gin(path: pathlib.Path, target: TinyModel, draft: TinyModel,
                   vocabulary_file: pathlib.Path, extra_ids: int, task_feature_lengths: dict,
                   batch_size: int, extra: str = "") -> str:
   """A `spec_decode.infer` run config for a tiny target/draft pair (T5X checkpoints; greedy,
-  gamma 3, compared with the baseline), plus the `extra` gin lines; returns its path."""
+  gamma 3, compared with the baseline), plus the `extra` gin lines (bindings of the imported
+  modules: decoding, infer, models, network); returns its path."""
   path.write_text(f"""
 include 'spec_decode/configs/runs/infer.gin'
 include '{target.gin_file}'
 from __gin__ import dynamic_registration
 from spec_decode.engine import decoding
+from spec_decode import infer
 from spec_decode import models
 from spec_decode.t5 import network
 
@@ -99,3 +112,13 @@ COMPARE_WITH_BASELINE = True
 {extra}
 """)
   return str(path)
+
+
+def run_infer_main(args: list[str], capsys) -> tuple[int, list[str]]:
+  """`infer.main(args)` in this process, its gin config cleared after: (exit status, stderr
+  lines). `capsys`: pytest's fixture."""
+  try:
+    status = infer.main(args)
+  finally:
+    gin.clear_config()
+  return status, capsys.readouterr().err.strip().splitlines()

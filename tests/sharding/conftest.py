@@ -7,12 +7,15 @@ so it runs in its own process (scripts/test.sh does this; the main run passes
 """
 
 import pathlib
+import sys
 
 import jax
 import pytest
 
 REQUIRED_DEVICES = 8
 _HERE = pathlib.Path(__file__).parent
+# The main suite's helpers (tests/tiny_t5.py): pytest puts only this folder on the path.
+sys.path.insert(0, str(_HERE.parent))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

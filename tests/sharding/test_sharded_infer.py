@@ -27,7 +27,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-import gin
 import jax
 import numpy as np
 import pytest
@@ -35,7 +34,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spec_decode import bench
 from spec_decode.bench import pairs as bench_pairs
-from spec_decode import infer
 from spec_decode import infer_outputs
 from spec_decode import models
 from spec_decode import decode_layout
@@ -44,9 +42,9 @@ from spec_decode import paths
 from spec_decode import plan
 from spec_decode.engine import decoding
 from spec_decode.t5 import checkpoints
-from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
+import tiny_t5
 from test_sharded_decoding import comparable_loop_collectives
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -57,7 +55,7 @@ TARGET = network.T5Config(vocab_size=8000, emb_dim=16, num_heads=8, head_dim=2,
                           mlp_activations=("gelu", "linear"), dropout_rate=0.0,
                           logits_via_embedding=False, dtype="float32")
 DRAFT = dataclasses.replace(TARGET, num_heads=4, head_dim=4)
-GAMMA = 3
+GAMMA = 3  # as tiny_t5.write_run_gin binds it for the infer runs
 LOGIT_SCALE = 8.0
 DRAFT_NOISE = 0.1
 BATCH_SIZE, INPUT_LENGTH, TARGET_LENGTH = 8, 12, 10
@@ -109,13 +107,6 @@ def _draft_params(target_params: dict) -> dict:
   return params
 
 
-def _model_gin(config: network.T5Config) -> str:
-  lines = ["from __gin__ import dynamic_registration", "from spec_decode.t5 import network"]
-  lines += [f"network.T5Config.{field.name} = {getattr(config, field.name)!r}"
-            for field in dataclasses.fields(config)]
-  return "\n".join(lines) + "\n"
-
-
 @dataclasses.dataclass(frozen=True)
 class Setup:
   directory: pathlib.Path
@@ -130,46 +121,18 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> Setup:
   directory = tmp_path_factory.mktemp("sharded_infer")
-  target_params = _random_params(TARGET, 1)
-  draft_params = _draft_params(target_params)
-  target_checkpoint = checkpoints.save_t5x(target_params, str(directory / "target_t5x"), step=1)
-  draft_checkpoint = checkpoints.save_t5x(draft_params, str(directory / "draft_t5x"), step=1)
-  hf_folder = directory / "target_hf"
-  hf_checkpoints.save_hf(TARGET, target_params, str(hf_folder))
-  (directory / "target.gin").write_text(_model_gin(TARGET))
-  (directory / "draft.gin").write_text(_model_gin(DRAFT))
-  run_gin = directory / "run.gin"
-  run_gin.write_text(f"""
-include 'spec_decode/configs/runs/infer.gin'
-include '{directory / "target.gin"}'
-from __gin__ import dynamic_registration
-from spec_decode.engine import decoding
-from spec_decode import infer
-from spec_decode import models
-from spec_decode.t5 import network
-
-network.Transformer.config = @network.T5Config()
-VOCABULARY = @models.sentencepiece_vocabulary()
-models.sentencepiece_vocabulary.sentencepiece_model_file = '{VOCAB_FILE}'
-MODEL = @models.SpeculativeEncoderDecoderModel()
-models.SpeculativeEncoderDecoderModel:
-  module = @network.Transformer()
-  input_vocabulary = %VOCABULARY
-  output_vocabulary = %VOCABULARY
-  decode_fn = @decoding.speculative_sample
-  draft_module = @models.transformer_from_gin_file()
-  draft_checkpoint_path = '{draft_checkpoint}'
-decoding.speculative_sample.gamma = {GAMMA}
-models.transformer_from_gin_file.gin_file = '{directory / "draft.gin"}'
-CHECKPOINT_PATH = '{target_checkpoint}'
+  target = tiny_t5.write_model_files(directory, "target", TARGET, _random_params(TARGET, 1))
+  draft = tiny_t5.write_model_files(directory, "draft", DRAFT, _draft_params(target.params))
+  run_gin = tiny_t5.write_run_gin(
+      directory / "run.gin", target, draft, VOCAB_FILE, extra_ids=0,
+      task_feature_lengths={"inputs": INPUT_LENGTH, "targets": TARGET_LENGTH},
+      batch_size=BATCH_SIZE, extra=f"""
 MIXTURE_OR_TASK_NAME = None
 infer.DatasetConfig.texts = {TEXTS!r}
-TASK_FEATURE_LENGTHS = {{'inputs': {INPUT_LENGTH}, 'targets': {TARGET_LENGTH}}}
-BATCH_SIZE = {BATCH_SIZE}
 SEED = 5
 """)
-  return Setup(directory, str(run_gin), target_params, draft_params, target_checkpoint,
-               draft_checkpoint, str(hf_folder))
+  return Setup(directory, run_gin, target.params, draft.params, target.t5x_checkpoint,
+               draft.t5x_checkpoint, target.hf_folder)
 
 
 # --------------------------------------------------------------------------- infer end to end
@@ -465,15 +428,7 @@ def run_main(capsys, monkeypatch):
     raise AssertionError("restored before refusing")
 
   monkeypatch.setattr(decode_layout, "restore_params", no_restore)
-
-  def run(args):
-    try:
-      status = infer.main(args)
-    finally:
-      gin.clear_config()
-    return status, capsys.readouterr().err.strip().splitlines()
-
-  return run
+  return functools.partial(tiny_t5.run_infer_main, capsys=capsys)
 
 
 def test_run_over_the_memory_budget_is_refused_before_restore(setup, run_main, tmp_path):
