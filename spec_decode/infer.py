@@ -355,9 +355,18 @@ def _initialize_distributed(args: argparse.Namespace) -> None:
            if getattr(args, name) is not None]
   if not args.multiprocess_gpu:
     if given:
-      raise UsageError(f"{', '.join(given)} need --multiprocess_gpu")
+      raise UsageError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} "
+                       "--multiprocess_gpu")
     return
-  jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index)
+  if args.process_count is not None and args.process_index is not None and not (
+      0 <= args.process_index < args.process_count):
+    raise UsageError(f"--process_index={args.process_index} is not in 0..{args.process_count - 1} "
+                     f"(--process_count={args.process_count})")
+  try:
+    jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index)
+  except (ValueError, RuntimeError) as error:  # e.g. no coordinator given or detected
+    raise UsageError("--multiprocess_gpu: JAX's distributed system did not start: "
+                     f"{gin_utils.first_line(error)}") from error
 
 
 def _run(args: argparse.Namespace, bindings: list[str]) -> None:

@@ -141,6 +141,23 @@ def test_output_dir_problems_are_found_before_anything_runs(run_cli, tmp_path):
   assert a_file.read_text() == ""
 
 
+def test_multi_process_flags_are_checked(run_cli, tmp_path):
+  out = tmp_path / "out"
+  _assert_error(run_cli("spec_decode.infer", ["--process_count=2",
+                                              f"--gin.INFER_OUTPUT_DIR='{out}'"]),
+                "spec_decode.infer", "--process_count needs --multiprocess_gpu", out)
+  _assert_error(run_cli("spec_decode.infer", ["--multiprocess_gpu", "--process_count=2",
+                                              "--process_index=2", "--coordinator_address=x:1",
+                                              f"--gin.INFER_OUTPUT_DIR='{out}'"]),
+                "spec_decode.infer", "--process_index=2 is not in 0..1 (--process_count=2)", out)
+  # No coordinator given and none detected: JAX's own error, as one line.
+  _assert_error(run_cli("spec_decode.infer", ["--multiprocess_gpu", "--process_count=2",
+                                              "--process_index=0",
+                                              f"--gin.INFER_OUTPUT_DIR='{out}'"]),
+                "spec_decode.infer", "--multiprocess_gpu: JAX's distributed system did not "
+                "start: ", out)
+
+
 def test_input_file_problems_name_the_file(run_cli, tmp_path):
   bad = tmp_path / "bad.en"
   bad.write_bytes(b"fine line\nbad \xff\xfe line\n")
