@@ -3,18 +3,18 @@ place a decode is compiled (mesh, rules and shardings: `spec_decode.partitioning
 
 Decode layout (`decode_layout` -> `DecodeLayout`): the one place a decode is compiled and its
 parameters placed, used by `spec_decode.infer` (through `DecodeLayout.partition_predict`, any
-`models.EncoderDecoderModel`), by `partition_decoders` (the engine's functions alone) and by the
-benchmark (`spec_decode.bench.decoders`: the prefill and the decoding loop compiled apart, the
-caches passing from one to the other in their layouts). Target parameters follow the rules;
+`core.Decoder`) and by the benchmark (`spec_decode.bench.decoders`: the decoder's prefill and
+loop compiled apart, the caches passing from one to the other in their layouts). A layout is
+the decoder's `core.ModelCalls` on the mesh. Target parameters follow the rules;
 draft parameters are replicated on every device by default (`replicated_parameter_rules`: a
 draft step is latency-bound and must not wait on collectives) or follow their own rules. Each
 cache is pinned to its sharding where it is created and after every model call
-(`DecodeLayout.model_calls`, or its halves `init_cache` and `tokens_to_logits`), so the
+(`DecodeLayout.init_cache`, `tokens_to_logits` and `pin_cache`), so the
 `lax.while_loop` carries both caches in one layout. Per-row writes (the caches' and the engine's
 token buffer) are vmapped scatters, which GSPMD keeps on the devices holding the rows: inside
 the loop a model call's only collectives are the all-reduces of its 'model'-split matmuls (the
 sampling's reductions over 'model'-split logits add theirs), and nothing is permuted or
-resharded per step (checked on the compiled HLO of infer's, partition_decoders' and the
+resharded per step (checked on the compiled HLO of infer's and the
 benchmark's loops by tests/sharding). Batches go in split over 'data' (`put_batch`: a batch the
 'data' axis does not divide is a ValueError naming it), outputs come out split alike (a call
 that returns caches leaves them in their layouts: `DecodeLayout.partition`'s argument and output
@@ -47,6 +47,7 @@ from flax.core import unfreeze
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, PartitionSpec
 
+from spec_decode import core
 from spec_decode import models
 from spec_decode import partitioning
 from spec_decode.engine import decoding
@@ -132,7 +133,7 @@ class DecodeLayout:
 
   Target parameters follow the partitioner's rules, draft parameters `draft_rules`; each model's
   decode cache is pinned to its layout where it is created (`init_cache`) and after every model
-  call (`tokens_to_logits`; both at once: `model_calls`, a `models.ModelCalls`), so the
+  call (`tokens_to_logits`: the layout is a `core.ModelCalls`), so the
   engine's `lax.while_loop` carries it in one layout. Batches are split over 'data'; outputs
   too, unless a call returns caches (`partition`; `gather` fetches outputs). Every decode is
   compiled with `compiler_options` on top of `compile_options.decode_compiler_options()`.
@@ -179,14 +180,6 @@ class DecodeLayout:
 
     return pinned_tokens_to_logits
 
-  def model_calls(self, role: str, module_or_config: network.Transformer | network.T5Config,
-                  params: Params, encoder_input_tokens: jax.Array, max_decode_len: int
-                  ) -> tuple[network.DecodeCache, Callable]:
-    """(initial cache, tokens_to_logits) of one model, both keeping the cache in its layout."""
-    return (self.init_cache(role, module_or_config, params, encoder_input_tokens,
-                            max_decode_len),
-            self.tokens_to_logits(role, module_or_config, params))
-
   def check_batch(self, *batch: Any) -> None:
     """ValueError naming the axis when the 'data' axis does not divide a batch leaf."""
     partitioning.check_divisible(batch, jax.tree_util.tree_map(_batch_axes, batch),
@@ -220,20 +213,17 @@ class DecodeLayout:
     return _InputsChecked(jitted, self.check_batch,
                           [i for i, kind in enumerate(args) if kind == "batch"])
 
-  def partition_predict(self, model: Any) -> Callable:
-    """`model.predict_batch_with_aux` (a `models.EncoderDecoderModel`) partitioned, with its
-    caches pinned by `model_calls`: a function (params, draft_params, batch, rng) ->
-    (decodes [B, L], aux), draft_params None unless the model is speculative. Give arguments
-    placed by `restore`/`put_params`, `put_batch` and `put_replicated`."""
-    pinned = model.with_model_calls(self.model_calls)
+  def partition_predict(self, decoder: core.Decoder, eos_id: int) -> Callable:
+    """`decoder.predict` partitioned, each cache pinned to its layout: a function (params,
+    draft_params, batch, rng) -> (decodes [B, L], aux), draft_params None unless the decoder
+    uses a draft. Give arguments placed by `restore`/`put_params`, `put_batch` and
+    `put_replicated`."""
 
     def predict(params, draft_params, batch, rng):
-      if draft_params is None:
-        return pinned.predict_batch_with_aux(params, batch, rng=rng)
-      return pinned.predict_batch_with_aux(params, batch, rng=rng, draft_params=draft_params)
+      return decoder.predict(params, draft_params, batch, eos_id, rng, calls=self)
 
     return self.partition(
-        predict, ("target", "draft" if model.is_speculative else None, "batch", "replicated"))
+        predict, ("target", "draft" if decoder.uses_draft else None, "batch", "replicated"))
 
   def put_params(self, role: str, params: Params) -> Params:
     """Host parameters of the 'target' or 'draft' -> their layout, slice by slice."""
@@ -286,68 +276,6 @@ def decode_layout(partitioner: partitioning.PjitPartitioner, target: network.T5C
   return DecodeLayout(partitioner, target, draft, draft_rules, shardings(target, rules),
                       None if draft is None else shardings(draft, draft_rules),
                       dict(compiler_options or {}))
-
-
-# --------------------------------------------------------------------------- decoders
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardedDecoders:
-  """Jitted decoders and the parameter layouts they expect (place parameters accordingly).
-
-  baseline(params, encoder_input_tokens [B, Le], decoder_inputs [B, L], rng)
-      -> (decodes [B, num_decodes, L], log_probs [B, num_decodes])
-  speculative(params, draft_params, encoder_input_tokens, decoder_inputs, rng)
-      -> (decodes, log_probs, decoding.SpeculativeStats)   (None without a draft)
-  `decoder_inputs` follow `decoding`'s conventions (BOS 0, forced prompt tokens); B must be a
-  multiple of the 'data' axis size (a ValueError before tracing otherwise). Outputs are split
-  over 'data' like the inputs. Both decoders also have jit's `.lower(*args)`.
-  """
-  params_shardings: Params
-  draft_params_shardings: Params | None
-  baseline: Callable
-  speculative: Callable | None
-
-
-def partition_decoders(partitioner: partitioning.PjitPartitioner, target: network.T5Config,
-                       draft: network.T5Config | None = None, *, eos_id: int,
-                       gamma: int | None = None,
-                       draft_logical_axis_rules: partitioning.LogicalAxisRules | None = None,
-                       num_decodes: int = 1, temperature: float = 1.0, topk: int = 0,
-                       topp: float = 0.0, max_decode_steps: int | None = None,
-                       verifier: str = "token") -> ShardedDecoders:
-  """Jits `decoding.temperature_sample` (target alone) and `decoding.speculative_sample`
-  (target + draft, `gamma` drafts per iteration) on the `decode_layout` of the models: the
-  engine's functions without a `models.EncoderDecoderModel` around them.
-  """
-  if (draft is None) != (gamma is None):
-    raise ValueError("give both draft and gamma for speculative decoding, or neither")
-  layout = decode_layout(partitioner, target, draft, draft_logical_axis_rules)
-  options = dict(eos_id=eos_id, num_decodes=num_decodes, temperature=temperature, topk=topk,
-                 topp=topp, max_decode_steps=max_decode_steps)
-
-  def baseline(params, encoder_input_tokens, decoder_inputs, rng):
-    cache, tokens_to_logits = layout.model_calls("target", target, params, encoder_input_tokens,
-                                                 decoder_inputs.shape[1])
-    return decoding.temperature_sample(decoder_inputs, cache, tokens_to_logits,
-                                       decode_rng=rng, **options)
-
-  def speculative(params, draft_params, encoder_input_tokens, decoder_inputs, rng):
-    max_decode_len = decoder_inputs.shape[1]
-    cache, tokens_to_logits = layout.model_calls("target", target, params, encoder_input_tokens,
-                                                 max_decode_len)
-    draft_cache, draft_tokens_to_logits = layout.model_calls(
-        "draft", draft, draft_params, encoder_input_tokens, max_decode_len)
-    return decoding.speculative_sample(
-        decoder_inputs, cache, tokens_to_logits, draft_cache=draft_cache,
-        draft_tokens_to_logits=draft_tokens_to_logits, gamma=gamma, decode_rng=rng,
-        verifier=verifier, **options)
-
-  return ShardedDecoders(
-      layout.params_shardings, layout.draft_params_shardings,
-      layout.partition(baseline, ("target", "batch", "batch", "replicated")),
-      None if draft is None else layout.partition(
-          speculative, ("target", "draft", "batch", "batch", "replicated")))
 
 
 # --------------------------------------------------------------------------- restore

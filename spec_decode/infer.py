@@ -60,6 +60,7 @@ import jax
 import numpy as np
 
 from spec_decode import call_costs
+from spec_decode import core
 from spec_decode import gin_utils
 from spec_decode import infer_outputs
 from spec_decode import decode_layout
@@ -218,13 +219,13 @@ def make_batches(examples: Sequence[Example], batch_size: int, input_length: int
 # --------------------------------------------------------------------------- decoding
 
 
-def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any,
+def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: Any,
                batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
                layout: decode_layout.DecodeLayout,
                progress: Callable[[str, int, int], None] = lambda *_: None
                ) -> infer_outputs.DecodeRun:
-  """Compiles model.predict_batch_with_aux once on `layout` (`DecodeLayout.partition_predict`)
-  and runs it over `batches`; `params`/`draft_params` as `layout.restore` placed them.
+  """Compiles `decoder.predict` once on `layout` (`DecodeLayout.partition_predict`) and runs
+  it over `batches`; `params`/`draft_params` as `layout.restore` placed them.
   `progress(stage, batches done, batches)` is called when compiling starts and after each batch."""
   compiled = None
   decodes, aux, seconds = [], [], 0.0
@@ -234,7 +235,7 @@ def decode_all(model: models.EncoderDecoderModel, params: Any, draft_params: Any
     if compiled is None:
       progress("compiling", 0, len(batches))
       start = time.perf_counter()
-      compiled = layout.partition_predict(model).lower(*args).compile()
+      compiled = layout.partition_predict(decoder, eos_id).lower(*args).compile()
       compile_seconds = time.perf_counter() - start
       # One untimed call: the first execution of an executable pays one-off costs.
       jax.block_until_ready(compiled(*args))
@@ -298,8 +299,8 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   if not isinstance(model, models.EncoderDecoderModel):
     raise UsageError(f"MODEL must be a models.EncoderDecoderModel, got {type(model).__name__}")
   if compare_with_baseline and not model.is_speculative:
-    raise UsageError("COMPARE_WITH_BASELINE needs a speculative decode_fn "
-                     "(decoding.speculative_sample)")
+    raise UsageError("COMPARE_WITH_BASELINE needs a decode loop with a draft (DECODE_LOOP, "
+                     "e.g. 'speculative_sample')")
   infer_outputs.check_output_dir(output_dir)
   start = time.perf_counter()
   examples = read_examples(dataset_cfg, model)
@@ -307,9 +308,6 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   if partitioner is None:  # one device, the same path
     partitioner = partitioning.PjitPartitioner(mesh_shape=(1, 1))
   draft_module = model.draft_module if model.is_speculative else None
-  if draft_module is not None and model.draft_checkpoint_path is None:
-    raise UsageError("a speculative MODEL needs the draft's checkpoint: bind "
-                     "models.SpeculativeEncoderDecoderModel.draft_checkpoint_path")
   layout = decode_layout.decode_layout(
       partitioner, model.module.config, None if draft_module is None else draft_module.config)
   _check_batch_size(layout, dataset_cfg.batch_size)
@@ -324,11 +322,12 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
         f"{infer_outputs.count(len(batches), 'batch')} of {dataset_cfg.batch_size}")
 
   name = "speculative decoder (target + draft)" if model.is_speculative else "target"
-  run = decode_all(model, params, draft_params, batches, seed, layout,
+  eos_id = model.output_vocabulary.eos_id
+  run = decode_all(model.decoder, eos_id, params, draft_params, batches, seed, layout,
                    progress=infer_outputs.progress(name))
   baseline = costs = None
   if compare_with_baseline:
-    baseline = decode_all(model.baseline(), params, None, batches, seed, layout,
+    baseline = decode_all(model.decoder.baseline(), eos_id, params, None, batches, seed, layout,
                           progress=infer_outputs.progress("baseline (target alone)"))
     print("measuring one target call of 1 and of gamma + 1 tokens, and one draft call")
     costs = call_costs.verification_costs(

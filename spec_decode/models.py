@@ -1,7 +1,7 @@
 """T5X's model protocol for T5 encoder-decoders, decoding with exact speculative sampling.
 
 `EncoderDecoderModel` mirrors `t5x.models.EncoderDecoderModel` (constructor,
-`FEATURE_CONVERTER_CLS`, `input_vocabulary`/`output_vocabulary`, `decode_fn`, `module`,
+`FEATURE_CONVERTER_CLS`, `input_vocabulary`/`output_vocabulary`, `module`,
 `get_initial_variables`, `loss_fn`, `eval_fn`, `score_batch`, `predict_batch`,
 `predict_batch_with_aux`), so T5X-style
 code (and `spec_decode.infer`) drives it unchanged. `SpeculativeEncoderDecoderModel` adds a
@@ -16,25 +16,25 @@ Shapes returned:
   predict_batch_with_aux -> (decodes [B, L], aux) or, with return_all_decodes,
   (decodes [B, num_decodes, L], aux) with the num_decodes axis sorted by score, best last.
   aux['scores'] is the decode's log-probability ([B] or [B, num_decodes]); a speculative decode
-  adds per-example counters of `decoding.SpeculativeStats` (its `counter_names()`) and
-  'alpha', with the same shape and sorted alike.
+  adds `decoding.SpeculativeStats.aux()` (its counters, 'alpha', 'tokens_per_target_call'),
+  with the same shape and sorted alike.
   score_batch -> [B] float32: sum over target tokens of log p(target) * decoder_loss_weights.
   get_initial_variables -> {'params': ..., 'params_axes': ...}.
 
-`decode_fn` is any function of the engine's protocol (`spec_decode.engine.decoding`), typically
-`@decoding.temperature_sample` (the baseline: target alone) or `@decoding.speculative_sample`
-(a function is speculative when it takes `draft_tokens_to_logits`). The caches of both models
-come from `network.init_decode_cache` (each encoder runs once per input), the step functions
-from `network.make_tokens_to_logits`.
+Decoding is `core.Decoder`'s (the one core every entry point shares): the model builds it from
+`decode_loop` (a loop name of `spec_decode.engine.loops`) and its settings, passed as
+constructor arguments (gamma, verifier, draft_policy, temperature, topk, topp,
+max_decode_steps; `loop_settings` for a loop's own), and `predict_batch_with_aux` is
+`Decoder.predict`.
 
 Under `jax.jit`, pass the draft's parameters as an argument (`draft_params=`) as
 `spec_decode.infer` does: otherwise the loaded ones are closed over and compiled in as
-constants. `with_model_calls` returns a copy whose caches and step functions come from another
-`ModelCalls` (`decode_layout.DecodeLayout.model_calls` pins each cache to its mesh layout).
+constants.
 
-Bad configurations (target and draft vocabularies differ, no draft for a speculative
-decode_fn, no gamma, a vocabulary larger than the embedding) raise ValueError at construction,
-a missing local draft checkpoint FileNotFoundError, before anything is loaded or compiled.
+Bad configurations (target and draft vocabularies differ, no draft for a loop that needs one,
+no gamma, a setting the loop does not take, a vocabulary larger than the embedding) raise
+ValueError at construction, a missing local draft checkpoint FileNotFoundError, before anything
+is loaded or compiled.
 """
 
 from __future__ import annotations
@@ -42,23 +42,22 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import inspect
 import os
 import sys
 from typing import Any, Callable, Mapping
 
-import gin
 import jax
 import jax.numpy as jnp
 from flax.core import unfreeze
 
+from spec_decode import core
 from spec_decode import gin_utils
 from spec_decode import losses
 from spec_decode import paths
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import demo_pair
-from spec_decode.engine import decoding
+from spec_decode.engine import loops
 from spec_decode.t5 import network
 from spec_decode.engine import sampling
 from spec_decode.t5 import vocab
@@ -66,10 +65,6 @@ from spec_decode.t5 import vocab
 Params = Any
 Batch = Mapping[str, jax.Array]
 
-# Arguments that fix the sampled distribution; the baseline of a speculative model shares them.
-SAMPLING_ARGUMENTS = ("temperature", "topk", "topp", "max_decode_steps")
-# Further settings of a speculative decode_fn worth reporting (those it has).
-SPECULATIVE_ARGUMENTS = ("gamma", "verifier", "draft_policy")
 # T5Config fields that do not change what a checkpoint computes (precision, training only).
 _NON_ARCHITECTURE_FIELDS = ("dtype", "dropout_rate")
 
@@ -80,32 +75,11 @@ def sentencepiece_vocabulary(sentencepiece_model_file: str,
   return vocab.SentencePieceVocabulary(paths.resolve(sentencepiece_model_file), extra_ids)
 
 
-# (role 'target' or 'draft', module, params, encoder_input_tokens [B, Le], max_decode_len)
-#   -> (initial decode cache, the engine's tokens_to_logits)
-ModelCalls = Callable[[str, network.Transformer, Params, jax.Array, int],
-                      tuple[network.DecodeCache, Callable[[Any], tuple[jax.Array, Any]]]]
-
-
-def network_model_calls(role: str, module: network.Transformer, params: Params,
-                        encoder_input_tokens: jax.Array, max_decode_len: int
-                        ) -> tuple[network.DecodeCache, Callable[[Any], tuple[jax.Array, Any]]]:
-  """The default `ModelCalls`: the network's cache and step function, whatever the role."""
-  del role  # both models are called alike
-  return (network.init_decode_cache(module, params, encoder_input_tokens, max_decode_len),
-          network.make_tokens_to_logits(module, params))
-
-
-# --------------------------------------------------------------------------- configs
-
-
 def transformer_from_gin_file(gin_file: str,
                               overrides: Mapping[str, Any] | None = None) -> network.Transformer:
-  """A `network.Transformer` whose config is the `network.T5Config` bound in a model gin file.
-
-  The file is read without touching the global gin config, so the draft can come from its own
-  model file (e.g. spec_decode/configs/models/t5_1_1/small.gin) next to the target's. `overrides` replace
-  fields (e.g. {'dtype': 'float32'}).
-  """
+  """A `network.Transformer` whose config is the `network.T5Config` bound in a model gin file,
+  read without touching the global gin config (the benchmark's and the planner's model sizes).
+  `overrides` replace fields (e.g. {'dtype': 'float32'})."""
   return network.Transformer(gin_utils.t5config_from_gin_file(gin_file, overrides))
 
 
@@ -163,31 +137,28 @@ def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Pa
   return params if dtype is None else checkpoints.cast_floats(params, dtype)
 
 
-# --------------------------------------------------------------------------- decode functions
+# --------------------------------------------------------------------------- checkpoints' configs
 
 
-def is_speculative(decode_fn: Callable) -> bool:
-  """Whether `decode_fn` follows `decoding.speculative_sample`'s protocol (it takes a draft)."""
-  return "draft_tokens_to_logits" in inspect.signature(decode_fn).parameters
-
-
-def decode_fn_arguments(decode_fn: Callable) -> dict[str, Any]:
-  """The keyword arguments `decode_fn` will be called with, where known before the call:
-  its defaults, overridden by its gin bindings (when it is gin's configurable, as a config's
-  `@decoding.speculative_sample` is), overridden by functools.partial keywords."""
-  arguments: dict[str, Any] = {}
-  partial_keywords: dict[str, Any] = {}
-  fn = decode_fn
-  while isinstance(fn, functools.partial):
-    partial_keywords = {**fn.keywords, **partial_keywords}
-    fn = fn.func
-  for name, parameter in inspect.signature(fn).parameters.items():
-    if parameter.default is not inspect.Parameter.empty:
-      arguments[name] = parameter.default
-  if hasattr(fn, "__wrapped__"):  # gin's wrapper (`@decoding.x` in a config): bindings apply
-    arguments.update(gin.get_bindings(fn))
-  arguments.update(partial_keywords)
-  return arguments
+def checkpoint_config(path: str, like: network.T5Config) -> network.T5Config:
+  """The network config of a checkpoint `load_params` reads, without reading its weights: a
+  Hugging Face folder's config.json, a demo .safetensors file's header, or a T5X checkpoint's
+  parameter shapes (`checkpoints.config_from_params`, what shapes cannot tell from `like`).
+  The activation dtype is always `like`'s."""
+  kind, resolved = checkpoint_format(path)
+  try:
+    if kind == "hf":
+      found = hf_checkpoints.read_hf_config(resolved)
+    elif kind == "demo":
+      found = demo_pair.read_config(resolved)
+    else:
+      return checkpoints.config_from_params(checkpoints.t5x_param_shapes(resolved), like, path)
+  except (ValueError, FileNotFoundError):  # already name the file
+    raise
+  except Exception as e:  # pylint: disable=broad-except: a reader's own error (truncated file...)
+    raise ValueError(f"checkpoint {path} could not be read: {type(e).__name__}: "
+                     f"{gin_utils.first_line(e)}") from e
+  return dataclasses.replace(found, dtype=like.dtype)
 
 
 # --------------------------------------------------------------------------- models
@@ -223,16 +194,22 @@ def _initial_variables(module: network.Transformer, rng: jax.Array,
 
 
 class EncoderDecoderModel:
-  """T5X's EncoderDecoderModel protocol over `network.Transformer` (see the module docstring)."""
+  """T5X's EncoderDecoderModel protocol over `network.Transformer` (see the module docstring):
+  the target alone, decoding with `decode_loop` (a loop of `spec_decode.engine.loops` that uses
+  no draft; 'temperature_sample' by default) and its settings."""
 
   FEATURE_CONVERTER_CLS = _LazyEncDecFeatureConverter()
 
   def __init__(self, module: network.Transformer, input_vocabulary: Any,
                output_vocabulary: Any, optimizer_def: Any = None,
-               decode_fn: Callable[..., Any] = decoding.temperature_sample,
+               decode_loop: str = "temperature_sample",
                feature_converter_cls: Callable[..., Any] | None = None,
                label_smoothing: float = 0.0, z_loss: float = 0.0,
-               loss_normalizing_factor: float | None = None):
+               loss_normalizing_factor: float | None = None, *, gamma: int | None = None,
+               verifier: str | None = None, draft_policy: str | None = None,
+               temperature: float | None = None, topk: int | None = None,
+               topp: float | None = None, max_decode_steps: int | None = None,
+               loop_settings: Mapping[str, Any] | None = None):
     if not isinstance(module, network.Transformer):
       raise ValueError(f"module must be a network.Transformer, got {type(module).__name__}")
     for name, vocabulary in (("input", input_vocabulary), ("output", output_vocabulary)):
@@ -242,27 +219,20 @@ class EncoderDecoderModel:
     if feature_converter_cls is not None:
       self.FEATURE_CONVERTER_CLS = feature_converter_cls  # pylint: disable=invalid-name
     self.module = module
-    self._check_decode_fn(decode_fn)
     self._input_vocabulary = input_vocabulary
     self._output_vocabulary = output_vocabulary
     self.optimizer_def = optimizer_def
-    self._decode_fn = decode_fn
     self._label_smoothing = label_smoothing
     self._z_loss = z_loss
     self._loss_normalizing_factor = loss_normalizing_factor
-    self._model_calls: ModelCalls = network_model_calls
+    self.decoder = core.Decoder.create(
+        decode_loop, module, self._draft_module_for(decode_loop), gamma=gamma,
+        verifier=verifier, draft_policy=draft_policy, temperature=temperature, topk=topk,
+        topp=topp, max_decode_steps=max_decode_steps, **dict(loop_settings or {}))
 
-  def with_model_calls(self, model_calls: ModelCalls) -> "EncoderDecoderModel":
-    """A copy of this model whose decodes get their caches and step functions from
-    `model_calls` (the loaded draft parameters are shared)."""
-    model = copy.copy(self)
-    model._model_calls = model_calls  # pylint: disable=protected-access
-    return model
-
-  def _check_decode_fn(self, decode_fn: Callable[..., Any]) -> None:
-    if is_speculative(decode_fn):
-      raise ValueError("a speculative decode_fn needs a draft: use "
-                       "models.SpeculativeEncoderDecoderModel")
+  def _draft_module_for(self, decode_loop: str) -> network.Transformer | None:
+    del decode_loop  # the target alone
+    return None
 
   @property
   def input_vocabulary(self) -> Any:
@@ -273,19 +243,13 @@ class EncoderDecoderModel:
     return self._output_vocabulary
 
   @property
-  def decode_fn(self) -> Callable[..., Any]:
-    return self._decode_fn
-
-  @property
   def is_speculative(self) -> bool:
-    return is_speculative(self._decode_fn)
+    return self.decoder.uses_draft
 
   @property
   def decode_settings(self) -> dict[str, Any]:
-    """The decode_fn's SAMPLING_ARGUMENTS (and SPECULATIVE_ARGUMENTS when speculative), as
-    far as they are known before a call: for reports."""
-    arguments = decode_fn_arguments(self._decode_fn)
-    return {name: arguments.get(name) for name in SAMPLING_ARGUMENTS}
+    """Every setting of the decode loop as it runs (for reports)."""
+    return self.decoder.resolved_settings()
 
   # ----------------------------------------------------------------- training protocol
 
@@ -353,124 +317,66 @@ class EncoderDecoderModel:
                              return_all_decodes: bool = False, num_decodes: int = 1,
                              prompt_with_targets: bool = False
                              ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Decodes a batch with `decode_fn` (see the module docstring for shapes).
-
-    `rng` becomes the decode_fn's `decode_rng`; `decoder_params` are further decode_fn
-    keyword arguments (T5X's); `prompt_with_targets` forces the non-zero tokens of
-    decoder_input_tokens as a prompt.
-    """
-    return self._predict(params, batch, rng, decoder_params, return_all_decodes, num_decodes,
-                         prompt_with_targets, draft_params=None)
-
-  def _predict(self, params: Params, batch: Batch, rng: jax.Array | None,
-               decoder_params: Mapping[str, Any] | None, return_all_decodes: bool,
-               num_decodes: int, prompt_with_targets: bool, draft_params: Params | None
-               ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    decoder_params = dict(decoder_params or {})
-    if rng is not None:
-      if "decode_rng" in decoder_params:
-        raise ValueError("give the decoding rng as rng or as decoder_params['decode_rng'], "
-                         "not both")
-      decoder_params["decode_rng"] = rng
-    decoder_input_tokens = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
-    inputs = decoder_input_tokens if prompt_with_targets else jnp.zeros_like(decoder_input_tokens)
-    decodes, scores, aux = self._decode(params, draft_params,
-                                        jnp.asarray(batch["encoder_input_tokens"], jnp.int32),
-                                        inputs, num_decodes, decoder_params)
-    aux = {"scores": scores, **aux}
-    if return_all_decodes:
-      return decodes, aux
-    # Decodes are sorted by score, ascending: the best is last.
-    return decodes[:, -1], {name: value[:, -1] for name, value in aux.items()}
-
-  def _decode(self, params: Params, draft_params: Params | None,
-              encoder_input_tokens: jax.Array, inputs: jax.Array, num_decodes: int,
-              decoder_params: dict[str, Any]) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-    """The target alone: (decodes [B, n, L], scores [B, n], extra aux {})."""
-    del draft_params  # no draft
-    cache, tokens_to_logits = self._model_calls("target", self.module, params,
-                                                encoder_input_tokens, inputs.shape[1])
-    decodes, scores = self._decode_fn(
-        inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
-        eos_id=self.output_vocabulary.eos_id, num_decodes=num_decodes, **decoder_params)
-    return decodes, scores, {}
+    """Decodes a batch (`core.Decoder.predict`: shapes, aux and T5X's conventions there)."""
+    return self.decoder.predict(params, None, batch, self.output_vocabulary.eos_id, rng,
+                                decoder_params, return_all_decodes, num_decodes,
+                                prompt_with_targets)
 
 
 class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
-  """An EncoderDecoderModel whose decode_fn may be speculative, with a draft model.
+  """An EncoderDecoderModel with a draft, decoding with `decode_loop` ('speculative_sample' by
+  default; any loop of `spec_decode.engine.loops`).
 
-  `draft_module`: the draft `network.Transformer` (same vocabulary size as the target);
-  `draft_checkpoint_path`: its checkpoint (any format of `load_params`), read on first use.
-  Every decoding setting (gamma, temperature, verifier, draft_policy, ...) belongs to the
-  decode_fn, bound in one place (`decoding.speculative_sample.gamma = 4` in a config, or a
-  functools.partial): the model only checks it. With a non-speculative decode_fn (the
-  baseline) the target runs alone and no draft is needed.
+  `draft_checkpoint_path`: the draft's checkpoint (any format of `load_params`), read on first
+  use; `draft_module`: the draft `network.Transformer`, by default the config read from that
+  checkpoint (`checkpoint_config`: no weight is read) in the target's dtype. The decode
+  settings (gamma, verifier, draft_policy, temperature, ...) are constructor arguments, as in
+  the T5X hook (configs bind them from GAMMA, VERIFIER, DRAFT_POLICY, TEMPERATURE). With a loop
+  that uses no draft (the baseline) the target runs alone and the draft is never read.
   """
 
   def __init__(self, module: network.Transformer, input_vocabulary: Any,
                output_vocabulary: Any, optimizer_def: Any = None,
-               decode_fn: Callable[..., Any] = decoding.speculative_sample,
-               feature_converter_cls: Callable[..., Any] | None = None,
-               label_smoothing: float = 0.0, z_loss: float = 0.0,
-               loss_normalizing_factor: float | None = None,
-               draft_module: network.Transformer | None = None,
-               draft_checkpoint_path: str | None = None):
-    self.draft_module = draft_module
+               decode_loop: str = "speculative_sample", *,
+               draft_checkpoint_path: str | None = None,
+               draft_module: network.Transformer | None = None, **kwargs: Any):
     self.draft_checkpoint_path = draft_checkpoint_path
-    super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def, decode_fn,
-                     feature_converter_cls, label_smoothing, z_loss, loss_normalizing_factor)
+    self._given_draft_module = draft_module
     self._draft_params: Params | None = None
+    super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def, decode_loop,
+                     **kwargs)
 
-  def _check_decode_fn(self, decode_fn: Callable[..., Any]) -> None:
-    if not is_speculative(decode_fn):
-      return
-    if not isinstance(self.draft_module, network.Transformer):
-      raise ValueError("a speculative decode_fn needs a draft_module (a network.Transformer), "
-                       f"got {self.draft_module!r}")
-    target_vocab, draft_vocab = self.module.config.vocab_size, self.draft_module.config.vocab_size
-    if draft_vocab != target_vocab:
-      raise ValueError(f"target and draft vocabularies differ: the target has {target_vocab} "
-                       f"ids, the draft {draft_vocab}")
-    gamma = decode_fn_arguments(decode_fn).get("gamma")
-    if gamma is None:
-      raise ValueError("gamma is not set: bind decoding.speculative_sample.gamma")
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-      raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
-    if self.draft_checkpoint_path is not None:
-      path = paths.resolve(self.draft_checkpoint_path)
-      if not path.startswith("gs://") and not os.path.exists(path):
-        raise FileNotFoundError(f"draft checkpoint not found: {self.draft_checkpoint_path}")
+  def _draft_module_for(self, decode_loop: str) -> network.Transformer | None:
+    if not loops.get(decode_loop).uses_draft:
+      return None
+    if self.draft_checkpoint_path is None:
+      raise ValueError(f"decode loop {decode_loop!r} needs a draft: set draft_checkpoint_path")
+    checkpoint_format(self.draft_checkpoint_path)  # FileNotFoundError when missing
+    if self._given_draft_module is not None:
+      return self._given_draft_module
+    return network.Transformer(checkpoint_config(self.draft_checkpoint_path,
+                                                 like=self.module.config))
 
   @property
-  def decode_settings(self) -> dict[str, Any]:
-    settings = super().decode_settings
-    if self.is_speculative:
-      arguments = decode_fn_arguments(self.decode_fn)
-      settings.update({name: arguments[name] for name in SPECULATIVE_ARGUMENTS
-                       if name in arguments})
-    return settings
+  def draft_module(self) -> network.Transformer | None:
+    return self.decoder.draft
 
   @property
   def draft_params(self) -> Params:
     """The draft's parameters, read from draft_checkpoint_path on first use."""
     if self._draft_params is None:
       if self.draft_module is None or self.draft_checkpoint_path is None:
-        raise ValueError("no draft parameters: set draft_module and draft_checkpoint_path, or "
-                         "pass draft_params")
+        raise ValueError("no draft parameters: set draft_checkpoint_path, or pass draft_params")
       self._draft_params = jax.device_put(
           load_params(self.draft_module, self.draft_checkpoint_path))
     return self._draft_params
 
   def baseline(self) -> EncoderDecoderModel:
-    """The target alone with `decoding.temperature_sample` and this decode_fn's sampling
-    settings (same distribution): the model speculative decoding is compared with."""
-    arguments = decode_fn_arguments(self.decode_fn)
-    decode_fn = functools.partial(decoding.temperature_sample,
-                                  **{name: arguments[name] for name in SAMPLING_ARGUMENTS
-                                     if name in arguments})
-    return EncoderDecoderModel(self.module, self.input_vocabulary, self.output_vocabulary,
-                               self.optimizer_def, decode_fn, None, self._label_smoothing,
-                               self._z_loss, self._loss_normalizing_factor)
+    """The target alone, with this model's sampling settings (the same distribution): the
+    model speculative decoding is compared with."""
+    model = copy.copy(self)
+    model.decoder = self.decoder.baseline()
+    return model
 
   def get_draft_initial_variables(self, rng: jax.Array,
                                   input_shapes: Mapping[str, tuple[int, ...]],
@@ -488,25 +394,6 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     """As EncoderDecoderModel's; `draft_params` default to the loaded `draft_params`."""
     if self.is_speculative and draft_params is None:
       draft_params = self.draft_params
-    return self._predict(params, batch, rng, decoder_params, return_all_decodes, num_decodes,
-                         prompt_with_targets, draft_params)
-
-  def _decode(self, params: Params, draft_params: Params | None,
-              encoder_input_tokens: jax.Array, inputs: jax.Array, num_decodes: int,
-              decoder_params: dict[str, Any]) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-    if not self.is_speculative:
-      return super()._decode(params, None, encoder_input_tokens, inputs, num_decodes,
-                             decoder_params)
-    max_decode_len = inputs.shape[1]
-    cache, tokens_to_logits = self._model_calls("target", self.module, params,
-                                                encoder_input_tokens, max_decode_len)
-    draft_cache, draft_tokens_to_logits = self._model_calls(
-        "draft", self.draft_module, draft_params, encoder_input_tokens, max_decode_len)
-    decodes, scores, stats = self.decode_fn(
-        inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
-        eos_id=self.output_vocabulary.eos_id, draft_cache=draft_cache,
-        draft_tokens_to_logits=draft_tokens_to_logits, num_decodes=num_decodes,
-        **decoder_params)
-    aux = {name: getattr(stats, name) for name in stats.counter_names()}
-    aux["alpha"] = stats.alpha
-    return decodes, scores, aux
+    return self.decoder.predict(params, draft_params, batch, self.output_vocabulary.eos_id,
+                                rng, decoder_params, return_all_decodes, num_decodes,
+                                prompt_with_targets)

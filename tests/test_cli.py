@@ -64,7 +64,7 @@ def test_decode_setting_bound_on_the_command_line_takes_effect(pair_run_gin, run
   long_text = " ".join(["word"] * 200)
   out = tmp_path / "out"
   status, stdout, stderr = run_cli("spec_decode.infer", [
-      f"--gin_file={pair_run_gin}", "--gin.decoding.speculative_sample.gamma=5",
+      f"--gin_file={pair_run_gin}", "--gin.GAMMA=5",
       "--text=A dog runs.", f"--text={long_text}", f"--gin.INFER_OUTPUT_DIR='{out}'"])
   assert status == 0, stderr
   summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
@@ -87,8 +87,9 @@ def test_decode_setting_bound_on_the_command_line_takes_effect(pair_run_gin, run
 
 
 @pytest.mark.parametrize("binding, message", [
-    ("--gin.GAMMA=5", "gin binding of macro GAMMA cannot take effect"),
-    ("--gin.decoding.speculative_sample.gamma=0", "gamma must be an integer >= 1, got 0"),
+    ("--gin.UNUSED_SETTING=5", "gin binding of macro UNUSED_SETTING cannot take effect"),
+    ("--gin.GAMMA=0", "gamma must be an integer >= 1, got 0"),
+    ("--gin.DECODE_LOOP='beam'", "unknown decode loop 'beam'; registered: "),
     ("--gin.CHECKPOINT_PATH=/x", "strings need inner quotes: --gin.CHECKPOINT_PATH=\"'/x'\""),
     ("--gin.INFER_OUTPUT_DIR=out/x",
      "strings need inner quotes: --gin.INFER_OUTPUT_DIR=\"'out/x'\""),
@@ -99,16 +100,13 @@ def test_bad_bindings(binding, message, run_cli, tmp_path):
                 "spec_decode.infer", message, tmp_path / "o")
 
 
-def test_a_setting_of_an_unused_decode_fn_cannot_take_effect(pair_run_gin, run_cli, tmp_path):
-  baseline_gin = tmp_path / "baseline.gin"
-  baseline_gin.write_text(pathlib.Path(pair_run_gin).read_text().replace(
-      "decode_fn = @decoding.speculative_sample", "decode_fn = @decoding.temperature_sample"
-  ).replace("COMPARE_WITH_BASELINE = True", "COMPARE_WITH_BASELINE = False") + (
-      "decoding.temperature_sample.temperature = 0.0\n"))
-  _assert_error(run_cli("spec_decode.infer", [f"--gin_file={baseline_gin}", "--text=Hi",
-                                              f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'o'}'"]),
-                "spec_decode.infer", "gin binding of decoding.speculative_sample.{gamma, "
-                "temperature} cannot take effect", tmp_path / "o")
+def test_a_setting_the_decode_loop_does_not_take_cannot_take_effect(pair_run_gin, run_cli,
+                                                                   tmp_path):
+  _assert_error(run_cli("spec_decode.infer", [
+      f"--gin_file={pair_run_gin}", "--text=Hi", "--gin.DECODE_LOOP='temperature_sample'",
+      "--gin.COMPARE_WITH_BASELINE=False", f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'o'}'"]),
+      "spec_decode.infer", "decode loop 'temperature_sample' takes no setting 'gamma'",
+      tmp_path / "o")
 
 
 @pytest.mark.parametrize("program, extra", [("spec_decode.infer", []),

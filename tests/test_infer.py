@@ -196,9 +196,7 @@ def test_draft_with_another_vocabulary(setup, run_main, tmp_path):
                                  tiny_t5.tiny_config(8000, tiny_t5.DRAFT_SHRINK), seed=3)
   status, stderr = run_main([
       f"--gin_file={setup[3]}", "--text=Hello",
-      f"--gin.models.transformer_from_gin_file.gin_file='{draft_8k.gin_file}'",
-      f"--gin.models.SpeculativeEncoderDecoderModel.draft_checkpoint_path="
-      f"'{draft_8k.t5x_checkpoint}'",
+      f"--gin.DRAFT_CHECKPOINT_PATH='{draft_8k.t5x_checkpoint}'",
       f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"])
   _assert_one_line_error(status, stderr, "target and draft vocabularies differ: the target has "
                                          "32128 ids, the draft 8000", tmp_path / "out")

@@ -1,6 +1,7 @@
 """spec_decode.models: T5X's model protocol (shapes, types, scores) and speculative decoding
 through it, on tiny random models with the demo vocabulary."""
 
+import dataclasses
 import functools
 import pathlib
 import subprocess
@@ -35,12 +36,11 @@ def vocabulary():
   return vocab.SentencePieceVocabulary(str(tiny_t5.DEMO_VOCAB_FILE))
 
 
-def _model(pair, vocabulary, decode_fn, **kwargs):
+def _model(pair, vocabulary, **settings):
   target, draft = pair
   return models.SpeculativeEncoderDecoderModel(
-      network.Transformer(target.config), vocabulary, vocabulary, decode_fn=decode_fn,
-      draft_module=network.Transformer(draft.config),
-      draft_checkpoint_path=draft.t5x_checkpoint, **kwargs)
+      network.Transformer(target.config), vocabulary, vocabulary,
+      draft_checkpoint_path=draft.t5x_checkpoint, **settings)
 
 
 def _batch(seed=0):
@@ -58,7 +58,7 @@ def _batch(seed=0):
           "decoder_target_tokens": targets, "decoder_loss_weights": weights}
 
 
-GREEDY_SPECULATIVE = functools.partial(decoding.speculative_sample, temperature=0.0, gamma=3)
+GREEDY_SPECULATIVE = dict(temperature=0.0, gamma=3)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def jitted(pair, vocabulary):
   baseline predict (all 2 decodes; the non-zero decoder_input_tokens are forced as a prompt, so
   zeros mean no prompt), score_batch, and teacher-forced logits."""
   target, _ = pair
-  model = _model(pair, vocabulary, GREEDY_SPECULATIVE)
+  model = _model(pair, vocabulary, **GREEDY_SPECULATIVE)
   baseline = model.baseline()
   options = dict(prompt_with_targets=True, return_all_decodes=True, num_decodes=2)
   return {
@@ -91,7 +91,7 @@ def _as_targets(decodes: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def test_get_initial_variables_follows_t5x(pair, vocabulary):
-  model = _model(pair, vocabulary, GREEDY_SPECULATIVE)
+  model = _model(pair, vocabulary, **GREEDY_SPECULATIVE)
   shapes = {"encoder_input_tokens": (2, LE), "decoder_input_tokens": (2, L)}
   variables = jax.eval_shape(functools.partial(model.get_initial_variables, input_shapes=shapes),
                              jax.random.PRNGKey(0))
@@ -177,7 +177,7 @@ def test_score_batch_is_the_weighted_target_log_likelihood(pair, jitted):
 
 def test_draft_params_load_once_from_either_format(pair, vocabulary):
   target, draft = pair
-  model = _model(pair, vocabulary, GREEDY_SPECULATIVE)
+  model = _model(pair, vocabulary, **GREEDY_SPECULATIVE)
   loaded = model.draft_params
   assert model.draft_params is loaded  # kept, not re-read
   for path in (draft.t5x_checkpoint, draft.hf_folder):
@@ -203,52 +203,61 @@ def test_bad_configurations_fail_at_construction(pair, vocabulary):
   with pytest.raises(ValueError, match="target and draft vocabularies differ: the target has "
                                        "8000 ids, the draft 8128"):
     models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
-                                          decode_fn=GREEDY_SPECULATIVE,
-                                          draft_module=network.Transformer(other_vocab))
+                                          draft_checkpoint_path=draft.t5x_checkpoint,
+                                          draft_module=network.Transformer(other_vocab),
+                                          **GREEDY_SPECULATIVE)
   with pytest.raises(ValueError, match="gamma is not set"):
     models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
-                                          draft_module=network.Transformer(draft.config))
-  with pytest.raises(ValueError, match="needs a draft_module"):
+                                          draft_checkpoint_path=draft.t5x_checkpoint)
+  with pytest.raises(ValueError, match="gamma must be an integer >= 1, got 0"):
     models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
-                                          decode_fn=GREEDY_SPECULATIVE)
-  with pytest.raises(FileNotFoundError, match="draft checkpoint not found"):
+                                          draft_checkpoint_path=draft.t5x_checkpoint, gamma=0)
+  with pytest.raises(ValueError, match="verifier must be one of .*got 'nope'"):
     models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
-                                          decode_fn=GREEDY_SPECULATIVE,
-                                          draft_module=network.Transformer(draft.config),
-                                          draft_checkpoint_path="/nonexistent/draft")
-  with pytest.raises(ValueError, match="needs a draft: use models.SpeculativeEncoderDecoderModel"):
-    models.EncoderDecoderModel(module, vocabulary, vocabulary,
-                               decode_fn=decoding.speculative_sample)
+                                          draft_checkpoint_path=draft.t5x_checkpoint, gamma=2,
+                                          verifier="nope")
+  with pytest.raises(ValueError, match="needs a draft: set draft_checkpoint_path"):
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary, **GREEDY_SPECULATIVE)
+  with pytest.raises(FileNotFoundError, match="checkpoint not found: /nonexistent/draft"):
+    models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
+                                          draft_checkpoint_path="/nonexistent/draft",
+                                          **GREEDY_SPECULATIVE)
+  with pytest.raises(ValueError, match="decode loop 'speculative_sample' needs a draft model"):
+    models.EncoderDecoderModel(module, vocabulary, vocabulary, decode_loop="speculative_sample",
+                               gamma=2)
+  with pytest.raises(ValueError, match="decode loop 'temperature_sample' takes no setting "
+                                       "'gamma'"):
+    models.EncoderDecoderModel(module, vocabulary, vocabulary, gamma=2)
+  with pytest.raises(ValueError, match="unknown decode loop 'beam'"):
+    models.EncoderDecoderModel(module, vocabulary, vocabulary, decode_loop="beam")
   small = network.Transformer(tiny_t5.tiny_config(4000, tiny_t5.SHRINK))
   with pytest.raises(ValueError, match="input vocabulary has 8000 ids but the model's embedding "
                                        "only 4000"):
     models.EncoderDecoderModel(small, vocabulary, vocabulary)
-  # The baseline decode_fn needs no draft at all.
+  # The baseline loop needs no draft at all, and never reads one.
   baseline = models.SpeculativeEncoderDecoderModel(module, vocabulary, vocabulary,
-                                                   decode_fn=decoding.temperature_sample)
-  assert not baseline.is_speculative
+                                                   decode_loop="temperature_sample")
+  assert not baseline.is_speculative and baseline.draft_module is None
 
 
-def test_gamma_and_sampling_settings_come_from_gin(pair, vocabulary):
+def test_the_draft_config_comes_from_its_checkpoint(pair, vocabulary):
+  """Each checkpoint format tells the draft's architecture; its dtype is the target's."""
   target, draft = pair
-  gin.clear_config()
-  try:
-    gin.parse_config("from __gin__ import dynamic_registration\n"
-                     "from spec_decode.engine import decoding\n"
-                     "decoding.speculative_sample.gamma = 4\n"
-                     "decoding.speculative_sample.temperature = 0.5\n"
-                     "decoding.speculative_sample.topk = 7\n")
+  bfloat16_target = network.Transformer(dataclasses.replace(target.config, dtype="bfloat16"))
+  for path in (draft.t5x_checkpoint, draft.hf_folder):
     model = models.SpeculativeEncoderDecoderModel(
-        network.Transformer(target.config), vocabulary, vocabulary,
-        decode_fn=gin.get_configurable(decoding.speculative_sample),
-        draft_module=network.Transformer(draft.config))
-    expected = {"temperature": 0.5, "topk": 7, "topp": 0.0, "max_decode_steps": None,
-                "gamma": 4, "verifier": "token"}
-    assert {name: model.decode_settings[name] for name in expected} == expected
-    assert model.baseline().decode_settings == {"temperature": 0.5, "topk": 7, "topp": 0.0,
-                                                "max_decode_steps": None}
-  finally:
-    gin.clear_config()
+        bfloat16_target, vocabulary, vocabulary, draft_checkpoint_path=path, gamma=2)
+    assert model.draft_module.config == dataclasses.replace(draft.config, dtype="bfloat16")
+
+
+def test_settings_and_the_baseline(pair, vocabulary):
+  model = _model(pair, vocabulary, gamma=4, temperature=0.5, topk=7)
+  expected = {"temperature": 0.5, "topk": 7, "topp": 0.0, "max_decode_steps": None,
+              "gamma": 4, "verifier": "token", "draft_policy": "fixed"}
+  assert {name: model.decode_settings[name] for name in expected} == expected
+  assert model.baseline().decode_settings == {"temperature": 0.5, "topk": 7, "topp": 0.0,
+                                              "max_decode_steps": None}
+  assert not model.baseline().is_speculative
 
 
 @pytest.mark.parametrize("gin_file", sorted(

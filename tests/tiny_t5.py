@@ -80,31 +80,22 @@ def write_run_gin(path: pathlib.Path, target: TinyModel, draft: TinyModel,
                   batch_size: int, extra: str = "") -> str:
   """A `spec_decode.infer` run config for a tiny target/draft pair (T5X checkpoints; greedy,
   gamma 3, compared with the baseline), plus the `extra` gin lines (bindings of the imported
-  modules: decoding, infer, models, network); returns its path."""
+  modules: infer, models, network); returns its path."""
   path.write_text(f"""
 include 'spec_decode/configs/runs/infer.gin'
 include '{target.gin_file}'
+include 'spec_decode/configs/decoding/speculative.gin'
 from __gin__ import dynamic_registration
-from spec_decode.engine import decoding
 from spec_decode import infer
 from spec_decode import models
 from spec_decode.t5 import network
 
-network.Transformer.config = @network.T5Config()
 VOCABULARY = @models.sentencepiece_vocabulary()
 models.sentencepiece_vocabulary.sentencepiece_model_file = '{vocabulary_file}'
 models.sentencepiece_vocabulary.extra_ids = {extra_ids}
-MODEL = @models.SpeculativeEncoderDecoderModel()
-models.SpeculativeEncoderDecoderModel:
-  module = @network.Transformer()
-  input_vocabulary = %VOCABULARY
-  output_vocabulary = %VOCABULARY
-  decode_fn = @decoding.speculative_sample
-  draft_module = @models.transformer_from_gin_file()
-  draft_checkpoint_path = '{draft.t5x_checkpoint}'
-models.transformer_from_gin_file.gin_file = '{draft.gin_file}'
-decoding.speculative_sample.gamma = 3
-decoding.speculative_sample.temperature = 0.0
+DRAFT_CHECKPOINT_PATH = '{draft.t5x_checkpoint}'
+GAMMA = 3
+TEMPERATURE = 0.0
 CHECKPOINT_PATH = '{target.t5x_checkpoint}'
 TASK_FEATURE_LENGTHS = {task_feature_lengths!r}
 BATCH_SIZE = {batch_size}

@@ -22,13 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import core
 from spec_decode import decode_layout
 from spec_decode import partitioning
 from spec_decode.bench.pairs import Pair
 from spec_decode.bench.simulated import SIMULATED, simulated_acceptance_rule
 from spec_decode.engine import decoding
 from spec_decode.engine import drafting
-from spec_decode.engine import verify
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Variant:
   draft_policy: str = "fixed"
   policy_bindings: tuple[tuple[str, float], ...] = ()
   simulated_alpha: float | None = None
+  decode_loop: str = "speculative_sample"  # any loop of spec_decode.engine.loops with a draft
 
   @property
   def is_baseline(self) -> bool:
@@ -60,19 +61,28 @@ class Variant:
       return "baseline"
     if self.simulated_alpha is not None:
       return f"{SIMULATED} coin alpha={self.simulated_alpha:g} gamma={self.gamma}"
+    if self.decode_loop != "speculative_sample":
+      return f"{self.decode_loop} gamma={self.gamma}"
     if self.draft_policy == "fixed":
       return f"{self.verifier} fixed gamma={self.gamma}"
     return f"{self.verifier} {self.draft_policy} gamma<={self.gamma}"
 
-  def verifier_rule(self) -> str | verify.Rule:
-    if self.simulated_alpha is not None:
-      return simulated_acceptance_rule(self.simulated_alpha)
-    return self.verifier
-
-  def policy(self) -> str | drafting.Policy:
-    if not self.policy_bindings:
-      return self.draft_policy
-    return functools.partial(drafting.get_policy(self.draft_policy), **dict(self.policy_bindings))
+  def decoder(self, pair: Pair) -> core.Decoder:
+    """This setting's decoder over the pair (the baseline: the target alone)."""
+    if self.is_baseline:
+      return core.Decoder.create("temperature_sample", pair.target.module,
+                                 temperature=self.temperature)
+    verifier = (simulated_acceptance_rule(self.simulated_alpha)
+                if self.simulated_alpha is not None else self.verifier)
+    policy = (functools.partial(drafting.get_policy(self.draft_policy),
+                                **dict(self.policy_bindings))
+              if self.policy_bindings else self.draft_policy)
+    if self.decode_loop != "speculative_sample":  # a registered loop takes its own settings
+      return core.Decoder.create(self.decode_loop, pair.target.module, pair.draft.module,
+                                 gamma=self.gamma, temperature=self.temperature)
+    return core.Decoder.create("speculative_sample", pair.target.module, pair.draft.module,
+                               gamma=self.gamma, temperature=self.temperature,
+                               verifier=verifier, draft_policy=policy)
 
 
 @dataclasses.dataclass
@@ -99,43 +109,31 @@ def generated_lengths(decodes: np.ndarray, eos_id: int | None) -> np.ndarray:
 
 def _partitioned_decoder(layout: decode_layout.DecodeLayout, pair: Pair, variant: Variant
                          ) -> tuple[Callable, Callable]:
-  """The two compiled halves of one decode on `layout`, timed apart:
-  prefill(target_params, draft_params, encoder_tokens [B, Le]) -> (target cache, draft cache):
-    the encoders and the decode caches (the draft's None for the baseline), each in its layout;
-  loop(target_params, draft_params, target cache, draft cache, rng) -> (decodes [B, L],
-    log_probs [B], stats or None), split over 'data': the decoding loop alone, computing what
-    infer's does (the scores too: the same compiled loop, tests/sharding compares them)."""
-  target, draft, max_decode_len = pair.target, pair.draft, pair.max_decode_len
-  draft_role = None if variant.is_baseline else "draft"
+  """The two compiled halves of one decode (`core.Decoder.prefill` and `run`) on `layout`,
+  timed apart:
+  prefill(target_params, draft_params, encoder_tokens [B, Le]) -> caches, each in its layout;
+  loop(target_params, draft_params, caches, rng) -> (decodes [B, L], log_probs [B], aux), split
+    over 'data': the decoding loop alone, computing what infer's does (the scores too: the same
+    compiled loop, tests/sharding compares them)."""
+  decoder = variant.decoder(pair)
+  max_decode_len = pair.max_decode_len
+  draft_role = "draft" if decoder.uses_draft else None
 
   def prefill(target_params, draft_params, encoder_tokens):
-    draft_cache = None if variant.is_baseline else layout.init_cache(
-        "draft", draft.module, draft_params, encoder_tokens, max_decode_len)
-    return (layout.init_cache("target", target.module, target_params, encoder_tokens,
-                              max_decode_len), draft_cache)
+    return decoder.prefill(target_params, draft_params, encoder_tokens, max_decode_len, layout)
 
-  def loop(target_params, draft_params, target_cache, draft_cache, rng):
+  def loop(target_params, draft_params, caches, rng):
     # Split over 'data' as infer's decoder inputs are: each row's state stays with its caches.
     inputs = jax.lax.with_sharding_constraint(
-        jnp.zeros((target_cache["encoder_mask"].shape[0], max_decode_len), jnp.int32),
+        jnp.zeros((caches.target["encoder_mask"].shape[0], max_decode_len), jnp.int32),
         layout.partitioner.batch_sharding)
-    target_cache = layout.pin_cache("target", target_cache)
-    tokens_to_logits = layout.tokens_to_logits("target", target.module, target_params)
-    if variant.is_baseline:
-      decodes, log_probs = decoding.temperature_sample(
-          inputs, target_cache, tokens_to_logits, pair.eos_id, decode_rng=rng,
-          temperature=variant.temperature)
-      return decodes[:, 0], log_probs[:, 0], None
-    decodes, log_probs, stats = decoding.speculative_sample(
-        inputs, target_cache, tokens_to_logits, pair.eos_id,
-        draft_cache=layout.pin_cache("draft", draft_cache),
-        draft_tokens_to_logits=layout.tokens_to_logits("draft", draft.module, draft_params),
-        gamma=variant.gamma, decode_rng=rng, temperature=variant.temperature,
-        verifier=variant.verifier_rule(), draft_policy=variant.policy())
-    return decodes[:, 0], log_probs[:, 0], stats
+    decodes, log_probs, aux = decoder.run(target_params, draft_params, caches, inputs,
+                                          pair.eos_id, decoder_params={"decode_rng": rng},
+                                          calls=layout)
+    return decodes[:, 0], log_probs[:, 0], {name: value[:, 0] for name, value in aux.items()}
 
   return (layout.partition(prefill, ("target", draft_role, "batch"), outputs="pinned"),
-          layout.partition(loop, ("target", draft_role, "pinned", "pinned", "replicated")))
+          layout.partition(loop, ("target", draft_role, "pinned", "replicated")))
 
 
 class PairDecoders:
@@ -177,13 +175,11 @@ class PairDecoders:
     start = time.perf_counter()
     caches = jax.block_until_ready(prefill(*params_and_tokens))
     loop_start = time.perf_counter()
-    outputs = jax.block_until_ready(loop(*params_and_tokens[:2], *caches, rng))
+    outputs = jax.block_until_ready(loop(*params_and_tokens[:2], caches, rng))
     end = time.perf_counter()
-    decodes, _, stats = decode_layout.gather(outputs)
-    summed = None
-    if stats is not None:
-      summed = {name: float(np.sum(getattr(stats, name)))
-                for name in decoding.SpeculativeStats.counter_names()}
+    decodes, _, aux = decode_layout.gather(outputs)
+    summed = {name: float(np.sum(aux[name]))
+              for name in decoding.SpeculativeStats.counter_names() if name in aux} or None
     return RunOutput(end - start, int(generated_lengths(decodes, self.pair.eos_id).sum()),
                      decodes, summed, decode_seconds=end - loop_start)
 
@@ -194,5 +190,5 @@ class PairDecoders:
     prefill, loop = self._halves(variant)
     params_and_tokens = self._prefill_args(variant, repetition, batch_size)
     caches = prefill(*params_and_tokens)
-    return loop.lower(*params_and_tokens[:2], *caches,
+    return loop.lower(*params_and_tokens[:2], caches,
                       self.layout.put_replicated(jax.random.PRNGKey(repetition)))

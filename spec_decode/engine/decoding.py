@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode.engine import drafting
+from spec_decode.engine import loops
 from spec_decode.engine import sampling
 from spec_decode.engine import verify
 
@@ -95,6 +96,13 @@ class SpeculativeStats:
   def alpha(self) -> jax.Array:
     """The paper's acceptance estimate: mean over verified positions of sum_x min(p, q)."""
     return self.acceptance_sum / jnp.maximum(self.verified_positions, 1)
+
+  def aux(self) -> dict[str, jax.Array]:
+    """What a decode reports per decode (T5X's aux): the counters, alpha and tokens per
+    target call."""
+    return {**{name: getattr(self, name) for name in self.counter_names()}, "alpha": self.alpha,
+            "tokens_per_target_call":
+                self.generated_tokens / jnp.maximum(self.target_calls, 1)}
 
   @classmethod
   def counter_names(cls) -> tuple[str, ...]:
@@ -145,11 +153,7 @@ def _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, 
     raise ValueError(f"eos_id must be a non-negative integer, got {eos_id!r}")
   if int(num_decodes) != num_decodes or num_decodes < 1:
     raise ValueError(f"num_decodes must be an integer >= 1, got {num_decodes!r}")
-  if max_decode_steps is not None and (int(max_decode_steps) != max_decode_steps or
-                                       max_decode_steps < 1):
-    raise ValueError(f"max_decode_steps must be an integer >= 1 or None, got "
-                     f"{max_decode_steps!r}")
-  sampling.validate_sampling_args(temperature, topk, topp)
+  check_sampling_settings(temperature, topk, topp, max_decode_steps)
 
 
 def _expand(tree: Any, num_decodes: int) -> Any:
@@ -246,6 +250,35 @@ def _finish(rows: Rows, max_decode_len: int, batch_size: int, num_decodes: int,
   return jax.tree_util.tree_map(sort, (decodes, log_prob, per_row))
 
 
+def check_sampling_settings(temperature: float = 1.0, topk: int = 0, topp: float = 0.0,
+                            max_decode_steps: int | None = None, **_: Any) -> None:
+  """ValueError for sampling settings no decoder can use."""
+  sampling.validate_sampling_args(temperature, topk, topp)
+  if max_decode_steps is not None and (isinstance(max_decode_steps, bool)
+                                       or int(max_decode_steps) != max_decode_steps
+                                       or max_decode_steps < 1):
+    raise ValueError(f"max_decode_steps must be an integer >= 1 or None, got "
+                     f"{max_decode_steps!r}")
+
+
+def check_speculative_settings(gamma: int | None = None,
+                               verifier: str | verify.Rule = "token",
+                               draft_policy: str | drafting.Policy = "fixed",
+                               **sampling_settings: Any) -> None:
+  """ValueError for a gamma, verifier, drafting policy or sampling setting
+  `speculative_sample` cannot run with."""
+  if gamma is None:
+    raise ValueError("gamma is not set (drafts per target call, an integer >= 1)")
+  if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 1:
+    raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+  if isinstance(verifier, str):
+    verify.get_rule(verifier)
+  if isinstance(draft_policy, str):
+    drafting.get_policy(draft_policy)
+  check_sampling_settings(**sampling_settings)
+
+
+@loops.register("temperature_sample", uses_draft=False, check_settings=check_sampling_settings)
 def temperature_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
                        eos_id: int, decode_rng: jax.Array | None = None,
                        num_decodes: int = 1, temperature: float = 1.0, topk: int = 0,
@@ -286,6 +319,8 @@ def _vocab_size(tokens_to_logits: TokensToLogits, cache: Any, sequences: jax.Arr
   return jax.eval_shape(tokens_to_logits, state)[0].shape[-1]
 
 
+@loops.register("speculative_sample", uses_draft=True,
+                check_settings=check_speculative_settings)
 def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
                        eos_id: int, *, draft_cache: Any, draft_tokens_to_logits: TokensToLogits,
                        gamma: int, decode_rng: jax.Array | None = None, num_decodes: int = 1,
@@ -304,8 +339,7 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
   [B, num_decodes], stats: SpeculativeStats with [B, num_decodes] fields).
   """
   _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, topp)
-  if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 1:
-    raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+  check_speculative_settings(gamma, verifier, draft_policy)
   rule = verify.get_rule(verifier) if isinstance(verifier, str) else verifier
   policy = drafting.get_policy(draft_policy) if isinstance(draft_policy, str) else draft_policy
   batch_size, max_decode_len = inputs.shape

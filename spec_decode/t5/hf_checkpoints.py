@@ -128,11 +128,9 @@ def _read_hf_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
                           f"{directory}")
 
 
-def load_hf(path: str, dtype: Any = None) -> tuple[T5Config, Params]:
-  """Config and parameters of a Hugging Face `T5ForConditionalGeneration` folder.
-
-  `dtype` optionally casts the parameters (otherwise they keep the stored dtype).
-  """
+def read_hf_config(path: str) -> T5Config:
+  """The network config of a Hugging Face `T5ForConditionalGeneration` folder (config.json
+  alone is read)."""
   directory = os.fspath(path)
   config_path = os.path.join(directory, "config.json")
   if not os.path.isfile(config_path):
@@ -159,7 +157,17 @@ def load_hf(path: str, dtype: Any = None) -> tuple[T5Config, Params]:
       dropout_rate=hf.get("dropout_rate", 0.1), logits_via_embedding=bool(scaled),
       relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
       relative_attention_max_distance=hf.get("relative_attention_max_distance", 128))
+  return config
 
+
+def load_hf(path: str, dtype: Any = None) -> tuple[T5Config, Params]:
+  """Config and parameters of a Hugging Face `T5ForConditionalGeneration` folder.
+
+  `dtype` optionally casts the parameters (otherwise they keep the stored dtype).
+  """
+  directory = os.fspath(path)
+  config = read_hf_config(directory)
+  scaled = config.logits_via_embedding
   weights, source = _read_hf_weights(directory)
   unused = set(weights) - set(_HF_UNUSED)
   params = {}

@@ -4,9 +4,10 @@ drive it unchanged, with T5X's own partitioner and checkpointer.
 `SpeculativeEncoderDecoderModel` IS a `t5x.models.EncoderDecoderModel`. Its `module` is
 spec_decode's `network.Transformer`, which has T5X's parameter tree (the user's T5X checkpoint
 restores through T5X's checkpointer unchanged) and decodes k tokens per call, which speculative
-decoding needs (the target verifies gamma + 1 tokens in one call). Decoding is
-`decoding.speculative_sample`; gamma, the verifier and the drafting policy are the model's
-constructor arguments (gin: GAMMA, VERIFIER, DRAFT_POLICY in speculative.gin, nowhere else).
+decoding needs (the target verifies gamma + 1 tokens in one call). Decoding is `core.Decoder`'s,
+the core every runner shares: a loop of `spec_decode.engine.loops` ('speculative_sample' by
+default) with the model's constructor arguments (gin: DECODE_LOOP, GAMMA, VERIFIER, DRAFT_POLICY
+in speculative.gin, nowhere else).
 
 Parameters. `params` (what T5X restores, partitions and passes to every compiled step) is the
 target's tree plus one subtree `params[DRAFT_PARAMS_KEY]` holding the draft's:
@@ -22,10 +23,9 @@ so the draft reaches the compiled function as an argument, never as a compiled-i
 Shapes (B batch, n num_decodes, L decoder length) are T5X's: `predict_batch_with_aux(params,
 batch, rng, decoder_params, return_all_decodes, num_decodes, prompt_with_targets)` returns
 decodes [B, L] and aux values [B] (with return_all_decodes: [B, n, L] and [B, n], sorted by score,
-best last). aux holds 'scores' (log-probability of the decode) and the decode's speculative
-counters per example (`decoding.SpeculativeStats`: target_calls, draft_calls, drafted_tokens,
-accepted_tokens, generated_tokens, acceptance_sum, verified_positions) plus 'alpha' and
-'tokens_per_target_call'; `t5x.infer` writes them to its outputs in mode 'predict_with_aux'
+best last). aux holds 'scores' (log-probability of the decode) and the loop's stats per example
+(`decoding.SpeculativeStats.aux()`: its counters, 'alpha' and 'tokens_per_target_call');
+`t5x.infer` writes them to its outputs in mode 'predict_with_aux'
 (speculative_infer.gin sets it). Scoring and losses use the target alone.
 
 `speculative_version(model, ...)` turns a user's configured T5X `EncoderDecoderModel` (a T5X
@@ -55,11 +55,9 @@ from t5x import decoding as t5x_decoding
 from t5x import models as t5x_models
 from tensorflow.io import gfile
 
+from spec_decode import core
 from spec_decode.t5 import checkpoints
-from spec_decode.engine import decoding
-from spec_decode.engine import drafting
 from spec_decode.t5 import network
-from spec_decode.engine import verify
 
 PyTree = Any
 # The subtree of `params` that holds the draft's parameters.
@@ -98,34 +96,11 @@ def _check_draft_path(draft_checkpoint_path: str | None) -> str:
 def draft_config_from_checkpoint(draft_checkpoint_path: str,
                                  target_config: network.T5Config) -> network.T5Config:
   """The draft's config, read from the parameter shapes of its T5X checkpoint (only the
-  msgpack index is read); activation dtype and dropout are the target's, and its MLP
-  activations too when the draft has as many MLP branches (else T5 1.0's relu or T5.1.1's gated
-  gelu)."""
+  msgpack index is read; `checkpoints.config_from_params`: what shapes cannot tell is the
+  target's)."""
   path = _check_draft_path(draft_checkpoint_path)
   params = t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=True)["target"]
-  try:
-    vocab_size, emb_dim = params["token_embedder"]["embedding"].shape
-    num_heads, num_buckets = params["encoder"]["relpos_bias"]["rel_embedding"].shape
-    first_layer = params["encoder"]["layers_0"]
-    mlp = first_layer["mlp"]
-  except KeyError as e:
-    raise ValueError(f"{path}: not a T5 checkpoint (no parameter {e})") from None
-  mlp_branches = sorted(name for name in mlp if name.startswith("wi"))
-  if len(mlp_branches) == len(target_config.mlp_activations):
-    activations = target_config.mlp_activations
-  else:
-    activations = ("relu",) if len(mlp_branches) == 1 else ("gelu", "linear")
-  config = network.T5Config(
-      vocab_size=vocab_size, dtype=target_config.dtype, emb_dim=emb_dim, num_heads=num_heads,
-      num_encoder_layers=sum(name.startswith("layers_") for name in params["encoder"]),
-      num_decoder_layers=sum(name.startswith("layers_") for name in params["decoder"]),
-      head_dim=first_layer["attention"]["query"]["kernel"].shape[1] // num_heads,
-      mlp_dim=mlp[mlp_branches[0]]["kernel"].shape[1], mlp_activations=activations,
-      dropout_rate=target_config.dropout_rate,
-      logits_via_embedding="logits_dense" not in params["decoder"],
-      relative_attention_num_buckets=num_buckets)
-  checkpoints.check_params(checkpoints.expected_param_shapes(config), params, path)
-  return config
+  return checkpoints.config_from_params(params, target_config, path)
 
 
 def sampling_settings(decode_fn: Callable[..., Any]) -> dict[str, Any]:
@@ -172,42 +147,40 @@ def _replicated(axes: PyTree) -> PyTree:
 
 
 class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
-  """A `t5x.models.EncoderDecoderModel` that decodes with exact speculative sampling.
+  """A `t5x.models.EncoderDecoderModel` that decodes with a draft (`core.Decoder`).
 
   `module` and `draft_module` are `network.Transformer`s with the same vocabulary size;
-  `gamma` drafts per target call (>= 1); `verifier`, `draft_policy` name rules of
+  `decode_loop` names a loop of `spec_decode.engine.loops` ('speculative_sample' by default);
+  `gamma` drafts per target call; `verifier`, `draft_policy` name rules of
   `spec_decode.engine.verify` / `spec_decode.engine.drafting`; `temperature`, `topk`, `topp`,
   `max_decode_steps` fix the sampled distribution (the engine's conventions: temperature 0 is
-  greedy, topk 0 no truncation); `shard_draft` shards the draft's parameters by their logical
-  axes instead of replicating them. The rest are T5X's EncoderDecoderModel arguments.
+  greedy, topk 0 no truncation); `loop_settings` are a loop's own settings; a setting left None
+  is the loop's default. `shard_draft` shards the draft's parameters by their logical axes
+  instead of replicating them. The rest are T5X's EncoderDecoderModel arguments.
   """
 
   def __init__(self, module: network.Transformer, input_vocabulary: Any,
                output_vocabulary: Any, optimizer_def: Any, *,
-               draft_module: network.Transformer, gamma: int, verifier: str = "token",
-               draft_policy: str = "fixed", temperature: float = 1.0, topk: int = 0,
-               topp: float = 0.0, max_decode_steps: int | None = None,
-               shard_draft: bool = False,
+               draft_module: network.Transformer, decode_loop: str = "speculative_sample",
+               gamma: int | None = None, verifier: str | None = None,
+               draft_policy: str | None = None, temperature: float | None = None,
+               topk: int | None = None, topp: float | None = None,
+               max_decode_steps: int | None = None,
+               loop_settings: Mapping[str, Any] | None = None, shard_draft: bool = False,
                feature_converter_cls: Callable[..., Any] | None = None,
                label_smoothing: float = 0.0, z_loss: float = 0.0,
                loss_normalizing_factor: Any = None,
                default_decoder_params: t5x_models.DecoderParams | None = None):
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-      raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
-    target_vocab, draft_vocab = module.config.vocab_size, draft_module.config.vocab_size
-    if draft_vocab != target_vocab:
-      raise ValueError(f"draft vocabulary differs from the target's: the draft has {draft_vocab} "
-                       f"ids, the target {target_vocab}")
-    verify.get_rule(verifier)  # ValueError naming the known rules
-    drafting.get_policy(draft_policy)
+    self.decoder = core.Decoder.create(
+        decode_loop, module, draft_module, gamma=gamma, verifier=verifier,
+        draft_policy=draft_policy, temperature=temperature, topk=topk, topp=topp,
+        max_decode_steps=max_decode_steps, **dict(loop_settings or {}))
     self.draft_module = draft_module
     self.shard_draft = shard_draft
-    decode_fn = functools.partial(
-        decoding.speculative_sample, gamma=gamma, verifier=verifier, draft_policy=draft_policy,
-        temperature=temperature, topk=topk, topp=topp, max_decode_steps=max_decode_steps)
-    super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def, decode_fn,
-                     feature_converter_cls, label_smoothing, z_loss, loss_normalizing_factor,
-                     default_decoder_params)
+    # T5X's constructor wants a decode_fn; decoding is the decoder's (predict_batch_with_aux).
+    super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def,
+                     self.decoder.loop.fn, feature_converter_cls, label_smoothing, z_loss,
+                     loss_normalizing_factor, default_decoder_params)
 
   def get_initial_variables(self, rng: jax.Array, input_shapes: Mapping[str, Any],
                             input_types: Mapping[str, Any] | None = None
@@ -255,42 +228,17 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     if num_decodes is None:
       num_decodes = self._default_decoder_params.num_decodes
     target_params, draft_params = split_params(params)
-    encoder_input_tokens = batch["encoder_input_tokens"]
-    decoder_input_tokens = batch["decoder_input_tokens"]
-    eos_id = self.output_vocabulary.eos_id or 1
-    if prompt_with_targets:  # T5X's convention: the prompt is the targets without their EOS
-      inputs = decoder_input_tokens * (decoder_input_tokens != eos_id)
-    else:
-      inputs = jnp.zeros_like(decoder_input_tokens)
-    decoder_params = dict(decoder_params or {})
-    if rng is not None:
-      if decoder_params.get("decode_rng") is not None:
-        raise ValueError("give the decoding rng as rng or as decoder_params['decode_rng'], "
-                         "not both")
-      decoder_params["decode_rng"] = rng
-    decoder_params.setdefault("eos_id", eos_id)
-    max_decode_len = decoder_input_tokens.shape[1]
-    decodes, scores, stats = self._decode_fn(
-        inputs=inputs,
-        cache=network.init_decode_cache(self.module, target_params, encoder_input_tokens,
-                                        max_decode_len),
-        tokens_to_logits=network.make_tokens_to_logits(self.module, target_params),
-        draft_cache=network.init_decode_cache(self.draft_module, draft_params,
-                                              encoder_input_tokens, max_decode_len),
-        draft_tokens_to_logits=network.make_tokens_to_logits(self.draft_module, draft_params),
-        num_decodes=num_decodes, **decoder_params)
-    aux = {"scores": scores,
-           **{field.name: getattr(stats, field.name) for field in dataclasses.fields(stats)},
-           "alpha": stats.alpha,
-           "tokens_per_target_call": stats.generated_tokens / jnp.maximum(stats.target_calls, 1)}
-    if return_all_decodes:
-      return decodes, aux
-    return decodes[:, -1], {name: value[:, -1] for name, value in aux.items()}
+    return self.decoder.predict(target_params, draft_params, batch,
+                                self.output_vocabulary.eos_id or 1, rng, decoder_params,
+                                return_all_decodes, num_decodes, prompt_with_targets)
 
 
 def speculative_version(model: t5x_models.EncoderDecoderModel, draft_checkpoint_path: str,
-                        gamma: int, verifier: str = "token", draft_policy: str = "fixed",
-                        shard_draft: bool = False) -> SpeculativeEncoderDecoderModel:
+                        gamma: int | None, verifier: str | None = "token",
+                        draft_policy: str | None = "fixed", shard_draft: bool = False,
+                        decode_loop: str = "speculative_sample",
+                        loop_settings: Mapping[str, Any] | None = None
+                        ) -> SpeculativeEncoderDecoderModel:
   """`model` (a T5X EncoderDecoderModel over a T5X T5 network) decoding speculatively with the
   draft of `draft_checkpoint_path`: same target config, vocabularies, optimizer, losses, feature
   converter and default decoder params; the sampled distribution of its decode_fn."""
@@ -300,6 +248,7 @@ def speculative_version(model: t5x_models.EncoderDecoderModel, draft_checkpoint_
       network.Transformer(target_config), model.input_vocabulary, model.output_vocabulary,
       model.optimizer_def, draft_module=network.Transformer(draft_config), gamma=gamma,
       verifier=verifier, draft_policy=draft_policy, shard_draft=shard_draft,
+      decode_loop=decode_loop, loop_settings=loop_settings,
       feature_converter_cls=model.FEATURE_CONVERTER_CLS,
       label_smoothing=model._label_smoothing, z_loss=model._z_loss,  # pylint: disable=protected-access
       loss_normalizing_factor=model._loss_normalizing_factor,  # pylint: disable=protected-access

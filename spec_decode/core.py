@@ -1,0 +1,207 @@
+"""The one speculative decode core: a registered decode loop wired to a target and a draft.
+
+Every entry point decodes through `Decoder`: the standalone models (`spec_decode.models`), the
+T5X hook (`spec_decode.t5x.speculative`), `spec_decode.infer` on a mesh
+(`decode_layout.DecodeLayout.partition_predict`), the benchmark (`bench.decoders`, which times
+`prefill` and `run` apart) and the tests. A `Decoder` is built once from
+  * a decode loop's name (`spec_decode.engine.loops`: 'speculative_sample', 'temperature_sample'
+    or any loop registered there) and the settings a config gives it (gamma, verifier,
+    draft_policy, temperature, topk, topp, max_decode_steps, or a new loop's own);
+  * the target's and (when the loop uses one) the draft's `network.Transformer`;
+and checks the pair there, once, before anything is restored or compiled: the loop exists,
+takes every setting and accepts its values, has a draft exactly when it needs one, and both
+models share a vocabulary size (a ValueError naming the problem).
+
+Decoding with T5X's semantics (B batch, n num_decodes, L decoder length, Le input length):
+  predict(params, draft_params, batch, eos_id, rng, decoder_params, return_all_decodes,
+          num_decodes, prompt_with_targets) -> (decodes [B, L], aux {name: [B]}), or with
+          return_all_decodes (decodes [B, n, L], aux {name: [B, n]}), sorted by score, best last;
+  aux: 'scores' (the decode's log-probability) and the loop's stats (`SpeculativeStats.aux`:
+  the counters, 'alpha', 'tokens_per_target_call'); `rng` becomes the loop's decode_rng;
+  `decoder_params` are further loop arguments (T5X's), `eos_id` there overrides the argument;
+  `prompt_with_targets` forces decoder_input_tokens, without their EOS (T5X's convention), as a
+  prompt. Its halves, which the benchmark times apart:
+  prefill(params, draft_params, encoder_input_tokens [B, Le], max_decode_len) -> Caches;
+  run(params, draft_params, caches, inputs [B, L], eos_id, ...) -> (decodes [B, n, L],
+      scores [B, n], aux {name: [B, n]}).
+Where caches live is a `ModelCalls`' business: `NetworkCalls` (the network as it is) by default;
+`decode_layout.DecodeLayout` pins each cache to its mesh layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Protocol
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from spec_decode.engine import decoding
+from spec_decode.engine import loops
+from spec_decode.t5 import network
+
+Params = Any
+Batch = Mapping[str, jax.Array]
+TokensToLogits = Callable[[decoding.DecodingState], tuple[jax.Array, Any]]
+
+# The settings that fix the sampled distribution: a speculative decoder's baseline shares them.
+SAMPLING_SETTINGS = ("temperature", "topk", "topp", "max_decode_steps")
+ROLES = ("target", "draft")
+
+
+class ModelCalls(Protocol):
+  """How a decode gets each model's cache and step function (role 'target' or 'draft')."""
+
+  def init_cache(self, role: str, module: network.Transformer, params: Params,
+                 encoder_input_tokens: jax.Array, max_decode_len: int) -> network.DecodeCache:
+    ...
+
+  def tokens_to_logits(self, role: str, module: network.Transformer,
+                       params: Params) -> TokensToLogits:
+    ...
+
+  def pin_cache(self, role: str, cache: network.DecodeCache) -> network.DecodeCache:
+    ...
+
+
+class NetworkCalls:
+  """`ModelCalls` of the network as it is: caches wherever the computation puts them."""
+
+  def init_cache(self, role: str, module: network.Transformer, params: Params,
+                 encoder_input_tokens: jax.Array, max_decode_len: int) -> network.DecodeCache:
+    del role
+    return network.init_decode_cache(module, params, encoder_input_tokens, max_decode_len)
+
+  def tokens_to_logits(self, role: str, module: network.Transformer,
+                       params: Params) -> TokensToLogits:
+    del role
+    return network.make_tokens_to_logits(module, params)
+
+  def pin_cache(self, role: str, cache: network.DecodeCache) -> network.DecodeCache:
+    del role
+    return cache
+
+
+NETWORK_CALLS = NetworkCalls()
+
+
+@flax.struct.dataclass
+class Caches:
+  """The decode caches of one batch: the target's, and the draft's (None without a draft)."""
+  target: network.DecodeCache
+  draft: network.DecodeCache | None
+
+
+def _frozen(settings: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+  return tuple(sorted((name, tuple(value) if isinstance(value, list) else value)
+                      for name, value in settings.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoder:
+  """A decode loop with its settings over a target and (when the loop uses one) a draft.
+
+  Build it with `Decoder.create(loop, target, draft, **settings)`; a setting given as None is
+  left to the loop's default. See the module docstring for what is checked and computed.
+  """
+  loop_name: str
+  target: network.Transformer
+  draft: network.Transformer | None
+  settings: tuple[tuple[str, Any], ...]
+
+  def __post_init__(self):
+    loop = loops.get(self.loop_name)
+    for role, module in (("target", self.target), ("draft", self.draft)):
+      if module is not None and not isinstance(module, network.Transformer):
+        raise ValueError(f"the {role} must be a network.Transformer, got {module!r}")
+    if loop.uses_draft and self.draft is None:
+      raise ValueError(f"decode loop {self.loop_name!r} needs a draft model")
+    if not loop.uses_draft and self.draft is not None:
+      raise ValueError(f"decode loop {self.loop_name!r} uses no draft model, but one is given")
+    if self.draft is not None:
+      target_vocab, draft_vocab = self.target.config.vocab_size, self.draft.config.vocab_size
+      if target_vocab != draft_vocab:
+        raise ValueError(f"target and draft vocabularies differ: the target has {target_vocab} "
+                         f"ids, the draft {draft_vocab}")
+    loop.check(dict(self.settings))
+
+  @classmethod
+  def create(cls, loop: str, target: network.Transformer,
+             draft: network.Transformer | None = None, **settings: Any) -> "Decoder":
+    return cls(loop, target, draft,
+               _frozen({name: value for name, value in settings.items() if value is not None}))
+
+  @property
+  def loop(self) -> loops.DecodeLoop:
+    return loops.get(self.loop_name)
+
+  @property
+  def uses_draft(self) -> bool:
+    return self.loop.uses_draft
+
+  def resolved_settings(self) -> dict[str, Any]:
+    """Every setting of the loop, as it will run (its defaults where the config set none)."""
+    return {**self.loop.defaults(), **dict(self.settings)}
+
+  def baseline(self) -> "Decoder":
+    """The target alone, autoregressively, with this decoder's sampling settings (the same
+    distribution): what a speculative decoder is compared with."""
+    sampling = {name: value for name, value in self.settings if name in SAMPLING_SETTINGS}
+    return Decoder.create("temperature_sample", self.target, None, **sampling)
+
+  def prefill(self, params: Params, draft_params: Params | None,
+              encoder_input_tokens: jax.Array, max_decode_len: int,
+              calls: ModelCalls = NETWORK_CALLS) -> Caches:
+    """Both encoders run once; the decode caches of positions < 0 (empty)."""
+    draft_cache = None
+    if self.uses_draft:
+      draft_cache = calls.init_cache("draft", self.draft, draft_params, encoder_input_tokens,
+                                     max_decode_len)
+    return Caches(calls.init_cache("target", self.target, params, encoder_input_tokens,
+                                   max_decode_len), draft_cache)
+
+  def run(self, params: Params, draft_params: Params | None, caches: Caches, inputs: jax.Array,
+          eos_id: int, *, num_decodes: int = 1,
+          decoder_params: Mapping[str, Any] | None = None,
+          calls: ModelCalls = NETWORK_CALLS) -> tuple[jax.Array, jax.Array, dict[str, Any]]:
+    """The decode loop from `prefill`'s caches: (decodes [B, n, L], scores [B, n], aux)."""
+    arguments = {**dict(self.settings), **dict(decoder_params or {})}
+    arguments.setdefault("eos_id", eos_id)
+    if self.uses_draft:
+      arguments.update(
+          draft_cache=calls.pin_cache("draft", caches.draft),
+          draft_tokens_to_logits=calls.tokens_to_logits("draft", self.draft, draft_params))
+    return self.loop(inputs=inputs, cache=calls.pin_cache("target", caches.target),
+                     tokens_to_logits=calls.tokens_to_logits("target", self.target, params),
+                     num_decodes=num_decodes, **arguments)
+
+  def predict(self, params: Params, draft_params: Params | None, batch: Batch, eos_id: int,
+              rng: jax.Array | None = None, decoder_params: Mapping[str, Any] | None = None,
+              return_all_decodes: bool = False, num_decodes: int = 1,
+              prompt_with_targets: bool = False, calls: ModelCalls = NETWORK_CALLS
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """T5X's predict_batch_with_aux over this decoder (see the module docstring)."""
+    decoder_params = dict(decoder_params or {})
+    if rng is not None:
+      if decoder_params.get("decode_rng") is not None:
+        raise ValueError("give the decoding rng as rng or as decoder_params['decode_rng'], "
+                         "not both")
+      decoder_params["decode_rng"] = rng
+    eos_id = decoder_params.get("eos_id", eos_id)
+    decoder_input_tokens = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
+    if prompt_with_targets:  # T5X's convention: the prompt is the targets without their EOS
+      inputs = decoder_input_tokens * (decoder_input_tokens != eos_id)
+    else:
+      inputs = jnp.zeros_like(decoder_input_tokens)
+    caches = self.prefill(params, draft_params,
+                          jnp.asarray(batch["encoder_input_tokens"], jnp.int32),
+                          inputs.shape[1], calls)
+    decodes, scores, aux = self.run(params, draft_params, caches, inputs, eos_id,
+                                    num_decodes=num_decodes, decoder_params=decoder_params,
+                                    calls=calls)
+    aux = {"scores": scores, **aux}
+    if return_all_decodes:
+      return decodes, aux
+    # Decodes are sorted by score, ascending: the best is last.
+    return decodes[:, -1], {name: value[:, -1] for name, value in aux.items()}

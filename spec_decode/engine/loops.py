@@ -1,0 +1,95 @@
+"""The registry of decode loops: a loop registered here is what every entry point can run.
+
+A decode loop is a function of the engine's contract (`spec_decode.engine.decoding`):
+
+    loop(inputs [B, L], cache, tokens_to_logits, eos_id, *, decode_rng, num_decodes,
+         [draft_cache, draft_tokens_to_logits,]  # when registered with uses_draft=True
+         **settings)
+      -> (decodes [B, num_decodes, L], log_probs [B, num_decodes])
+       | (decodes, log_probs, stats)   # stats.aux() -> {name: [B, num_decodes] array}
+
+`settings` are the loop's own keyword arguments (gamma, verifier, temperature, ...): the
+runners pass exactly the ones a config sets, so a setting the loop does not take is refused by
+name before anything is traced. Registering is one decorator:
+
+    @loops.register("my_loop", uses_draft=True, check_settings=my_check)
+    def my_loop(inputs, cache, tokens_to_logits, eos_id, *, draft_cache, ...): ...
+
+and the loop is then available by name to `spec_decode.infer` (DECODE_LOOP), the T5X hook
+(DECODE_LOOP), the benchmark and the tests, through `spec_decode.core.Decoder`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Mapping
+
+# Keyword arguments the runners give every loop themselves: never settings of a config.
+RUNNER_ARGUMENTS = ("inputs", "cache", "tokens_to_logits", "eos_id", "decode_rng",
+                    "num_decodes", "initial_index", "draft_cache", "draft_tokens_to_logits")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLoop:
+  """A registered decode loop: its function, whether it needs a draft model, and the check of
+  its settings (ValueError naming the setting) run before anything is traced."""
+  name: str
+  fn: Callable[..., Any]
+  uses_draft: bool
+  check_settings: Callable[..., None] | None = None
+
+  @property
+  def setting_names(self) -> tuple[str, ...]:
+    return tuple(name for name in inspect.signature(self.fn).parameters
+                 if name not in RUNNER_ARGUMENTS)
+
+  def defaults(self) -> dict[str, Any]:
+    """Every setting's default value (None where the loop has none)."""
+    parameters = inspect.signature(self.fn).parameters
+    return {name: (None if parameters[name].default is inspect.Parameter.empty
+                   else parameters[name].default) for name in self.setting_names}
+
+  def check(self, settings: Mapping[str, Any]) -> None:
+    """ValueError for a setting this loop does not take, or one its own check refuses."""
+    unknown = sorted(set(settings) - set(self.setting_names))
+    if unknown:
+      raise ValueError(f"decode loop {self.name!r} takes no setting {unknown[0]!r} (its "
+                       f"settings: {', '.join(self.setting_names)})")
+    if self.check_settings is not None:
+      self.check_settings(**{**self.defaults(), **settings})
+
+  def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """Runs the loop: (decodes, log_probs, aux), aux {} for a loop that returns no stats."""
+    decodes, log_probs, *stats = self.fn(*args, **kwargs)
+    return decodes, log_probs, (stats[0].aux() if stats else {})
+
+
+_LOOPS: dict[str, DecodeLoop] = {}
+
+
+def register(name: str, *, uses_draft: bool,
+             check_settings: Callable[..., None] | None = None) -> Callable:
+  """Decorator registering a decode loop under `name` (see the module docstring).
+  `check_settings(**settings)` receives every setting (defaults filled in)."""
+
+  def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    if name in _LOOPS and _LOOPS[name].fn is not fn:
+      raise ValueError(f"a different decode loop is already registered as {name!r}")
+    _LOOPS[name] = DecodeLoop(name, fn, uses_draft, check_settings)
+    return fn
+
+  return add
+
+
+def get(name: str) -> DecodeLoop:
+  """The loop registered as `name`; ValueError naming the registered ones."""
+  from spec_decode.engine import decoding  # pylint: disable=g-import-not-at-top,unused-import: registers the built-in loops
+  if name not in _LOOPS:
+    raise ValueError(f"unknown decode loop {name!r}; registered: {', '.join(sorted(_LOOPS))}")
+  return _LOOPS[name]
+
+
+def names() -> tuple[str, ...]:
+  from spec_decode.engine import decoding  # pylint: disable=g-import-not-at-top,unused-import: registers the built-in loops
+  return tuple(sorted(_LOOPS))
