@@ -9,11 +9,14 @@ setuptools.setup(
     name="spec_decode",
     version="0.1.0",
     description="Exact speculative decoding (Leviathan et al., 2023) for T5 in JAX/Flax, T5X-native.",
-    packages=setuptools.find_packages(include=["spec_decode", "spec_decode.*"]),
-    # Configs, the demo pair and the CPU kernel's source (compiled on first use) ship inside the
-    # package: a plain `pip install .` finds them.
-    package_data={"spec_decode": ["assets/demo/*", "configs/**/*.gin", "t5x/*.gin",
-                                  "t5x/table2/*.gin", "t5/*.cc"]},
+    # The top-level configs/ ships inside the package as spec_decode/configs (spec_decode.paths
+    # finds it in either place), with the demo pair and the CPU kernel's source (compiled on
+    # first use): a plain `pip install .` runs its defaults from any folder.
+    packages=[*setuptools.find_packages(include=["spec_decode", "spec_decode.*"]),
+              "spec_decode.configs"],
+    package_dir={"spec_decode.configs": "configs"},
+    package_data={"spec_decode": ["assets/demo/*", "t5/*.cc"],
+                  "spec_decode.configs": ["**/*.gin"]},
     python_requires=">=3.11,<3.12",
     install_requires=[
         "jax[cpu]>=0.10,<0.11",

@@ -18,15 +18,15 @@ anything is built:
 * `configured(fn)`: `fn` with the bindings a config gave it. A module that reads a setting
   from gin at call time (e.g. `tasks.data_dir`) calls through it, because a config registers
   only what it binds.
-* `t5config_from_gin_file`: the `network.T5Config` a model gin file (and its includes) binds,
-  read without touching the global gin config, so a second model (the draft) can come from its
-  own file beside the target's.
+* `read_model_config`: the `network.T5Config` a model gin file (and its includes) binds, read
+  by gin itself, the live config left as it was, so a second model can come from its own file.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import io
 import logging
 import os
 import re
@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import gin
-from gin import config as gin_config
 from gin import config_parser
 
 from spec_decode import paths
@@ -104,18 +103,25 @@ def parse_config(gin_files: Sequence[str], bindings: Sequence[str],
   package's root first.
   """
   gin.clear_config()
-  for path in [str(paths.ROOT), *search_paths]:
+  search_paths = [str(paths.CONFIG_ROOT), str(paths.ROOT), *search_paths]
+  for path in search_paths:
     gin.add_config_file_search_path(path)
+  # As T5X finds them: from the working directory, else from the search paths.
+  located = []
   for gin_file in gin_files:
-    if not os.path.isfile(paths.resolve(gin_file)):
+    candidates = [paths.resolve(gin_file)] + [os.path.join(path, gin_file)
+                                              for path in search_paths]
+    found = next((path for path in candidates if os.path.isfile(path)), None)
+    if found is None:
       raise UsageError(f"gin file not found: {gin_file}")
+    located.append(found)
   # gin logs an ERROR for every search path an include is not found in, even when a later one
   # has it; an include found nowhere still raises.
   logging.disable(logging.ERROR)
   try:
-    for gin_file in gin_files:
+    for gin_file, path in zip(gin_files, located):
       try:
-        gin.parse_config_file(paths.resolve(gin_file))
+        gin.parse_config_file(path)
       except (IOError, ValueError, SyntaxError, NameError, TypeError) as e:
         raise UsageError(f"{gin_file}: {first_line(e)}") from None
   finally:
@@ -137,8 +143,26 @@ def parse_config(gin_files: Sequence[str], bindings: Sequence[str],
     raise UsageError(first_line(e)) from None
 
 
-def _references(value: Any) -> Iterator[gin_config.ConfigurableReference]:
-  if isinstance(value, gin_config.ConfigurableReference):
+class _Reference:
+  """A `@scope/selector` or `%MACRO` in a binding's value, as `_BindingReader` records it."""
+
+  def __init__(self, name: str, is_macro: bool):
+    self.name, self.is_macro = name, is_macro
+
+
+class _BindingReader(config_parser.ParserDelegate):
+  """Parses gin's own printout of the config (`gin.config_str()`), recording references."""
+
+  def configurable_reference(self, scoped_configurable_name: str, evaluate: bool) -> _Reference:
+    del evaluate
+    return _Reference(scoped_configurable_name, is_macro=False)
+
+  def macro(self, macro_name: str) -> _Reference:
+    return _Reference(macro_name, is_macro=True)
+
+
+def _references(value: Any) -> Iterator[_Reference]:
+  if isinstance(value, _Reference):
     yield value
   elif isinstance(value, Mapping):
     for item in value.values():
@@ -148,42 +172,51 @@ def _references(value: Any) -> Iterator[gin_config.ConfigurableReference]:
       yield from _references(item)
 
 
-def _describe(key: tuple[str, str], arguments: Mapping[str, Any]) -> str:
-  scope, selector = key
-  if selector == "gin.macro":
-    return f"macro {scope}"
-  module_and_name = ".".join(selector.split(".")[-2:])  # as configs write it: decoding.x
-  names = ", ".join(sorted(arguments))
-  return f"{scope + '/' if scope else ''}{module_and_name}.{{{names}}}"
-
-
 def check_bindings_take_effect(entry_points: Sequence[Callable[..., Any]]) -> None:
   """UsageError naming the first binding that no entry point reaches (see the docstring).
+  Read from gin's public printout of the config: each binding is keyed by (scope, the
+  configurable gin resolves its selector to) or by its macro's name. Unscoped bindings of a
+  configurable apply in every scope, so any reference to it reaches them."""
+  statements = [statement for statement in config_parser.ConfigParser(
+      io.StringIO(gin.config_str()), _BindingReader())
+                if isinstance(statement, config_parser.BindingStatement)]
 
-  Unscoped bindings of a selector apply in every scope, so any reference to it reaches them.
-  """
-  bindings = dict(gin_config._CONFIG)  # pylint: disable=protected-access
-  # The selectors configs registered the entry points under (a re-export's module path too).
-  reached_keys = {("", selector) for selector, configurable in
-                  gin_config._REGISTRY.items()  # pylint: disable=protected-access
-                  if any(configurable.wrapped is fn for fn in entry_points)}
-  pending = list(reached_keys)
+  def key(scope: str, selector: str) -> tuple[str, Any]:
+    return scope, id(gin.get_configurable(selector))
+
+  bindings: dict[tuple[str, Any], list[config_parser.BindingStatement]] = {}
+  for statement in statements:
+    binding_key = (("%", statement.selector) if not statement.arg_name
+                   else key(statement.scope, statement.selector))
+    bindings.setdefault(binding_key, []).append(statement)
+  reached = {("", id(gin.get_configurable(fn))) for fn in entry_points}
+  pending = list(reached)
   while pending:
-    scope, selector = pending.pop()
-    for key in ((scope, selector), ("", selector)):
-      for reference in _references(bindings.get(key, {})):
-        if reference.selector == "gin.macro":  # %NAME: the binding ('NAME', 'gin.macro')
-          found = [(reference.scopes[0], "gin.macro")]
-        else:
-          found = [reference.config_key, ("", reference.config_key[1])]
-        for new in found:
-          if new not in reached_keys:
-            reached_keys.add(new)
-            pending.append(new)
-  for key, arguments in bindings.items():
-    if key not in reached_keys and (key[1] == "gin.macro" or ("", key[1]) not in reached_keys):
-      raise UsageError(f"gin binding of {_describe(key, arguments)} cannot take effect: nothing "
-                       "this run calls uses it")
+    scope, configurable = pending.pop()
+    for found_key in {(scope, configurable), ("", configurable)}:
+      for statement in bindings.get(found_key, ()):
+        for reference in _references(statement.value):
+          if reference.is_macro:
+            new = [("%", reference.name)]
+          else:
+            ref_scope, _, selector = reference.name.rpartition("/")
+            new = [key(ref_scope, selector), key("", selector)]
+          for new_key in new:
+            if new_key not in reached:
+              reached.add(new_key)
+              pending.append(new_key)
+  for binding_key, found in bindings.items():
+    if binding_key in reached or (binding_key[0] != "%" and ("", binding_key[1]) in reached):
+      continue
+    first = found[0]
+    if not first.arg_name:
+      what = f"macro {first.selector}"
+    else:
+      names = ", ".join(sorted({statement.arg_name for statement in found}))
+      scope = f"{first.scope}/" if first.scope else ""
+      what = f"{scope}{'.'.join(first.selector.split('.')[-2:])}.{{{names}}}"
+    raise UsageError(f"gin binding of {what} cannot take effect: nothing this run calls "
+                     "uses it")
 
 
 def run(program: str, main: Callable[[], int | None]) -> int:
@@ -203,55 +236,29 @@ def configured(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-# How a model gin file may name the config (the last: imported with its package path).
-_T5CONFIG_SELECTORS = ("T5Config", "network.T5Config", "spec_decode.t5.network.T5Config")
-
-
-class _Unresolved:
-  """Stands for a gin reference or macro while reading a model gin file's literals."""
-
-  def __init__(self, text: str):
-    self.text = text
-
-
-class _LiteralsOnly(config_parser.ParserDelegate):
-
-  def configurable_reference(self, scoped_configurable_name: str, evaluate: bool) -> _Unresolved:
-    return _Unresolved("@" + scoped_configurable_name + ("()" if evaluate else ""))
-
-  def macro(self, macro_name: str) -> _Unresolved:
-    return _Unresolved("%" + macro_name)
-
-
-def _t5config_bindings(gin_file: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
-  """The unscoped `network.T5Config` bindings of a gin file and its includes (last wins)."""
+def read_model_config(gin_file: str,
+                      overrides: Mapping[str, Any] | None = None) -> network.T5Config:
+  """The `network.T5Config` a model gin file (and its includes) binds, read by gin itself, with
+  `overrides` replacing fields (e.g. {'dtype': 'float32'}), so a second model (a draft, the
+  benchmark's pair) can come from its own file. The live config is put back as it was (gin's
+  printout of it, `gin.config_str()`, parses back to the same bindings). ValueError naming the
+  file for a missing file or an incomplete config."""
   path = paths.resolve(gin_file)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"model gin file not found: {gin_file}")
-  if path in seen:
-    raise ValueError(f"{gin_file}: circular include")
-  fields: dict[str, Any] = {}
-  with open(path) as f:
-    for statement in config_parser.ConfigParser(f, _LiteralsOnly()):
-      if isinstance(statement, config_parser.IncludeStatement):
-        fields.update(_t5config_bindings(statement.filename, seen + (path,)))
-      elif (isinstance(statement, config_parser.BindingStatement) and not statement.scope
-            and statement.selector in _T5CONFIG_SELECTORS):
-        if isinstance(statement.value, _Unresolved):
-          raise ValueError(f"{gin_file}: network.T5Config.{statement.arg_name} is bound to "
-                           f"{statement.value.text}; a model gin file read for a second model "
-                           "may only bind literal values")
-        fields[statement.arg_name] = statement.value
-  return fields
-
-
-def t5config_from_gin_file(gin_file: str,
-                           overrides: Mapping[str, Any] | None = None) -> network.T5Config:
-  """The `network.T5Config` bound in a model gin file, with `overrides` replacing fields (e.g.
-  {'dtype': 'float32'}); ValueError when the file binds an incomplete config or a reference."""
-  fields = _t5config_bindings(gin_file)
-  fields.update(overrides or {})
+  saved = gin.config_str()
   try:
-    return network.T5Config(**fields)
-  except TypeError as e:
-    raise ValueError(f"{gin_file}: not a complete network.T5Config ({e})") from None
+    with gin.unlock_config():
+      gin.clear_config()
+      for root in (paths.CONFIG_ROOT, paths.ROOT):
+        gin.add_config_file_search_path(str(root))
+      gin.parse_config_file(path)
+      try:
+        return gin.get_configurable(network.T5Config)(**dict(overrides or {}))
+      except (TypeError, ValueError) as e:
+        raise ValueError(f"{gin_file}: not a complete network.T5Config ({first_line(e)})"
+                         ) from None
+  finally:
+    with gin.unlock_config():  # locked again on leaving, when it was
+      gin.clear_config()
+      gin.parse_config(saved)

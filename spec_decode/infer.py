@@ -2,8 +2,8 @@
 
 Run: `python -m spec_decode.infer --gin_file=FILE [--gin.MACRO=VALUE ...] [--gin_bindings=B ...]
 [--text "sentence" ...] [--input_file FILE] [--data_dir DIR]`. Without --gin_file it runs
-`spec_decode/configs/demo/infer.gin` (the shipped demo pair on bundled English sentences). Run configs
-include `spec_decode/configs/runs/infer.gin`, whose macros are T5X's: MODEL (a `models.*Model`),
+`configs/demo/infer.gin` (the shipped demo pair on bundled English sentences). Run configs
+include `configs/runs/infer.gin`, whose macros are T5X's: MODEL (a `models.*Model`),
 CHECKPOINT_PATH (the target's: T5X checkpoint, Hugging Face folder or demo .safetensors),
 MIXTURE_OR_TASK_NAME (a seqio task of `spec_decode.tasks`), TASK_FEATURE_LENGTHS ({'inputs': Le,
 'targets': L}), BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT, NUM_EXAMPLES, INPUT_PREFIX and
@@ -71,7 +71,7 @@ from spec_decode import plan
 from spec_decode.gin_utils import UsageError
 from spec_decode.t5 import vocab
 
-DEFAULT_GIN_FILE = "spec_decode/configs/demo/infer.gin"
+DEFAULT_GIN_FILE = "configs/demo/infer.gin"
 
 
 @dataclasses.dataclass(frozen=True)

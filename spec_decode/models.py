@@ -75,14 +75,6 @@ def sentencepiece_vocabulary(sentencepiece_model_file: str,
   return vocab.SentencePieceVocabulary(paths.resolve(sentencepiece_model_file), extra_ids)
 
 
-def transformer_from_gin_file(gin_file: str,
-                              overrides: Mapping[str, Any] | None = None) -> network.Transformer:
-  """A `network.Transformer` whose config is the `network.T5Config` bound in a model gin file,
-  read without touching the global gin config (the benchmark's and the planner's model sizes).
-  `overrides` replace fields (e.g. {'dtype': 'float32'})."""
-  return network.Transformer(gin_utils.t5config_from_gin_file(gin_file, overrides))
-
-
 def _check_same_architecture(expected: network.T5Config, found: network.T5Config,
                              source: str) -> None:
   differences = [

@@ -1,15 +1,17 @@
 """`python -m spec_decode.plan`: per-device memory of a sharded decode, before running one.
 
-Run: `python -m spec_decode.plan --gin_file=spec_decode/configs/paper/table2/ende_small_t0.gin
+Run: `python -m spec_decode.plan --gin_file=configs/table2/spec_decode.gin
+--gin_file=configs/table2/ende_small_t0.gin
 [--device_kind=tpu_v4|h200|cpu] [--num_devices=N] [--batch_size=B] [--input_length=Le]
 [--target_length=L] [--num_decodes=n] [--param_dtype=D] [--draft_gin_file=F]
 [--parameter_partitioning_dims=1|2] [--gin_bindings=B ...]`.
 
 What it reads (the gin config is parsed, nothing is built or allocated):
   * the target: the `network.T5Config` the config binds;
-  * the draft: the config's `models.SpeculativeEncoderDecoderModel.draft_module` (in the Table 2
-    configs `models.transformer_from_gin_file(DRAFT_MODEL_GIN)`), or `--draft_gin_file` (a model
-    gin file); without either, the target alone is planned;
+  * the draft: `--draft_gin_file` (a model gin file), else the config's
+    `models.SpeculativeEncoderDecoderModel.draft_module`, else the config read from the
+    checkpoint DRAFT_CHECKPOINT_PATH names (its parameter shapes: `models.checkpoint_config`);
+    without any, the target alone is planned;
   * batch size and lengths: the BATCH_SIZE and TASK_FEATURE_LENGTHS macros ({'inputs': Le,
     'targets': L}), each overridden by its flag.
 
@@ -48,6 +50,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 
 from spec_decode import gin_utils
+from spec_decode import models
 from spec_decode.t5 import network
 from spec_decode import decode_layout
 from spec_decode import partitioning
@@ -273,13 +276,24 @@ def read_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
   gin_utils.parse_config(gin_files, bindings, finalize=False)
   target = gin.get_configurable(network.T5Config)()
   if draft_gin_file is not None:
-    draft = gin_utils.t5config_from_gin_file(draft_gin_file)
+    draft = gin_utils.read_model_config(draft_gin_file)
   else:
     try:
       reference = gin.query_parameter(_DRAFT_BINDING)
-    except ValueError:  # not bound: the target alone
+    except ValueError:  # not bound: from the draft's checkpoint, if any
       reference = None
-    draft = None if reference is None else reference.scoped_configurable_fn().config
+    draft_path = _macro("DRAFT_CHECKPOINT_PATH")
+    if reference is not None:
+      draft = reference.scoped_configurable_fn().config
+    elif isinstance(draft_path, str):
+      try:
+        draft = models.checkpoint_config(draft_path, like=target)
+      except (ValueError, OSError) as e:
+        raise gin_utils.UsageError(f"the draft's config could not be read from "
+                                   f"DRAFT_CHECKPOINT_PATH ({gin_utils.first_line(e)}): give "
+                                   "--draft_gin_file") from None
+    else:
+      draft = None
   lengths = _macro("TASK_FEATURE_LENGTHS") or {}
   return RunConfig(target, draft, _macro("BATCH_SIZE"), lengths.get("inputs"),
                    lengths.get("targets"))
@@ -309,7 +323,8 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--parameter_partitioning_dims", type=int, default=1, choices=(1, 2))
   args, bindings = gin_utils.parse_args(parser, argv)
   if not args.gin_file:
-    parser.error("give --gin_file, e.g. spec_decode/configs/paper/table2/ende_small_t0.gin")
+    parser.error("give --gin_file, e.g. --gin_file=configs/table2/spec_decode.gin "
+                 "--gin_file=configs/table2/ende_small_t0.gin")
   return args, bindings
 
 

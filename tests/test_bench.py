@@ -13,8 +13,8 @@ import pytest
 from spec_decode import bench
 from spec_decode.bench.suites import peer
 from spec_decode.t5 import checkpoints
-from spec_decode.engine import decoding
 from spec_decode.t5 import demo_pair
+from spec_decode.engine import loops
 from spec_decode.engine import verify
 from spec_decode.t5 import vocab
 
@@ -114,7 +114,7 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
 
 def test_demo_pair_decodes_the_bundled_sentences(tmp_path, monkeypatch):
   for seed, name in enumerate(("target", "draft")):
-    model = bench.random_model(name, "spec_decode/configs/demo/target.gin", TINY, seed)
+    model = bench.random_model(name, "configs/demo/target.gin", TINY, seed)
     demo_pair.save_model(model.params, model.config, tmp_path / f"{name}.safetensors")
   (tmp_path / "examples.en").write_text("Hello.\nWhere is the train station?\n")
   monkeypatch.setattr(demo_pair, "ASSET_DIR", tmp_path)
@@ -211,15 +211,10 @@ def test_simulated_rule_is_not_a_registered_verifier(clean_gin):
   for name in ("simulated_acceptance_rule", "simulated", "coin"):
     with pytest.raises(ValueError, match="verifier must be one of"):
       verify.get_rule(name)
-  # Binding its name as the verifier (what spec_decode.infer's configs do) fails before
-  # anything is compiled.
-  gin.parse_config("from __gin__ import dynamic_registration\n"
-                   "from spec_decode.engine import decoding\n"
-                   "decoding.speculative_sample.verifier = 'simulated_acceptance_rule'")
+  # Its name as a config's VERIFIER fails where every runner checks its settings, before
+  # anything is built.
   with pytest.raises(ValueError, match="verifier must be one of"):
-    gin.get_configurable(decoding.speculative_sample)(
-        jnp.zeros((1, 4), jnp.int32), None, None, 1, draft_cache=None,
-        draft_tokens_to_logits=None, gamma=2)
+    loops.get("speculative_sample").check({"gamma": 2, "verifier": "simulated_acceptance_rule"})
 
 
 # A T5.1.1 config at toy width, deep enough that the 1+1-layer draft drops most of the target.
@@ -228,7 +223,7 @@ NEAR_BIGRAM_TINY = dict(TINY, vocab_size=128, num_encoder_layers=3, num_decoder_
 
 def _near_bigram_config(residual_scale):
   return bench.PairConfig(source="near_bigram",
-                          target_gin="spec_decode/configs/models/t5_1_1/small.gin",
+                          target_gin="configs/models/t5_1_1/small.gin",
                           target_overrides=NEAR_BIGRAM_TINY, residual_scale=residual_scale,
                           input_length=8, max_decode_len=16, gamma=3, num_random_inputs=4)
 

@@ -105,7 +105,8 @@ def test_a_setting_the_decode_loop_does_not_take_cannot_take_effect(pair_run_gin
   _assert_error(run_cli("spec_decode.infer", [
       f"--gin_file={pair_run_gin}", "--text=Hi", "--gin.DECODE_LOOP='temperature_sample'",
       "--gin.COMPARE_WITH_BASELINE=False", f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'o'}'"]),
-      "spec_decode.infer", "decode loop 'temperature_sample' takes no setting 'gamma'",
+      "spec_decode.infer", "decode loop 'temperature_sample' takes no setting 'draft_policy', "
+      "'gamma', 'verifier'",
       tmp_path / "o")
 
 
@@ -114,8 +115,8 @@ def test_a_setting_the_decode_loop_does_not_take_cannot_take_effect(pair_run_gin
                                             ("spec_decode.bench", []),
                                             ("spec_decode.training.train", ["--model_dir=x"])])
 def test_missing_gin_file(program, extra, run_cli):
-  _assert_error(run_cli(program, ["--gin_file=spec_decode/configs/nope.gin", *extra]), program,
-                "gin file not found: spec_decode/configs/nope.gin")
+  _assert_error(run_cli(program, ["--gin_file=configs/nope.gin", *extra]), program,
+                "gin file not found: configs/nope.gin")
 
 
 @pytest.mark.parametrize("program", ["spec_decode.infer", "spec_decode.plan",
@@ -175,7 +176,7 @@ def test_truncated_safetensors_checkpoint(which, run_cli, tmp_path):
   truncated = tmp_path / f"{which}.safetensors"
   truncated.write_bytes((paths.DEMO_ASSETS / f"{which}.safetensors").read_bytes()[:2**20])
   macro = {"target": "CHECKPOINT_PATH",
-           "draft": "models.SpeculativeEncoderDecoderModel.draft_checkpoint_path"}[which]
+           "draft": "DRAFT_CHECKPOINT_PATH"}[which]
   out = tmp_path / "out"
   _assert_error(run_cli("spec_decode.infer", [f"--gin.{macro}='{truncated}'",
                                               f"--gin.INFER_OUTPUT_DIR='{out}'"]),
@@ -185,6 +186,6 @@ def test_truncated_safetensors_checkpoint(which, run_cli, tmp_path):
 
 def test_train_names_a_missing_corpus(run_cli, tmp_path):
   _assert_error(run_cli("spec_decode.training.train", [
-      "--gin_file=spec_decode/configs/train/tiny.gin", f"--model_dir={tmp_path / 'm'}",
+      "--gin_file=configs/train/tiny.gin", f"--model_dir={tmp_path / 'm'}",
       f"--gin.train.train.data_root='{tmp_path / 'no_data'}'"]),
       "spec_decode.training.train", f"{tmp_path / 'no_data'}")

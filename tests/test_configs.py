@@ -1,11 +1,13 @@
-"""Every gin file under spec_decode/configs/ parses and binds.
+"""Every gin file under configs/ parses and binds.
 
-Run configs (those defining MODEL: the demo and the Table 2 rows) are bound for real: their
-network configs are shrunk by gin bindings added after parsing, their checkpoint paths are
-pointed at tiny random checkpoints of those shrunk configs, and `infer.infer`'s arguments are
-built (the model, its vocabularies and draft, the dataset config), the checkpoints restored.
-Model files build their network.T5Config, training files their `train` arguments, and run
-fragments (included by the others) parse.
+Run configs (those defining MODEL: the demo, and each Table 2 row after spec_decode.infer's
+harness configs/table2/spec_decode.gin) are bound for real: their network configs are shrunk by
+gin bindings added after parsing, their checkpoint paths are pointed at tiny random checkpoints
+of those shrunk configs, and `infer.infer`'s arguments are built (the model, its vocabularies
+and draft, the dataset config), the checkpoints restored. Model files build their
+network.T5Config, training files their `train` arguments, and run fragments (included by the
+others) parse. The T5X runner's files (configs/t5x/, configs/table2/t5x.gin) need T5X:
+tests/t5x parses them, the Table 2 rows through T5X's harness among them.
 """
 
 import importlib
@@ -26,15 +28,17 @@ importlib.import_module("spec_decode.training.train")  # registers `train` for t
 
 CONFIGS = paths.CONFIGS
 ALL = sorted(str(p.relative_to(tiny_t5.REPO_ROOT)) for p in CONFIGS.glob("**/*.gin"))
-TABLE2 = [f for f in ALL if re.fullmatch(r"spec_decode/configs/paper/table2/\w+_t[01]\.gin", f)]
-RUNS = ["spec_decode/configs/demo/infer.gin"] + TABLE2
-MODEL_FILES = [f for f in ALL if f.startswith("spec_decode/configs/models/")
-               or f in ("spec_decode/configs/demo/target.gin", "spec_decode/configs/demo/draft.gin")]
-TRAIN_FILES = [f for f in ALL if f.startswith("spec_decode/configs/train/")]
-FRAGMENTS = [f for f in ALL if f not in RUNS + MODEL_FILES + TRAIN_FILES]
+TABLE2 = [f for f in ALL if re.fullmatch(r"configs/table2/\w+_t[01]\.gin", f)]
+RUNS = ["configs/demo/infer.gin"] + TABLE2
+MODEL_FILES = [f for f in ALL if f.startswith("configs/models/")
+               or f in ("configs/demo/target.gin", "configs/demo/draft.gin")]
+TRAIN_FILES = [f for f in ALL if f.startswith("configs/train/")]
+T5X_FILES = [f for f in ALL if f.startswith("configs/t5x/") or f == "configs/table2/t5x.gin"]
+FRAGMENTS = [f for f in ALL if f not in RUNS + MODEL_FILES + TRAIN_FILES + T5X_FILES]
+HARNESS = "configs/table2/spec_decode.gin"
 
-DRAFT_FILES = {"small": "spec_decode/configs/models/t5_1_1/small.gin", "base": "spec_decode/configs/models/t5_1_1/base.gin",
-               "large": "spec_decode/configs/models/t5_1_1/large.gin"}
+DRAFT_FILES = {"small": "configs/models/t5_1_1/small.gin", "base": "configs/models/t5_1_1/base.gin",
+               "large": "configs/models/t5_1_1/large.gin"}
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +52,7 @@ def clean_gin():
 def test_every_config_is_tested():
   assert len(TABLE2) == 12
   assert {f.rsplit("/", 1)[1].removesuffix(".gin") for f in TABLE2} == set(paper.TABLE2)
-  assert set(RUNS + MODEL_FILES + TRAIN_FILES + FRAGMENTS) == set(ALL)
+  assert set(RUNS + MODEL_FILES + TRAIN_FILES + T5X_FILES + FRAGMENTS) == set(ALL)
 
 
 @pytest.mark.parametrize("gin_file", MODEL_FILES)
@@ -60,8 +64,8 @@ def test_model_file_binds_a_network(gin_file):
 
 @pytest.mark.parametrize("gin_file", TRAIN_FILES)
 def test_train_file_binds_the_trainer(gin_file):
-  # Training files leave the model to a model file (the demo trains spec_decode/configs/demo/*.gin).
-  gin.parse_config_files_and_bindings(["spec_decode/configs/demo/target.gin", gin_file], [])
+  # Training files leave the model to a model file (the demo trains configs/demo/*.gin).
+  gin.parse_config_files_and_bindings(["configs/demo/target.gin", gin_file], [])
   arguments = gin.get_bindings("train")
   assert isinstance(arguments["config"], network.T5Config)
   assert arguments["optimizer"] is not None
@@ -94,20 +98,22 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
   if "table2" in gin_file and not tiny_t5.T5_VOCAB_FILE.is_file():
     pytest.skip("../shared is absent")
   shrink = [f"network.T5Config.{name} = {value!r}" for name, value in tiny_t5.SHRINK.items()]
-  shrink.append(f"models.transformer_from_gin_file.overrides = {tiny_t5.DRAFT_SHRINK!r}")
   if gin_file in TABLE2:  # their default is T5X's gs:// copy
     shrink.append(f"T5_VOCABULARY_FILE = '{tiny_t5.T5_VOCAB_FILE}'")
-  gin.parse_config_files_and_bindings([gin_file], shrink, finalize_config=False)
+  gin.parse_config_files_and_bindings([HARNESS, gin_file] if gin_file in TABLE2 else [gin_file],
+                                      shrink, finalize_config=False)
   target_config = gin.get_configurable(network.T5Config)()
-  draft_config = gin.get_configurable(models.transformer_from_gin_file)().config
-  target_checkpoint = checkpoint_dir(target_config)
-  draft_checkpoint_binding = "models.SpeculativeEncoderDecoderModel.draft_checkpoint_path"
+  draft_path = gin.query_parameter("%DRAFT_CHECKPOINT_PATH")
+  if gin_file in TABLE2:  # the row's draft size, shrunk, in the gs:// checkpoint's place
+    size = re.search(r"/t5_1_1_(small|base|large)/", draft_path).group(1)
+    draft_config = gin_utils.read_model_config(
+        DRAFT_FILES[size], {**tiny_t5.DRAFT_SHRINK, "dtype": target_config.dtype})
+    draft_path = checkpoint_dir(draft_config)
+  else:  # the shipped draft
+    draft_config = models.checkpoint_config(draft_path, target_config)
   gin.parse_config([
-      f"CHECKPOINT_PATH = '{target_checkpoint}'",
-      # The Table 2 rows name the draft's checkpoint by a macro, the demo directly.
-      f"{'DRAFT_CHECKPOINT_PATH' if gin_file in TABLE2 else draft_checkpoint_binding} = "
-      f"'{checkpoint_dir(draft_config)}'",
-      f"INFER_OUTPUT_DIR = '{tmp_path}'"])
+      f"CHECKPOINT_PATH = '{checkpoint_dir(target_config)}'",
+      f"DRAFT_CHECKPOINT_PATH = '{draft_path}'", f"INFER_OUTPUT_DIR = '{tmp_path}'"])
   gin.finalize()  # every %gin.REQUIRED macro is set
   gin_utils.check_bindings_take_effect([infer.infer])  # and every binding is used
 
@@ -115,6 +121,7 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
   model, dataset_cfg = arguments["model"], arguments["dataset_cfg"]
   assert isinstance(model, models.SpeculativeEncoderDecoderModel) and model.is_speculative
   assert model.module.config == target_config
+  assert model.draft_module.config == draft_config  # read from the draft's checkpoint
   assert model.input_vocabulary.vocab_size <= target_config.vocab_size
   models.load_params(model.module, arguments["checkpoint_path"])
   assert model.draft_params is not None  # restored and checked against the draft module
@@ -123,7 +130,7 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
       "inputs", "targets"}
 
   if gin_file in TABLE2:
-    row_name = re.fullmatch(r"spec_decode/configs/paper/table2/(\w+)\.gin", gin_file).group(1)
+    row_name = re.fullmatch(r"configs/table2/(\w+)\.gin", gin_file).group(1)
     task, draft = row_name.split("_")[:2]
     row = paper.TABLE2[row_name]  # the paper's row: the config decodes with its settings
     assert (row.task.lower(), row.draft) == (task, f"T5-{draft}")
@@ -133,8 +140,7 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
     assert {name: model.decode_settings[name] for name in expected} == expected
     assert dataset_cfg.batch_size == 1
     assert dataset_cfg.mixture_or_task_name == {"ende": "wmt_ende", "cnndm": "cnn_dailymail"}[task]
-    assert draft_config == models.transformer_from_gin_file(
-        DRAFT_FILES[draft], tiny_t5.DRAFT_SHRINK).config
+    assert size == draft  # the row's draft checkpoint is the paper's draft size
     text = (tiny_t5.REPO_ROOT / gin_file).read_text()
     assert f"TABLE2['{row_name}']" in text  # the comment points at the paper's numbers
     assert model.input_vocabulary.vocab_size == 32100

@@ -1,4 +1,4 @@
-"""The demo pair's storage round-trips, and the shipped files match spec_decode/configs/demo/*.gin."""
+"""The demo pair's storage round-trips, and the shipped files match configs/demo/*.gin."""
 import dataclasses
 
 import jax
@@ -41,7 +41,7 @@ def test_shipped_model_matches_gin(name):
   if not path.exists():
     pytest.skip(f"{path} not shipped")
   config, params = demo_pair.load_model(name)
-  gin_config = gin_utils.t5config_from_gin_file(str(paths.CONFIGS / "demo" / f"{name}.gin"))
+  gin_config = gin_utils.read_model_config(str(paths.CONFIGS / "demo" / f"{name}.gin"))
   assert config == gin_config
   expected = jax.eval_shape(network.Transformer(config).init, jax.random.PRNGKey(0),
                             *(jnp.ones((1, 4), jnp.int32),) * 3)["params"]

@@ -69,7 +69,7 @@ def end_to_end(setup, tmp_path_factory):
     text_file.write_text("".join(next(f) for _ in range(NUM_EXAMPLES)), encoding="utf-8")
   text_run = _subprocess(common + [
       f"--input_file={text_file}", f"--gin.CHECKPOINT_PATH='{target.hf_folder}'",
-      f"--gin.models.SpeculativeEncoderDecoderModel.draft_checkpoint_path='{draft.hf_folder}'",
+      f"--gin.DRAFT_CHECKPOINT_PATH='{draft.hf_folder}'",
       f"--gin.INFER_OUTPUT_DIR='{directory / 'text'}'"], cache)
   for name, run in (("task", task_run), ("text", text_run)):
     assert run.returncode == 0, f"{name} run failed:\n{run.stdout}\n{run.stderr}"
@@ -165,7 +165,7 @@ def _assert_one_line_error(status, stderr, message, output_dir):
 def test_unset_required_macro(setup, run_main, tmp_path):
   directory, target, _, _ = setup
   run_gin = directory / "no_checkpoint.gin"
-  run_gin.write_text((directory / "run.gin").read_text().replace("CHECKPOINT_PATH =", "# "))
+  run_gin.write_text((directory / "run.gin").read_text().replace("\nCHECKPOINT_PATH =", "\n# "))
   status, stderr = run_main([f"--gin_file={run_gin}", "--text=Hello",
                              f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"])
   _assert_one_line_error(status, stderr, "required gin macro CHECKPOINT_PATH is not set",

@@ -15,9 +15,9 @@ import pytest
 import scipy.special
 
 import tiny_t5
+from spec_decode import gin_utils
 from spec_decode import paths
 from spec_decode.t5 import checkpoints
-from spec_decode.engine import decoding
 from spec_decode import models
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
@@ -265,25 +265,45 @@ def test_settings_and_the_baseline(pair, vocabulary):
     for p in paths.CONFIGS.glob("**/*.gin")
     if p.parent.name in ("t5_1_0", "t5_1_1")
     or (p.parent.name == "demo" and p.name in ("target.gin", "draft.gin"))))
-def test_transformer_from_gin_file_reads_what_gin_binds(gin_file):
-  module = models.transformer_from_gin_file(gin_file, overrides={"dtype": "float32"})
+def test_read_model_config_reads_what_gin_binds(gin_file):
+  config = gin_utils.read_model_config(gin_file, overrides={"dtype": "float32"})
   gin.clear_config()
   try:
     gin.parse_config_file(paths.resolve(gin_file))
     expected = gin.get_configurable(network.T5Config)(dtype="float32")
   finally:
     gin.clear_config()
-  assert module.config == expected
+  assert config == expected
 
 
-def test_transformer_from_gin_file_rejects_references(tmp_path):
+def test_read_model_config_leaves_the_live_config_as_it_was(tmp_path):
+  """A model file is read by gin itself (a macro resolves), and the run's own config, even a
+  finalized one, is the same afterwards."""
   gin_file = tmp_path / "model.gin"
-  gin_file.write_text("include 'spec_decode/configs/models/t5_1_1/small.gin'\n"
+  gin_file.write_text("include 'configs/models/t5_1_1/small.gin'\n"
+                      "EMB = 128\n"
                       "network.T5Config.emb_dim = %EMB\n")
-  with pytest.raises(ValueError, match="emb_dim is bound to %EMB"):
-    models.transformer_from_gin_file(str(gin_file))
+  gin.clear_config()
+  try:
+    gin.parse_config("from __gin__ import dynamic_registration\n"
+                     "from spec_decode.t5 import network\n"
+                     "network.T5Config.emb_dim = 7\n"
+                     "BATCH = 3\n")
+    gin.finalize()
+    before = gin.config_str()
+    assert gin_utils.read_model_config(str(gin_file)).emb_dim == 128
+    assert gin.config_str() == before and gin.config_is_locked()
+    assert gin.query_parameter("%BATCH") == 3
+  finally:
+    gin.clear_config()
   with pytest.raises(FileNotFoundError, match="model gin file not found"):
-    models.transformer_from_gin_file(str(tmp_path / "missing.gin"))
+    gin_utils.read_model_config(str(tmp_path / "missing.gin"))
+  incomplete = tmp_path / "incomplete.gin"
+  incomplete.write_text("from __gin__ import dynamic_registration\n"
+                        "from spec_decode.t5 import network\n"
+                        "network.T5Config.emb_dim = 8\n")
+  with pytest.raises(ValueError, match="incomplete.gin: not a complete network.T5Config"):
+    gin_utils.read_model_config(str(incomplete))
 
 
 def test_feature_converter_is_seqio_s():

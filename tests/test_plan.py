@@ -51,8 +51,17 @@ def config_files(tmp_path):
 
       BATCH_SIZE = {B}
       TASK_FEATURE_LENGTHS = {{'inputs': {LE}, 'targets': {L}}}
-      models.SpeculativeEncoderDecoderModel.draft_module = @models.transformer_from_gin_file()
-      models.transformer_from_gin_file.gin_file = '{draft}'
+      # The draft from a gin scope: its own fields over the target's.
+      models.SpeculativeEncoderDecoderModel.draft_module = @draft/network.Transformer()
+      draft/network.Transformer.config = @network.T5Config()
+      draft/network.T5Config.emb_dim = {DRAFT_E}
+      draft/network.T5Config.num_heads = {DRAFT_H}
+      draft/network.T5Config.head_dim = {DRAFT_D}
+      draft/network.T5Config.num_encoder_layers = {DRAFT_ENC}
+      draft/network.T5Config.num_decoder_layers = {DRAFT_DEC}
+      draft/network.T5Config.mlp_dim = {DRAFT_M}
+      draft/network.T5Config.mlp_activations = ('relu',)
+      draft/network.T5Config.logits_via_embedding = True
       """))
   return str(run), str(draft)
 
@@ -145,9 +154,10 @@ def test_command_line_errors_are_one_line(config_files, capsys):
 def test_table2_xxl_verification_fits_a_tpu_v4_slice():
   """T5-XXL's 11.1B parameters: 20.7 GiB in bfloat16 fit one 32 GiB TPU-v4 chip with the caches
   and the draft; in float32 (41.5 GiB) they need num_partitions >= 2."""
-  config = plan.read_config(["spec_decode/configs/paper/table2/ende_small_t0.gin"])
+  config = plan.read_config(["configs/table2/spec_decode.gin", "configs/table2/ende_small_t0.gin"],
+                            draft_gin_file="configs/models/t5_1_1/small.gin")
   assert (config.target.emb_dim, config.target.num_decoder_layers) == (4096, 24)
-  assert config.draft.emb_dim == 512  # T5.1.1 small, from DRAFT_MODEL_GIN
+  assert config.draft.emb_dim == 512  # T5.1.1 small
   target = plan.model_shapes(config.target, config.batch_size, config.input_length,
                              config.target_length)
   draft = plan.model_shapes(config.draft, config.batch_size, config.input_length,

@@ -1,7 +1,7 @@
 """Tiny random T5.1.1 target/draft pairs on disk, for the model, infer and config tests.
 
 `write_pair(directory, vocab_size)` writes, for a target and a smaller draft: a model gin file
-binding `network.T5Config` (like spec_decode/configs/models/*), a T5X checkpoint (`save_t5x`) and a Hugging
+binding `network.T5Config` (like configs/models/*), a T5X checkpoint (`save_t5x`) and a Hugging
 Face folder (`save_hf`), and returns their paths and configs. `SHRINK` are the T5Config fields
 that shrink any T5.1.1 config to the tiny target (`DRAFT_SHRINK` to the draft).
 `write_model_files` writes the same files for given parameters; `write_run_gin` a
@@ -82,9 +82,9 @@ def write_run_gin(path: pathlib.Path, target: TinyModel, draft: TinyModel,
   gamma 3, compared with the baseline), plus the `extra` gin lines (bindings of the imported
   modules: infer, models, network); returns its path."""
   path.write_text(f"""
-include 'spec_decode/configs/runs/infer.gin'
+include 'configs/runs/infer.gin'
 include '{target.gin_file}'
-include 'spec_decode/configs/decoding/speculative.gin'
+include 'configs/decoding/speculative.gin'
 from __gin__ import dynamic_registration
 from spec_decode import infer
 from spec_decode import models

@@ -1,7 +1,7 @@
 """`spec_decode.bench`: how fast speculative decoding is, and against what.
 
 Run it with `python -m spec_decode.bench` (`bench.cli`). The configs in
-spec_decode/configs/bench/*.gin bind the config classes as this package exports them
+configs/bench/*.gin bind the config classes as this package exports them
 (`from spec_decode import bench`, then `bench.PairConfig.gamma = 2`).
 
 Modules, one job each:

@@ -2,8 +2,8 @@
 
 Run: `python -m spec_decode.bench [--gin_file=FILE ...] [--gin.NAME=VALUE ...] [--smoke]
 [--suites=own_baseline,peer,simulated_table2,physical_limit,verify_cost] [--output_dir=DIR]`.
-Without --gin_file it reads `spec_decode/configs/bench/default.gin`; `--smoke` adds
-`spec_decode/configs/bench/smoke.gin` (tiny random models, one repetition). Bindings name the
+Without --gin_file it reads `configs/bench/default.gin`; `--smoke` adds
+`configs/bench/smoke.gin` (tiny random models, one repetition). Bindings name the
 configs as the package exports them, e.g. `--gin.bench.PairConfig.gamma=4`. It
 writes `DIR/bench.json` (every number, the machine and the operative gin config) and
 `DIR/bench.md` (the same as markdown tables), and prints the tables.
@@ -37,8 +37,8 @@ from spec_decode.bench.suites.simulated_table2 import simulated_table2_suite
 from spec_decode.bench.suites.verify_cost import verify_cost_suite
 from spec_decode.bench.workspace import Workspace
 
-DEFAULT_GIN_FILE = "spec_decode/configs/bench/default.gin"
-SMOKE_GIN_FILE = "spec_decode/configs/bench/smoke.gin"
+DEFAULT_GIN_FILE = "configs/bench/default.gin"
+SMOKE_GIN_FILE = "configs/bench/smoke.gin"
 
 
 def _bound(config_class: type) -> Any:

@@ -1,6 +1,6 @@
 """The benchmark's settings: one frozen dataclass per suite, plus the pair and the run.
 
-Nothing here registers with gin. The configs in spec_decode/configs/bench/*.gin register and bind
+Nothing here registers with gin. The configs in configs/bench/*.gin register and bind
 these classes themselves (`from spec_decode import bench`, then `bench.PairConfig.gamma = 2`;
 the package re-exports them), and the CLI reads a bound instance with
 `gin_utils.configured(PairConfig)()`. Defaults are the documented values of default.gin.
@@ -31,8 +31,8 @@ class PairConfig:
   physical_limit); the median of `step_repetitions` loops counts.
   """
   source: str = "auto"
-  target_gin: str = "spec_decode/configs/demo/target.gin"
-  draft_gin: str = "spec_decode/configs/demo/draft.gin"
+  target_gin: str = "configs/demo/target.gin"
+  draft_gin: str = "configs/demo/draft.gin"
   target_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   draft_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   input_prefix: str = "translate English to German: "
@@ -76,8 +76,8 @@ class SimulatedTable2Config:
   gamma and the temperature change), decodes `max_decode_len` tokens with no EOS. `step_calls`
   and `step_repetitions` as in `PairConfig`.
   """
-  target_gin: str = "spec_decode/configs/models/t5_1_1/large.gin"
-  draft_gin: str = "spec_decode/configs/models/t5_1_1/small.gin"
+  target_gin: str = "configs/models/t5_1_1/large.gin"
+  draft_gin: str = "configs/models/t5_1_1/small.gin"
   target_overrides: Mapping[str, Any] = dataclasses.field(
       default_factory=lambda: {"dtype": "float32"})
   draft_overrides: Mapping[str, Any] = dataclasses.field(
@@ -108,8 +108,8 @@ class VerifyCostConfig:
   `compare_xla_defaults` the calls compiled with XLA's defaults are timed too. The roofline's
   read bandwidth sums a `read_mib` MiB array and its FLOP/s time a [matmul_rows, matmul_size] x
   [matmul_size, matmul_size] matmul, each the median of `bandwidth_repetitions`."""
-  model_gins: Sequence[str] = ("spec_decode/configs/models/t5_1_1/base.gin",
-                               "spec_decode/configs/models/t5_1_1/large.gin")
+  model_gins: Sequence[str] = ("configs/models/t5_1_1/base.gin",
+                               "configs/models/t5_1_1/large.gin")
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"dtype": "float32"})
   num_tokens: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)
   input_length: int = 64

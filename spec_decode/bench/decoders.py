@@ -44,7 +44,10 @@ class Variant:
   draft_policy: str = "fixed"
   policy_bindings: tuple[tuple[str, float], ...] = ()
   simulated_alpha: float | None = None
-  decode_loop: str = "speculative_sample"  # any loop of spec_decode.engine.loops with a draft
+  # Any loop of spec_decode.engine.loops with a draft; another than speculative_sample gets
+  # gamma, temperature and its own `loop_settings`.
+  decode_loop: str = "speculative_sample"
+  loop_settings: tuple[tuple[str, Any], ...] = ()
 
   @property
   def is_baseline(self) -> bool:
@@ -77,9 +80,10 @@ class Variant:
     policy = (functools.partial(drafting.get_policy(self.draft_policy),
                                 **dict(self.policy_bindings))
               if self.policy_bindings else self.draft_policy)
-    if self.decode_loop != "speculative_sample":  # a registered loop takes its own settings
+    if self.decode_loop != "speculative_sample":
       return core.Decoder.create(self.decode_loop, pair.target.module, pair.draft.module,
-                                 gamma=self.gamma, temperature=self.temperature)
+                                 gamma=self.gamma, temperature=self.temperature,
+                                 **dict(self.loop_settings))
     return core.Decoder.create("speculative_sample", pair.target.module, pair.draft.module,
                                gamma=self.gamma, temperature=self.temperature,
                                verifier=verifier, draft_policy=policy)

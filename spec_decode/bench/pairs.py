@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from spec_decode import models
+from spec_decode import gin_utils
 from spec_decode.bench.config import PairConfig, SimulatedTable2Config
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import demo_pair
@@ -64,7 +64,7 @@ class Model:
 def random_model(name: str, gin_file: str, overrides: Mapping[str, Any], seed: int) -> Model:
   """A model with the config of a model gin file (plus overrides) and random weights
   (`checkpoints.random_params`: only the shapes matter for speed)."""
-  module = models.transformer_from_gin_file(gin_file, dict(overrides))
+  module = network.Transformer(gin_utils.read_model_config(gin_file, overrides))
   return Model(name, module, jax.device_put(checkpoints.random_params(module.config, seed)))
 
 
@@ -186,8 +186,8 @@ def near_bigram_pair(config: PairConfig) -> Pair:
   """
   if config.residual_scale <= 0:
     raise ValueError(f"PairConfig.residual_scale must be > 0, got {config.residual_scale}")
-  target_module = models.transformer_from_gin_file(config.target_gin,
-                                                   dict(config.target_overrides))
+  target_module = network.Transformer(gin_utils.read_model_config(config.target_gin,
+                                                                  config.target_overrides))
   target_config = target_module.config
   params = jax.device_put(_scaled(checkpoints.random_params(target_config, config.seed),
                                   config.residual_scale))

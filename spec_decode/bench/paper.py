@@ -5,7 +5,7 @@ Leviathan, Kalman & Matias, "Fast Inference from Transformers via Speculative De
 a TPU-v4; per task and temperature, the gamma used, the measured alpha and the walltime speedup.
 
 `TABLE2` maps a row's name, `<task>_<draft size>_t<temperature>` (as the gin files of
-spec_decode/configs/paper/table2/ are named), to its `Table2Row`. Every other place that needs
+configs/table2/ are named), to its `Table2Row`. Every other place that needs
 these numbers (the simulated_table2 suite, scripts/reproduce_table2.py, the configs' tests)
 reads them here.
 """

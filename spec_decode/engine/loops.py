@@ -54,8 +54,9 @@ class DecodeLoop:
     """ValueError for a setting this loop does not take, or one its own check refuses."""
     unknown = sorted(set(settings) - set(self.setting_names))
     if unknown:
-      raise ValueError(f"decode loop {self.name!r} takes no setting {unknown[0]!r} (its "
-                       f"settings: {', '.join(self.setting_names)})")
+      raise ValueError(f"decode loop {self.name!r} takes no setting "
+                       f"{', '.join(map(repr, unknown))} (its settings: "
+                       f"{', '.join(self.setting_names)})")
     if self.check_settings is not None:
       self.check_settings(**{**self.defaults(), **settings})
 

@@ -1,7 +1,7 @@
 """`python -m spec_decode.training.export_demo`: a trainer checkpoint as a shipped demo model.
 
 Run: `python -m spec_decode.training.export_demo --checkpoint out/target/checkpoint_N.msgpack
---gin_file spec_decode/configs/demo/target.gin --output spec_decode/assets/demo/target.safetensors`.
+--gin_file configs/demo/target.gin --output spec_decode/assets/demo/target.safetensors`.
 The checkpoint is the trainer's own format (`train.save_checkpoint`); the model gin file gives
 the `network.T5Config` stored beside the weights (`spec_decode.t5.demo_pair`'s format).
 """
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--output", required=True, help="output .safetensors path")
   args = parser.parse_args(argv)
   demo_pair.save_model(params_from_checkpoint(args.checkpoint),
-                       gin_utils.t5config_from_gin_file(args.gin_file), args.output)
+                       gin_utils.read_model_config(args.gin_file), args.output)
   print(f"wrote {args.output} ({os.path.getsize(args.output) / 2**20:.1f} MiB)")
 
 

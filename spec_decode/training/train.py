@@ -1,6 +1,6 @@
 """A minimal T5X-style trainer for `network.Transformer` on parallel text.
 
-Run: `python -m spec_decode.training.train --gin_file=spec_decode/configs/train/<x>.gin --model_dir=out/<x>
+Run: `python -m spec_decode.training.train --gin_file=configs/train/<x>.gin --model_dir=out/<x>
      [--gin.train.train.num_train_steps=100 ...]`.
 
 What it does (all knobs are arguments of the gin-configurable `train`):

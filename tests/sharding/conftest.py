@@ -7,15 +7,11 @@ so it runs in its own process (scripts/test.sh does this; the main run passes
 """
 
 import pathlib
-import sys
 
 import jax
 import pytest
 
 REQUIRED_DEVICES = 8
-_HERE = pathlib.Path(__file__).parent
-# The main suite's helpers (tests/tiny_t5.py): pytest puts only this folder on the path.
-sys.path.insert(0, str(_HERE.parent))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -25,5 +21,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
       reason=f"needs {REQUIRED_DEVICES} devices but JAX sees {jax.device_count()}: run "
              "XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m pytest tests/sharding")
   for item in items:
-    if _HERE in item.path.parents:
+    if pathlib.Path(__file__).parent in item.path.parents:
       item.add_marker(skip)

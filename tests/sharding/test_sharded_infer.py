@@ -151,7 +151,7 @@ def _start_infer(setup: Setup, name: str, num_devices: int, num_partitions: int,
       [sys.executable, "-m", "spec_decode.infer", f"--gin_file={setup.run_gin}",
        f"--gin.NUM_PARTITIONS={num_partitions}",
        f"--gin.INFER_OUTPUT_DIR='{setup.directory / name}'",
-       f"--gin.decoding.speculative_sample.temperature={temperature}",
+       f"--gin.TEMPERATURE={temperature}",
        # The baseline once, greedy: it must then reproduce the speculative outputs.
        f"--gin.COMPARE_WITH_BASELINE={temperature == 0}", *flags],
       env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -307,8 +307,8 @@ def test_each_device_holds_the_plans_bytes(setup, num_partitions):
   # The caches as the decode creates them (pinned by the layout).
   tokens = layout.put_batch(np.ones((BATCH_SIZE, INPUT_LENGTH), np.int32))
   caches = jax.jit(lambda params, draft_params, tokens: (
-      layout.model_calls("target", TARGET, params, tokens, TARGET_LENGTH)[0],
-      layout.model_calls("draft", DRAFT, draft_params, tokens, TARGET_LENGTH)[0]))(
+      layout.init_cache("target", TARGET, params, tokens, TARGET_LENGTH),
+      layout.init_cache("draft", DRAFT, draft_params, tokens, TARGET_LENGTH)))(
           params, draft_params, tokens)
   for cache, model_plan in zip(caches, (target_plan, draft_plan)):
     assert _bytes_per_device(jax.tree_util.tree_leaves(cache)) == {
@@ -330,23 +330,21 @@ def infer_loop(setup):
   vocabulary = vocab.SentencePieceVocabulary(str(VOCAB_FILE))
   model = models.SpeculativeEncoderDecoderModel(
       network.Transformer(TARGET), vocabulary, vocabulary,
-      decode_fn=functools.partial(decoding.speculative_sample, temperature=1.0, gamma=GAMMA),
-      draft_module=network.Transformer(DRAFT))
+      draft_checkpoint_path=setup.draft_checkpoint, temperature=1.0, gamma=GAMMA)
   params = layout.restore("target", model.module, setup.target_checkpoint)
   draft_params = layout.restore("draft", model.draft_module, setup.draft_checkpoint)
   batch = {"encoder_input_tokens": np.ones((BATCH_SIZE, INPUT_LENGTH), np.int32),
            "decoder_input_tokens": np.zeros((BATCH_SIZE, TARGET_LENGTH), np.int32)}
-  compiled = layout.partition_predict(model).lower(
+  compiled = layout.partition_predict(model.decoder, vocabulary.eos_id).lower(
       params, draft_params, layout.put_batch(batch),
       layout.put_replicated(jax.random.PRNGKey(0))).compile()
   return layout, params, draft_params, comparable_loop_collectives(compiled)
 
 
-def test_infer_loop_has_partition_decoders_collectives(infer_loop):
+def test_infer_loop_only_all_reduces_in_its_model_calls(infer_loop):
   """The loop infer compiles: each model call's only collectives are its 'model'-split
-  matmuls' all-reduces (attention out, mlp wo, embedding), nothing is permuted or exchanged
-  all-to-all, and its collectives are exactly those of `partition_decoders`' loop (the rest:
-  reductions over the vocabulary-split logits)."""
+  matmuls' all-reduces (attention out, mlp wo, embedding), and nothing is permuted or exchanged
+  all-to-all (the rest: reductions over the vocabulary-split logits)."""
   layout, params, draft_params, found = infer_loop
   model_ops = {(op, name.split("decode_chunk/")[1]) for op, name in found
                if "decode_chunk" in name}
@@ -357,12 +355,6 @@ def test_infer_loop_has_partition_decoders_collectives(infer_loop):
       ("all-reduce", "decoder/layers_0/mlp/wo/dot_general")}, model_ops
   assert not [c for c in found if c[0] in ("all-to-all", "collective-permute")], found
 
-  decoders = decode_layout.partition_decoders(layout.partitioner, TARGET, DRAFT, eos_id=1,
-                                              gamma=GAMMA, temperature=1.0)
-  reference = decoders.speculative.lower(
-      params, draft_params, np.ones((BATCH_SIZE, INPUT_LENGTH), np.int32),
-      np.zeros((BATCH_SIZE, TARGET_LENGTH), np.int32), jax.random.PRNGKey(0)).compile()
-  assert found == comparable_loop_collectives(reference)
 
 
 # --------------------------------------------------------------------------- the bench's decoders

@@ -180,3 +180,48 @@ def test_sampling_settings_read_gin_bindings():
 def test_other_decode_fns_are_refused():
   with pytest.raises(ValueError, match="reproduces t5x.decoding.temperature_sample or beam_search"):
     speculative.sampling_settings(lambda **kwargs: None)
+
+
+def test_prompt_with_targets_decodes_alike_in_every_runner(pairs):
+  """A prompt taken from decoder_input_tokens that hold EOS (T5X strips it before forcing the
+  prompt): the standalone model, the hook and T5X's own model decode the same tokens."""
+  from spec_decode import models  # pylint: disable=g-import-not-at-top
+  target_path, draft_path = pairs["t5x_tiny"]
+  batch = _batch(4)
+  prompts = np.asarray(batch["encoder_input_tokens"][:, :4])
+  prompts[:, 3] = 1  # EOS inside the prompt
+  batch["decoder_input_tokens"] = np.pad(prompts, ((0, 0), (1, DECODER_LENGTH - 5)))
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY)
+  predict = lambda model, params: np.asarray(jax.jit(functools.partial(
+      model.predict_batch_with_aux, prompt_with_targets=True))(params, batch)[0])
+  expected = predict(t5x_model, t5x_setup.load_params(target_path))
+  hook = speculative.speculative_version(t5x_model, draft_path, gamma=3)
+  np.testing.assert_array_equal(predict(hook, _both_params(target_path, draft_path)), expected)
+  vocabulary = t5x_setup.vocabulary()
+  standalone = models.SpeculativeEncoderDecoderModel(
+      speculative.network.Transformer(speculative.config_from_t5x(t5x_setup.TINY)), vocabulary,
+      vocabulary, draft_checkpoint_path=draft_path, gamma=3, temperature=0.0)
+  np.testing.assert_array_equal(predict(standalone, t5x_setup.load_params(target_path)),
+                                expected)
+  # The prompt is forced up to its EOS, and the EOS is not: forcing it would end every row there.
+  np.testing.assert_array_equal(expected[:, :3], prompts[:, :3])
+  assert np.any(expected[:, 3] != 1)
+
+
+def test_a_registered_decode_loop_runs_through_the_hook(pairs):
+  """tests/toy_loop.py's loop, named by DECODE_LOOP with its own setting: T5X's greedy tokens."""
+  import toy_loop  # pylint: disable=g-import-not-at-top
+  target_path, draft_path = pairs["t5x_tiny"]
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY)
+  batch = _batch(4)
+  expected = np.asarray(jax.jit(t5x_model.predict_batch)(t5x_setup.load_params(target_path),
+                                                         batch))
+  traces = toy_loop.TRACES["block"]
+  model = speculative.speculative_version(
+      t5x_model, draft_path, gamma=3, verifier=None, draft_policy=None,
+      decode_loop="toy_speculative", loop_settings={"rule": "block"})
+  decodes, aux = jax.jit(model.predict_batch_with_aux)(_both_params(target_path, draft_path),
+                                                       batch)
+  assert toy_loop.TRACES["block"] > traces
+  np.testing.assert_array_equal(np.asarray(decodes), expected)
+  assert np.sum(aux["accepted_tokens"]) > 0

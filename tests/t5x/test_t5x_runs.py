@@ -1,6 +1,6 @@
 """`python -m t5x.infer` and `python -m t5x.eval` end to end with the T5X hook. A tiny T5X run
 (T5X's tiny T5.1.1 checkpoint, greedy `t5x.decoding.temperature_sample`, a seqio task over
-../shared's Tatoeba) made speculative by adding spec_decode/t5x/speculative_infer.gin (or, for
+../shared's Tatoeba) made speculative by adding configs/t5x/speculative_infer.gin (or, for
 t5x.eval, speculative.gin) and a draft checkpoint predicts what the same run predicts with T5X's
 own sampler, with the speculative counters in t5x.infer's outputs; so it does on 8 simulated
 CPU devices with T5X's partitioner at num_partitions 2 and 4 (the target's parameters

@@ -1,7 +1,8 @@
-"""spec_decode/t5x/table2/*.gin, the paper's Table 2 rows as t5x.infer runs: each parses as
-t5x.infer parses it (its includes found, T5X's xxl.gin made speculative) with the gamma,
-temperature of the same row of the paper's Table 2 (`spec_decode.bench.paper`), its draft and
-task (one subprocess, as gin binds t5x.infer's `__main__`)."""
+"""configs/table2/*.gin, the paper's Table 2 rows, as t5x.infer runs them after T5X's harness
+(configs/table2/t5x.gin): each parses as t5x.infer parses it (its includes found, T5X's xxl.gin
+made speculative) with the gamma, temperature of the same row of the paper's Table 2
+(`spec_decode.bench.paper`), its draft and task (one subprocess, as gin binds t5x.infer's
+`__main__`). tests/test_configs.py runs the same rows through spec_decode.infer's harness."""
 
 import json
 import os
@@ -17,11 +18,12 @@ pytest.importorskip("t5x.infer", reason="needs t5x: pip install --no-deps ../sha
                                         "and its dependencies (../shared/README.md)")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROWS = sorted((REPO_ROOT / "spec_decode" / "t5x" / "table2").glob("*_t[01].gin"))
+ROWS = sorted((REPO_ROOT / "configs" / "table2").glob("*_t[01].gin"))
+HARNESS = "configs/table2/t5x.gin"
 MACROS = ("GAMMA", "TEMPERATURE", "DRAFT_CHECKPOINT_PATH", "MIXTURE_OR_TASK_NAME",
           "CHECKPOINT_PATH")
-# Parses each row as `python -m t5x.infer --gin_search_paths=<repo> --gin_file=<row>
-# --gin.INFER_OUTPUT_DIR=...` does and prints its macros and what MODEL is.
+# Parses each row as `python -m t5x.infer --gin_search_paths=<repo> --gin_file=<harness>
+# --gin_file=<row> --gin.INFER_OUTPUT_DIR=...` does and prints its macros and what MODEL is.
 PARSE_ROWS = """
 import json, os, sys
 import gin
@@ -32,7 +34,8 @@ rows, macros = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 parsed = {}
 for row in rows:
   gin.clear_config()
-  gin_utils.parse_gin_flags([sys.argv[3], *t5x.infer._DEFAULT_GIN_SEARCH_PATHS], [row],
+  gin_utils.parse_gin_flags([sys.argv[3], *t5x.infer._DEFAULT_GIN_SEARCH_PATHS],
+                            [sys.argv[4], row],
                             ["INFER_OUTPUT_DIR = 'table2_out'"])  # the user's flag
   parsed[row] = {macro: gin.query_parameter('%' + macro) for macro in macros}
   parsed[row]['MODEL'] = gin.query_parameter('%MODEL').selector
@@ -44,7 +47,8 @@ def test_rows_parse_as_t5x_infer_runs_of_the_paper_rows():
   assert len(ROWS) == 12
   env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
   run = subprocess.run([sys.executable, "-c", PARSE_ROWS, json.dumps([str(r) for r in ROWS]),
-                        json.dumps(MACROS), str(REPO_ROOT)], env=env, capture_output=True,
+                        json.dumps(MACROS), str(REPO_ROOT), HARNESS], env=env,
+                       capture_output=True,
                        text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stderr[-3000:]
   parsed = json.loads(run.stdout.strip().splitlines()[-1])

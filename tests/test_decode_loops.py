@@ -1,0 +1,74 @@
+"""A decode loop registered once (tests/toy_loop.py, `toy_speculative`) runs through every
+runner with no edit anywhere else: `spec_decode.infer` (DECODE_LOOP and its own setting from a
+config), the benchmark (`bench.Variant(decode_loop=...)`) and, in tests/t5x, the T5X hook. Its
+greedy decodes equal the baseline's (exactness of the loop it wraps), and its own setting is
+checked where every runner checks settings."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tiny_t5
+import toy_loop
+from spec_decode import bench
+from spec_decode import core
+from spec_decode import infer_outputs
+from spec_decode.engine import loops
+from spec_decode.t5 import network
+
+
+def test_the_loop_is_registered_by_its_module():
+  assert "toy_speculative" in loops.names()
+  assert loops.get("toy_speculative").uses_draft
+  assert loops.get("toy_speculative").setting_names == (
+      "gamma", "rule", "temperature", "topk", "topp", "max_decode_steps")
+
+
+def test_its_settings_are_checked_before_anything_is_built():
+  config = tiny_t5.tiny_config(64, tiny_t5.SHRINK)
+  target, draft = network.Transformer(config), network.Transformer(config)
+  with pytest.raises(ValueError, match="rule must be 'token' or 'block', got 'coin'"):
+    core.Decoder.create("toy_speculative", target, draft, gamma=2, rule="coin")
+  with pytest.raises(ValueError, match="decode loop 'toy_speculative' takes no setting "
+                                       "'verifier'"):
+    core.Decoder.create("toy_speculative", target, draft, gamma=2, verifier="token")
+
+
+def test_infer_runs_it_from_a_config(tmp_path, capsys):
+  target, draft = tiny_t5.write_pair(tmp_path, vocab_size=8000)
+  run_gin = tiny_t5.write_run_gin(
+      tmp_path / "run.gin", target, draft, tiny_t5.DEMO_VOCAB_FILE, 0,
+      {"inputs": 16, "targets": 8}, batch_size=2, extra="""
+DECODE_LOOP = 'toy_speculative'
+VERIFIER = None  # the toy loop has its own rule, and no drafting policy
+DRAFT_POLICY = None
+models.SpeculativeEncoderDecoderModel.loop_settings = {'rule': 'token'}
+""")
+  traces = toy_loop.TRACES["token"]
+  out = tmp_path / "out"
+  status, stderr = tiny_t5.run_infer_main(
+      [f"--gin_file={run_gin}", "--text=A dog runs.", "--text=Two cats sleep.",
+       f"--gin.INFER_OUTPUT_DIR='{out}'"], capsys)
+  assert status == 0, stderr
+  assert toy_loop.TRACES["token"] > traces  # this loop ran, with the config's own setting
+  summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
+  assert summary["decode_settings"]["rule"] == "token"
+  assert summary["identical_outputs"] is True  # greedy: the baseline's tokens
+
+
+def test_the_bench_runs_it():
+  pair = bench.build_pair(bench.PairConfig(
+      source="near_bigram", target_gin="configs/models/t5_1_1/small.gin",
+      target_overrides=dict(dtype="float32", emb_dim=16, num_heads=2, head_dim=8,
+                            num_encoder_layers=2, num_decoder_layers=2, mlp_dim=32,
+                            vocab_size=128),
+      residual_scale=0.3, input_length=8, max_decode_len=12, gamma=3, num_random_inputs=2))
+  decoders = bench.PairDecoders(pair, {})
+  traces = toy_loop.TRACES["block"]
+  toy = decoders.run(bench.Variant(0.0, gamma=3, decode_loop="toy_speculative",
+                                   loop_settings=(("rule", "block"),)), 0, 2)
+  assert toy_loop.TRACES["block"] > traces
+  baseline = decoders.run(bench.Variant(0.0), 0, 2)
+  np.testing.assert_array_equal(toy.decodes, baseline.decodes)
+  assert toy.stats["target_calls"] < toy.stats["generated_tokens"]  # drafts were accepted
