@@ -19,7 +19,7 @@ It writes `table2.md`, `table2.json` and `table2.png` (speedups vs gamma) to --o
 
   python scripts/reproduce_table2.py                       # Multi30k test, 100 sentences
   python scripts/reproduce_table2.py --num_sentences 20 --gammas 1,2 --temperatures 0
-Sentences come from `<corpus>.{en,de}` under ../shared/data (see ../shared/README.md).
+Sentences come from `<corpus>.{en,de}` under the data root (--data_root or $SPEC_DECODE_DATA_ROOT).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ PAPER_ROWS = {0.0: bench.paper.TABLE2["ende_small_t0"], 1.0: bench.paper.TABLE2[
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--corpus", default="multi30k/test", help="held-out corpus prefix")
-  parser.add_argument("--data_root", default=None, help="default: ../shared/data")
+  parser.add_argument("--data_root", default=None, help="default: $SPEC_DECODE_DATA_ROOT")
   parser.add_argument("--num_sentences", type=int, default=100)
   parser.add_argument("--gammas", default="1,2,3,4,5,6,7,8")
   parser.add_argument("--temperatures", default="0,1")

@@ -1,8 +1,8 @@
 """Parallel text on disk, as the tasks and the trainer read it.
 
 A corpus is a pair of line-aligned UTF-8 files `<prefix>.<src_lang>`, `<prefix>.<tgt_lang>`; a
-relative prefix is taken under the data root (default `../shared/data` beside a checkout:
-`paths.SHARED`). `read_parallel(prefixes)` -> (sources, targets), concatenated; files whose
+relative prefix is taken under the data root (`data_root`, else `paths.data_root()`: from the
+environment). `read_parallel(prefixes)` -> (sources, targets), concatenated; files whose
 line counts differ are a ValueError naming the corpus. `TRANSLATE_PREFIX` is T5's En->De task
 prefix, which every English input carries.
 """
@@ -16,7 +16,6 @@ from typing import Sequence
 from spec_decode import paths
 
 TRANSLATE_PREFIX = "translate English to German: "
-DEFAULT_DATA_ROOT = paths.SHARED / "data"
 
 
 def resolve(path: str, data_root: str | os.PathLike | None = None) -> pathlib.Path:
@@ -24,7 +23,7 @@ def resolve(path: str, data_root: str | os.PathLike | None = None) -> pathlib.Pa
   p = pathlib.Path(path)
   if p.is_absolute():
     return p
-  return pathlib.Path(data_root or DEFAULT_DATA_ROOT) / p
+  return paths.data_root(data_root) / p
 
 
 def _read_lines(path: pathlib.Path) -> list[str]:

@@ -54,6 +54,7 @@ from spec_decode import core
 from spec_decode import gin_utils
 from spec_decode import losses
 from spec_decode import paths
+from spec_decode.t5 import architecture
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import demo_pair
@@ -135,7 +136,7 @@ def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Pa
 def checkpoint_config(path: str, like: network.T5Config) -> network.T5Config:
   """The network config of a checkpoint `load_params` reads, without reading its weights: a
   Hugging Face folder's config.json, a demo .safetensors file's header, or a T5X checkpoint's
-  parameter shapes (`checkpoints.config_from_params`, what shapes cannot tell from `like`).
+  parameter shapes (`architecture.config_from_params`, what shapes cannot tell from `like`).
   The activation dtype is always `like`'s."""
   kind, resolved = checkpoint_format(path)
   try:
@@ -144,7 +145,7 @@ def checkpoint_config(path: str, like: network.T5Config) -> network.T5Config:
     elif kind == "demo":
       found = demo_pair.read_config(resolved)
     else:
-      return checkpoints.config_from_params(checkpoints.t5x_param_shapes(resolved), like, path)
+      return architecture.config_from_params(checkpoints.t5x_param_shapes(resolved), like, path)
   except (ValueError, FileNotFoundError):  # already name the file
     raise
   except Exception as e:  # pylint: disable=broad-except: a reader's own error (truncated file...)

@@ -15,9 +15,10 @@ use the T5 vocabulary (SentencePiece cc_all.32000 with 100 extra ids, as T5.1.1 
 (spec_decode/assets/demo/spm_ende_8k.model, no extra ids).
 
 Paths are read when a dataset is built, not at import, so the bindings of a config that
-imports `spec_decode.tasks` apply: `tasks.data_dir.path` (default ../shared/data beside the
-repository), `tasks.t5_vocabulary_file.path` (default ../shared/vocab/t5_cc_all_32000.model).
-A missing data directory or file is a FileNotFoundError naming it.
+imports `spec_decode.tasks` apply: `tasks.data_dir.path` (default: `paths.data_root()`, from the
+environment), `tasks.t5_vocabulary_file.path` (default: `paths.t5_vocabulary()`, T5X's copy
+unless the environment names another). A missing data directory or file is a FileNotFoundError
+naming it.
 
 `load_examples(name, split, task_feature_lengths, num_examples)` reads a task (or mixture) in
 order as plain Python: a list of dicts with 'inputs'/'targets' (lists of ids) and
@@ -44,22 +45,17 @@ DEMO_VOCABULARY_FILE = paths.DEMO_ASSETS / "spm_ende_8k.model"
 
 
 def data_dir(path: str | None = None) -> pathlib.Path:
-  """The data root: `path`, else ../shared/data beside the repository."""
-  root = pathlib.Path(path) if path else paths.SHARED / "data"
-  if not root.is_dir():
-    raise FileNotFoundError(f"data directory not found: {root} (bind tasks.data_dir.path or "
-                            "pass --data_dir)")
-  return root
+  """The data root: `path`, else `paths.data_root()`."""
+  return paths.data_root(path)
 
 
 def t5_vocabulary_file(path: str | None = None) -> str:
-  """The T5 SentencePiece model: `path`, else ../shared/vocab/t5_cc_all_32000.model."""
-  file = pathlib.Path(path) if path else paths.SHARED / "vocab" / (
-      "t5_cc_all_32000.model")
-  if not file.is_file():
+  """The T5 SentencePiece model: `path`, else `paths.t5_vocabulary()`."""
+  file = paths.t5_vocabulary(path)
+  if not file.startswith("gs://") and not pathlib.Path(file).is_file():
     raise FileNotFoundError(f"T5 SentencePiece model not found: {file} (bind "
                             "tasks.t5_vocabulary_file.path)")
-  return str(file)
+  return file
 
 
 class LazyPathSentencePieceVocabulary(seqio.SentencePieceVocabulary):

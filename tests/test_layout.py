@@ -8,6 +8,7 @@ above import gin. Read from the source (ast), so the test sees every import, laz
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -75,3 +76,45 @@ def test_no_module_registers_with_gin_on_import():
   for path in MODULES:
     source = path.read_text()
     assert "@gin.configurable" not in source and "gin.external_configurable(" not in source, path
+
+
+# The places that decode: each through the one core, none wiring the engine's loops itself.
+RUNNERS = ("spec_decode/models.py", "spec_decode/t5x/speculative.py",
+           "spec_decode/decode_layout.py", "spec_decode/bench/decoders.py",
+           "spec_decode/training/greedy.py")
+
+
+@pytest.mark.parametrize("relative", RUNNERS)
+def test_every_runner_decodes_through_the_core(relative):
+  path = paths.ROOT / relative
+  assert "spec_decode.core" in _imports(path), relative
+  # Caches and step functions are the core's business (`core.ModelCalls`; the mesh's layout is
+  # one, so it alone wraps the network's step function): no runner wires a loop itself.
+  source = path.read_text()
+  wired = ("decoding.speculative_sample(", "decoding.temperature_sample(")
+  if relative != "spec_decode/decode_layout.py":
+    wired += ("make_tokens_to_logits(", "init_decode_cache(")
+  for name in wired:
+    assert name not in source, (relative, name)
+
+
+def test_no_module_uses_gins_private_names():
+  for path in MODULES:
+    source = path.read_text()
+    for private in ("gin_config._", "gin.config._", "._CONFIG", "._REGISTRY"):
+      assert private not in source, (path, private)
+
+
+def test_every_gin_file_lives_under_configs():
+  gin_files = {path for path in paths.ROOT.rglob("*.gin")
+               if not {".venv", ".git", "build"} & set(path.relative_to(paths.ROOT).parts)}
+  assert gin_files, "no gin file found"
+  outside = sorted(str(p.relative_to(paths.ROOT)) for p in gin_files
+                   if p.relative_to(paths.ROOT).parts[0] != "configs")
+  assert not outside, outside
+
+
+def test_the_library_names_no_developer_data_folder():
+  """`../shared` is the test suite's (tests/conftest.py), never the package's."""
+  for path in MODULES:
+    assert not re.search(r"['\"]shared['\"]|\.\./shared", path.read_text()), path

@@ -7,5 +7,10 @@ Pure JAX (no gin, no T5, no checkpoints): models enter only through the model co
   verify     verification rules as exact laws ('token', 'block', lossy 'lenient'); a registry
   drafting   drafting policies ('fixed', 'expected_speedup', 'confidence'); a registry
   decoding   `temperature_sample` (baseline) and `speculative_sample`, each one jitted loop
+  loops      the registry of decode loops by name: what every runner (infer, the T5X hook,
+             the benchmark) can run; a new loop is one `loops.register`
   toy        prefix-hash toy models honoring the contract with a real cache (for tests)
 """
+
+from spec_decode.engine import decoding  # registers the built-in loops with `loops`
+

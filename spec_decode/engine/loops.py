@@ -85,12 +85,10 @@ def register(name: str, *, uses_draft: bool,
 
 def get(name: str) -> DecodeLoop:
   """The loop registered as `name`; ValueError naming the registered ones."""
-  from spec_decode.engine import decoding  # pylint: disable=g-import-not-at-top,unused-import: registers the built-in loops
   if name not in _LOOPS:
     raise ValueError(f"unknown decode loop {name!r}; registered: {', '.join(sorted(_LOOPS))}")
   return _LOOPS[name]
 
 
 def names() -> tuple[str, ...]:
-  from spec_decode.engine import decoding  # pylint: disable=g-import-not-at-top,unused-import: registers the built-in loops
   return tuple(sorted(_LOOPS))

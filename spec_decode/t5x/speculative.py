@@ -56,7 +56,7 @@ from t5x import models as t5x_models
 from tensorflow.io import gfile
 
 from spec_decode import core
-from spec_decode.t5 import checkpoints
+from spec_decode.t5 import architecture
 from spec_decode.t5 import network
 
 PyTree = Any
@@ -96,11 +96,11 @@ def _check_draft_path(draft_checkpoint_path: str | None) -> str:
 def draft_config_from_checkpoint(draft_checkpoint_path: str,
                                  target_config: network.T5Config) -> network.T5Config:
   """The draft's config, read from the parameter shapes of its T5X checkpoint (only the
-  msgpack index is read; `checkpoints.config_from_params`: what shapes cannot tell is the
+  msgpack index is read; `architecture.config_from_params`: what shapes cannot tell is the
   target's)."""
   path = _check_draft_path(draft_checkpoint_path)
   params = t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=True)["target"]
-  return checkpoints.config_from_params(params, target_config, path)
+  return architecture.config_from_params(params, target_config, path)
 
 
 def sampling_settings(decode_fn: Callable[..., Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Contract: `corpus_bleu(hypotheses, references) -> float` is sacrebleu's corpus B
 CLI: `python -m spec_decode.training.bleu --model target --corpus multi30k/test [--limit 500]` decodes the
 English side of `<corpus>.en` greedily with a shipped demo model (or a `.safetensors` path; see
 `spec_decode.t5.demo_pair`) and scores it against `<corpus>.de`; corpora are resolved under the
-data root (`../shared/data` from the repository root, or `--data_root`).
+data root ($SPEC_DECODE_DATA_ROOT, or `--data_root`).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Contract:
 - Corpora are pairs of line-aligned text files (`<prefix>.<src_lang>`, `<prefix>.<tgt_lang>`).
-  Paths may be relative to the data root (default `../shared/data` from the repo root).
+  Paths may be relative to the data root (default $SPEC_DECODE_DATA_ROOT).
 - Every source gets the T5 task prefix (`translate English to German: `); both sides end in EOS=1.
   Pairs whose source or target exceeds its maximum length (EOS included) are dropped, not
   truncated, so every target the model learns from is complete.

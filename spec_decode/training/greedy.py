@@ -4,7 +4,7 @@ Contract:
 - `greedy_decode(config, params, encoder_input_tokens [B, Le], max_decode_len)` ->
   `decodes [B, max_decode_len]` int32: tokens of positions 1..L, EOS (1) included, PAD 0 after.
   It runs the encoder once (`network.init_decode_cache`) and the cached decoder one token per
-  step through `decoding.temperature_sample(temperature=0)`.
+  step through the core's `temperature_sample` loop at temperature 0.
 - `translate(config, params, sp, sources, ...)` -> detokenized strings in input order
   (task prefix added, sources truncated to `max_input_len` tokens incl. EOS).
 - `add_corpus_arguments(parser, ...)` / `translate_corpora(args)`: the command-line half shared
@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
 
+from spec_decode import core
 from spec_decode import corpora
 from spec_decode.training import data
-from spec_decode.engine import decoding
 from spec_decode.t5 import demo_pair
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
@@ -32,12 +32,12 @@ from spec_decode.t5 import vocab
 @functools.partial(jax.jit, static_argnames=("config", "max_decode_len"))
 def greedy_decode(config: network.T5Config, params: Any, encoder_input_tokens: jax.Array,
                   max_decode_len: int) -> jax.Array:
-  cache = network.init_decode_cache(config, params, encoder_input_tokens, max_decode_len)
-  inputs = jnp.zeros((encoder_input_tokens.shape[0], max_decode_len), jnp.int32)
-  decodes, _ = decoding.temperature_sample(
-      inputs, cache, network.make_tokens_to_logits(config, params), eos_id=data.EOS_ID,
-      temperature=0.0)
-  return decodes[:, 0]
+  decoder = core.Decoder.create("temperature_sample", network.Transformer(config),
+                                temperature=0.0)
+  batch = {"encoder_input_tokens": encoder_input_tokens,
+           "decoder_input_tokens": jnp.zeros((encoder_input_tokens.shape[0], max_decode_len),
+                                             jnp.int32)}
+  return decoder.predict(params, None, batch, data.EOS_ID)[0]
 
 
 def translate(config: network.T5Config, params: Any, sp: spm.SentencePieceProcessor,
@@ -64,7 +64,7 @@ def add_corpus_arguments(parser: argparse.ArgumentParser, max_len: int, batch_si
   """--model, --corpus (repeatable), --data_root, --max_input_len, --max_decode_len, --batch_size."""
   parser.add_argument("--model", default="target", help='"target", "draft" or a .safetensors path')
   parser.add_argument("--corpus", action="append", required=True, help="e.g. multi30k/test")
-  parser.add_argument("--data_root", default=None, help="default: ../shared/data")
+  parser.add_argument("--data_root", default=None, help="default: $SPEC_DECODE_DATA_ROOT")
   parser.add_argument("--max_input_len", type=int, default=max_len)
   parser.add_argument("--max_decode_len", type=int, default=max_len)
   parser.add_argument("--batch_size", type=int, default=batch_size)
