@@ -274,10 +274,14 @@ def test_hugging_face_worker_decodes_as_our_baseline(tmp_path):
   pair = bench.build_pair(_near_bigram_config(1e-3))
   decoders = bench.PairDecoders(pair, {})
   ours = [decoders.run(bench.Variant(0.0), i, 1) for i in range(3)]
+  torch = pytest.importorskip("torch")
   worker = peer.HuggingFaceWorker(pair, str(tmp_path), gamma=3, num_threads=1,
-                                  assistant_schedule="constant")
+                                  assistant_schedule="constant", torch_device="auto")
   try:
-    assert set(worker.versions) == {"torch_version", "transformers_version"}
+    assert set(worker.versions) == {"torch_version", "transformers_version", "torch_device"}
+    # 'auto': CUDA where torch sees it (then timed to the end of its work), else the CPU.
+    assert worker.versions["torch_device"].startswith(
+        "cuda" if torch.cuda.is_available() else "cpu")
     for assisted in (False, True):
       theirs = [worker.run(0.0, assisted, i) for i in range(3)]
       assert all(out.tokens == pair.max_decode_len and out.seconds > 0 for out in theirs)
@@ -285,6 +289,16 @@ def test_hugging_face_worker_decodes_as_our_baseline(tmp_path):
   finally:
     worker.close()
   assert worker._process.returncode == 0  # stdin closed: the worker exits cleanly
+
+
+def test_hugging_face_worker_without_cuda_says_so(tmp_path):
+  torch = pytest.importorskip("torch")
+  if torch.cuda.is_available():
+    pytest.skip("torch sees a CUDA device here: the refusal cannot be shown")
+  pair = bench.build_pair(_near_bigram_config(1e-3))
+  with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
+    peer.HuggingFaceWorker(pair, str(tmp_path), gamma=3, num_threads=1,
+                           assistant_schedule="constant", torch_device="cuda")
 
 
 def _peer_entry(ours_base, ours_spec, hf_base, hf_assisted):
