@@ -112,6 +112,21 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
     assert heading in markdown, heading
 
 
+def test_random_models_hold_their_weights_in_the_activation_dtype():
+  """As T5X's inference restores a bfloat16 model: a step reads bfloat16 weights, half the
+  bytes of float32's."""
+  gin_file = "spec_decode/configs/demo/target.gin"
+  float32 = bench.random_model("f32", gin_file, TINY, 0)
+  bfloat16 = bench.random_model("bf16", gin_file, dict(TINY, dtype="bfloat16"), 0)
+  dtypes = lambda model: {leaf.dtype for leaf in jax.tree_util.tree_leaves(model.params)}
+  assert dtypes(float32) == {np.dtype("float32")}
+  assert dtypes(bfloat16) == {np.dtype(jnp.bfloat16)}
+  assert bfloat16.decode_step_weight_bytes * 2 == float32.decode_step_weight_bytes
+  for ours, theirs in zip(jax.tree_util.tree_leaves(bfloat16.params),
+                          jax.tree_util.tree_leaves(float32.params)):
+    np.testing.assert_array_equal(ours, theirs.astype(jnp.bfloat16))
+
+
 def test_demo_pair_decodes_the_bundled_sentences(tmp_path, monkeypatch):
   for seed, name in enumerate(("target", "draft")):
     model = bench.random_model(name, "spec_decode/configs/demo/target.gin", TINY, seed)

@@ -16,6 +16,9 @@ control (`resample_from_target`) scores ~10,500 on ~120 degrees of freedom, so a
 
 
 import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -141,3 +144,13 @@ def test_negative_controls_fail(wrong_rule):
   decodes, _ = draw(target, draft, 3, sampling_args, wrong_rule)
   p_value = chi_square_p_value(decodes, exact_law(target, sampling_args))
   assert p_value < P_VALUE_FLOOR, f"{wrong_rule.__name__} was not caught: p = {p_value:.2e}"
+
+
+def test_a_sample_count_without_power_is_refused():
+  """SPEC_DECODE_EXACTNESS_SAMPLES below MIN_SAMPLES stops the module at import."""
+  environment = dict(os.environ, SPEC_DECODE_EXACTNESS_SAMPLES=str(MIN_SAMPLES - 1))
+  completed = subprocess.run([sys.executable, "-c", "import test_exactness"],
+                             cwd=pathlib.Path(__file__).parent, env=environment,
+                             capture_output=True, text=True)
+  assert completed.returncode != 0
+  assert f"at least {MIN_SAMPLES}" in completed.stderr
