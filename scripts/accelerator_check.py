@@ -65,6 +65,10 @@ WHEELS = (("gin", "gin-config"), ("absl", "absl-py"), ("msgpack", "msgpack"),
 EXPECTED = ("jax", "flax", "numpy", "scipy", "tensorstore", "sentencepiece", "torch",
             "transformers")
 
+# Distributions whose versions environment.json records, besides the wheels'.
+VERSIONS_REPORTED = ("jax", "jaxlib", "jax-cuda12-plugin", "flax", "numpy", "scipy", "torch",
+                     "transformers", "tensorstore", "sentencepiece")
+
 # The tests that mean something on an accelerator: greedy identity (speculative == baseline,
 # and == Hugging Face's generate), the network against Hugging Face's and its cache, T5X's model
 # protocol; the engine's exactness (chi-square, every rule and policy, at the full sample
@@ -172,7 +176,10 @@ def run_command(command: Sequence[str], log_path: pathlib.Path, timeout_s: float
       returncode = process.wait(timeout=timeout_s)
       timed_out = False
     except subprocess.TimeoutExpired:
-      os.killpg(process.pid, signal.SIGKILL)
+      try:
+        os.killpg(process.pid, signal.SIGKILL)
+      except ProcessLookupError:  # it ended between the timeout and the kill
+        pass
       returncode = process.wait()
       timed_out = True
   return {"returncode": returncode, "timed_out": timed_out,
@@ -349,7 +356,7 @@ class Check:
         "  info['torch'] = f'missing: {e}'\n"
         "import importlib.metadata as m\n"
         "info['versions'] = {}\n"
-        f"for d in {[d for _, d in WHEELS] + ['jax', 'jaxlib', 'flax', 'numpy', 'scipy', 'transformers', 'tensorstore', 'sentencepiece']!r}:\n"
+        f"for d in {[d for _, d in WHEELS] + list(VERSIONS_REPORTED)!r}:\n"
         "  try:\n"
         "    info['versions'][d] = m.version(d)\n"
         "  except m.PackageNotFoundError:\n"
@@ -409,14 +416,20 @@ class Check:
     return {**result, **({"note": note} if note else {})}
 
   def _bench(self, part: Part) -> dict[str, Any]:
-    gin_file, bindings = BENCH_PARTS[part.name]
     output_dir = self.outdir / part.name
-    command = [self.python, "-m", "spec_decode.bench", f"--gin_file={gin_file}",
-               *([f"--gin_file={DRY_RUN_GIN}"] if self.dry_run else []),
-               f"--output_dir={output_dir}", *bindings]
-    run, log_path = self._run(part, command)
+    run, log_path = self._run(part, bench_command(part.name, output_dir, self.dry_run,
+                                                  self.python))
     entry: dict[str, Any] = {"seconds": run["seconds"], "log": log_path.name,
                              "report": f"{part.name}/bench.md"}
+    # The peer suite exports the pair's weights into a temporary folder of the output folder
+    # (T5.1.1-large: 6 GB); a part killed at its limit leaves it, and it must not come back
+    # with the results.
+    leftovers = ([path for path in output_dir.iterdir() if path.is_dir()]
+                 if output_dir.is_dir() else [])
+    for path in leftovers:
+      shutil.rmtree(path, ignore_errors=True)
+    if leftovers:
+      entry["removed"] = [path.name for path in leftovers]
     report_path = output_dir / "bench.json"
     if run["timed_out"]:
       return {**entry, "status": "timeout"}
@@ -427,6 +440,15 @@ class Check:
     entry.pop("machine", None)
     entry["status"] = "partial" if entry["errors"] else "passed"
     return entry
+
+
+def bench_command(part_name: str, output_dir: pathlib.Path, dry_run: bool, python: str
+                  ) -> list[str]:
+  """`python -m spec_decode.bench` as a benchmark part runs it."""
+  gin_file, bindings = BENCH_PARTS[part_name]
+  return [python, "-m", "spec_decode.bench", f"--gin_file={gin_file}",
+          *([f"--gin_file={DRY_RUN_GIN}"] if dry_run else []), f"--output_dir={output_dir}",
+          *bindings]
 
 
 def _last_line(log_path: pathlib.Path) -> str:

@@ -168,3 +168,57 @@ def test_pytest_outcomes_are_read_from_its_verbose_lines():
 def test_a_test_part_passes_only_when_tests_ran_and_none_failed(tmp_path, log, run, status):
   (tmp_path / "part.log").write_text(log)
   assert check._pytest_result(run, tmp_path / "part.log")["status"] == status
+
+
+def test_accelerator_configs_bind_what_the_parts_promise(tmp_path):
+  """What the accelerator runs (no dry run) is never run here: its configs are parsed and
+  bound as `python -m spec_decode.bench` would, and checked against each part's promise."""
+  import argparse
+
+  import gin
+
+  from spec_decode import bench, gin_utils
+
+  bound = {}
+  for name in check.BENCH_PARTS:
+    command = check.bench_command(name, tmp_path / name, False, sys.executable)
+    assert command[1:3] == ["-m", "spec_decode.bench"]
+    parser = argparse.ArgumentParser()
+    gin_utils.add_gin_arguments(parser)
+    parser.add_argument("--output_dir")
+    args, bindings = gin_utils.parse_args(parser, command[3:])
+    assert check.DRY_RUN_GIN not in args.gin_file
+    gin_utils.parse_config(args.gin_file, bindings)
+    classes = (bench.BenchConfig, bench.PairConfig, bench.OwnBaselineConfig, bench.PeerConfig,
+               bench.SimulatedTable2Config, bench.PhysicalLimitConfig, bench.VerifyCostConfig)
+    gin_utils.check_bindings_take_effect(classes)
+    bound[name] = {cls.__name__: gin_utils.configured(cls)() for cls in classes}
+  gin.clear_config()
+
+  for name, dtype in (("verify_cost_float32", "float32"), ("verify_cost_bfloat16", "bfloat16")):
+    config = bound[name]
+    assert config["BenchConfig"].suites == ["verify_cost"]
+    assert config["BenchConfig"].compiler_options == {}  # measured as compiled for real
+    cost = config["VerifyCostConfig"]
+    assert [g.rsplit("/", 1)[1] for g in cost.model_gins] == ["large.gin", "xl.gin"]
+    assert dict(cost.overrides) == {"dtype": dtype}
+    assert list(cost.num_tokens) == list(range(1, 9))
+
+  pair = bound["pair_large_float32"]
+  assert set(pair["BenchConfig"].suites) == {"own_baseline", "peer", "physical_limit"}
+  assert pair["PairConfig"].source == "near_bigram"
+  assert pair["PairConfig"].target_gin.endswith("t5_1_1/large.gin")
+  assert dict(pair["PairConfig"].target_overrides) == {"dtype": "float32"}
+  assert list(pair["OwnBaselineConfig"].batch_sizes) == [1, 8]
+  assert list(pair["OwnBaselineConfig"].temperatures) == [0.0]
+  assert pair["PeerConfig"].torch_device == "auto"
+  assert list(pair["PhysicalLimitConfig"].targets) == ["pair"]
+
+  simulated = bound["simulated_table2_xxl_bfloat16"]
+  assert set(simulated["BenchConfig"].suites) == {"simulated_table2", "physical_limit"}
+  table2 = simulated["SimulatedTable2Config"]
+  assert table2.target_gin.endswith("t5_1_1/xxl.gin") and not table2.target_overrides
+  assert table2.rows and all(row in bench.paper.TABLE2 for row in table2.rows)
+  assert list(simulated["PhysicalLimitConfig"].targets) == ["simulated"]
+  for test in check.IDENTITY_TESTS + check.EXACTNESS_TESTS + (check.SHARDING_TESTS,):
+    assert (ROOT / test).exists(), test
