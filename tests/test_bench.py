@@ -112,6 +112,21 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
     assert heading in markdown, heading
 
 
+def test_random_models_hold_their_weights_in_the_activation_dtype():
+  """As T5X's inference restores a bfloat16 model: a step reads bfloat16 weights, half the
+  bytes of float32's."""
+  gin_file = "configs/demo/target.gin"
+  float32 = bench.random_model("f32", gin_file, TINY, 0)
+  bfloat16 = bench.random_model("bf16", gin_file, dict(TINY, dtype="bfloat16"), 0)
+  dtypes = lambda model: {leaf.dtype for leaf in jax.tree_util.tree_leaves(model.params)}
+  assert dtypes(float32) == {np.dtype("float32")}
+  assert dtypes(bfloat16) == {np.dtype(jnp.bfloat16)}
+  assert bfloat16.decode_step_weight_bytes * 2 == float32.decode_step_weight_bytes
+  for ours, theirs in zip(jax.tree_util.tree_leaves(bfloat16.params),
+                          jax.tree_util.tree_leaves(float32.params)):
+    np.testing.assert_array_equal(ours, theirs.astype(jnp.bfloat16))
+
+
 def test_demo_pair_decodes_the_bundled_sentences(tmp_path, monkeypatch):
   for seed, name in enumerate(("target", "draft")):
     model = bench.random_model(name, "configs/demo/target.gin", TINY, seed)
@@ -269,10 +284,14 @@ def test_hugging_face_worker_decodes_as_our_baseline(tmp_path):
   pair = bench.build_pair(_near_bigram_config(1e-3))
   decoders = bench.PairDecoders(pair, {})
   ours = [decoders.run(bench.Variant(0.0), i, 1) for i in range(3)]
+  torch = pytest.importorskip("torch")
   worker = peer.HuggingFaceWorker(pair, str(tmp_path), gamma=3, num_threads=1,
-                                  assistant_schedule="constant")
+                                  assistant_schedule="constant", torch_device="auto")
   try:
-    assert set(worker.versions) == {"torch_version", "transformers_version"}
+    assert set(worker.versions) == {"torch_version", "transformers_version", "torch_device"}
+    # 'auto': CUDA where torch sees it (then timed to the end of its work), else the CPU.
+    assert worker.versions["torch_device"].startswith(
+        "cuda" if torch.cuda.is_available() else "cpu")
     for assisted in (False, True):
       theirs = [worker.run(0.0, assisted, i) for i in range(3)]
       assert all(out.tokens == pair.max_decode_len and out.seconds > 0 for out in theirs)
@@ -280,6 +299,16 @@ def test_hugging_face_worker_decodes_as_our_baseline(tmp_path):
   finally:
     worker.close()
   assert worker._process.returncode == 0  # stdin closed: the worker exits cleanly
+
+
+def test_hugging_face_worker_without_cuda_says_so(tmp_path):
+  torch = pytest.importorskip("torch")
+  if torch.cuda.is_available():
+    pytest.skip("torch sees a CUDA device here: the refusal cannot be shown")
+  pair = bench.build_pair(_near_bigram_config(1e-3))
+  with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
+    peer.HuggingFaceWorker(pair, str(tmp_path), gamma=3, num_threads=1,
+                           assistant_schedule="constant", torch_device="cuda")
 
 
 def _peer_entry(ours_base, ours_spec, hf_base, hf_assisted):

@@ -368,3 +368,39 @@ def test_load_hf_errors(tmp_path):
   config_path.write_text(json.dumps({**hf_config, "model_type": "bart"}))
   with pytest.raises(ValueError, match="model_type is 'bart'"):
     hf_checkpoints.load_hf(str(tmp_path))
+
+
+def test_random_params_in_a_dtype_and_drawn_on_the_device():
+  config = T5Config(vocab_size=96, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+                    num_encoder_layers=2, num_decoder_layers=2,
+                    mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+  shapes = checkpoints.expected_param_shapes(config)
+  host = dict(checkpoints.flatten_params(checkpoints.random_params(config, 0)))
+  # In a dtype: the float32 draw rounded once, the same values the float32 draw gives.
+  for path, leaf in checkpoints.flatten_params(checkpoints.random_params(config, 0, "bfloat16")):
+    assert leaf.dtype == jnp.bfloat16, path
+    np.testing.assert_array_equal(leaf, host[path].astype(jnp.bfloat16), err_msg=str(path))
+
+  device = dict(checkpoints.flatten_params(
+      checkpoints.random_params(config, 0, "bfloat16", on_device=True)))
+  assert {p: l.shape for p, l in device.items()} == {
+      p: l.shape for p, l in checkpoints.flatten_params(shapes)}
+  assert all(isinstance(leaf, jax.Array) and leaf.dtype == jnp.bfloat16
+             for leaf in device.values())
+  again = dict(checkpoints.flatten_params(
+      checkpoints.random_params(config, 0, "bfloat16", on_device=True)))
+  other = dict(checkpoints.flatten_params(
+      checkpoints.random_params(config, 1, "bfloat16", on_device=True)))
+  path = ("token_embedder", "embedding")
+  np.testing.assert_array_equal(device[path], again[path])  # a seed gives the same values
+  assert not np.array_equal(np.asarray(device[path]), np.asarray(other[path]))
+  # The same law as numpy's: norms 1 + N(0, 1), every other leaf N(0, 1 / fan_in), and no two
+  # leaves alike (each has its own key).
+  norms = np.concatenate([np.asarray(l, np.float32) for l in device.values() if l.ndim == 1])
+  kernels = np.concatenate([np.asarray(l, np.float32).ravel() * np.sqrt(l.shape[0])
+                            for l in device.values() if l.ndim > 1])
+  assert norms.size > 300 and kernels.size > 50_000
+  assert abs(norms.mean() - 1) < 0.15 and abs(norms.std() - 1) < 0.15
+  assert abs(kernels.mean()) < 0.02 and abs(kernels.std() - 1) < 0.02
+  firsts = {float(np.asarray(l, np.float32).ravel()[0]) for l in device.values()}
+  assert len(firsts) > len(device) // 2

@@ -4,10 +4,21 @@ For a 5-token vocabulary (PAD, EOS, and 3 words) and outputs of at most 4 tokens
 law over complete outputs is enumerated; 100,000 sequences are drawn in one batched call and
 compared with a chi-square test at a fixed seed. The same test must reject deliberately wrong
 verifiers (the negative controls), which shows it has the power to catch a broken rule.
+
 Every exact rule registered in `spec_decode.engine.verify` runs through the whole suite, and every
 drafting policy of `spec_decode.engine.drafting` through a representative part of it.
+
+SPEC_DECODE_EXACTNESS_SAMPLES draws fewer sequences (a quick check; at least MIN_SAMPLES). The
+chi-square statistic of a wrong rule grows with the sample count: at 100,000 the weakest
+control (`resample_from_target`) scores ~10,500 on ~120 degrees of freedom, so at 10,000 still
+~1,000 against a rejection threshold near 170; a subtler bug needs the full count.
 """
 
+
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +32,11 @@ from toy_setup import EOS
 
 VOCAB = 5
 LENGTH = 4
-NUM_SAMPLES = 100_000
+MIN_SAMPLES = 10_000
+NUM_SAMPLES = int(os.environ.get("SPEC_DECODE_EXACTNESS_SAMPLES", 100_000))
+if NUM_SAMPLES < MIN_SAMPLES:
+  raise ValueError(f"SPEC_DECODE_EXACTNESS_SAMPLES={NUM_SAMPLES}: at least {MIN_SAMPLES}, or the "
+                   "test loses the power its negative controls show")
 P_VALUE_FLOOR = 1e-3
 
 
@@ -129,3 +144,13 @@ def test_negative_controls_fail(wrong_rule):
   decodes, _ = draw(target, draft, 3, sampling_args, wrong_rule)
   p_value = chi_square_p_value(decodes, exact_law(target, sampling_args))
   assert p_value < P_VALUE_FLOOR, f"{wrong_rule.__name__} was not caught: p = {p_value:.2e}"
+
+
+def test_a_sample_count_without_power_is_refused():
+  """SPEC_DECODE_EXACTNESS_SAMPLES below MIN_SAMPLES stops the module at import."""
+  environment = dict(os.environ, SPEC_DECODE_EXACTNESS_SAMPLES=str(MIN_SAMPLES - 1))
+  completed = subprocess.run([sys.executable, "-c", "import test_exactness"],
+                             cwd=pathlib.Path(__file__).parent, env=environment,
+                             capture_output=True, text=True)
+  assert completed.returncode != 0
+  assert f"at least {MIN_SAMPLES}" in completed.stderr

@@ -61,11 +61,13 @@ class OwnBaselineConfig:
 class PeerConfig:
   """`num_threads` for PyTorch: None = the cores this process may use (as JAX uses). The
   assistant drafts `PairConfig.gamma` tokens per iteration with `assistant_schedule`
-  (Hugging Face's 'constant', or its own 'heuristic')."""
+  (Hugging Face's 'constant', or its own 'heuristic'). `torch_device`: where Hugging Face's
+  models run: 'cpu', 'cuda', or 'auto' (CUDA when torch sees it, else the CPU)."""
   temperatures: Sequence[float] = (0.0, 1.0)
   repetitions: int = 5
   num_threads: int | None = None
   assistant_schedule: str = "constant"
+  torch_device: str = "cpu"
 
 
 @dataclasses.dataclass(frozen=True)

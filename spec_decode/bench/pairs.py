@@ -61,11 +61,21 @@ class Model:
     return {"name": self.name, "num_params": self.num_params, "config": config}
 
 
+def random_params(config: network.T5Config, seed: int) -> Any:
+  """`checkpoints.random_params` on the default device, in the model's activation dtype (as
+  T5X's inference restores a bfloat16 model's checkpoint: in bfloat16, so a step reads what it
+  would read there). Drawn on the device itself off CPU (`on_device`: T5.1.1-XXL in seconds);
+  on CPU by numpy, whose values the tests pin."""
+  on_device = jax.default_backend() != "cpu"
+  params = checkpoints.random_params(config, seed, config.dtype, on_device=on_device)
+  return params if on_device else jax.device_put(params)
+
+
 def random_model(name: str, gin_file: str, overrides: Mapping[str, Any], seed: int) -> Model:
   """A model with the config of a model gin file (plus overrides) and random weights
-  (`checkpoints.random_params`: only the shapes matter for speed)."""
+  (`random_params`: only the shapes matter for speed)."""
   module = network.Transformer(gin_utils.read_model_config(gin_file, overrides))
-  return Model(name, module, jax.device_put(checkpoints.random_params(module.config, seed)))
+  return Model(name, module, random_params(module.config, seed))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -162,7 +172,8 @@ def _scaled(tree: Mapping[str, Any], scale: float) -> dict[str, Any]:
   result = {}
   for key, value in tree.items():
     if key in _RESIDUAL_OUTPUTS:
-      result[key] = {"kernel": value["kernel"] * np.float32(scale)}
+      kernel = value["kernel"]
+      result[key] = {"kernel": (kernel * np.float32(scale)).astype(kernel.dtype)}
     elif isinstance(value, Mapping):
       result[key] = _scaled(value, scale)
     else:
@@ -173,7 +184,7 @@ def _scaled(tree: Mapping[str, Any], scale: float) -> dict[str, Any]:
 def near_bigram_pair(config: PairConfig) -> Pair:
   """A target and draft that agree most of the time without training.
 
-  Target: random weights (`checkpoints.random_params`) with the config of `config.target_gin`
+  Target: random weights (`random_params`) with the config of `config.target_gin`
   plus `target_overrides`, every residual branch (the attention and MLP output kernels
   `out`/`wo` of both stacks) scaled by `config.residual_scale`. The residual stream then stays
   close to the current token's embedding, so the target is close to a bigram model: its next
@@ -189,8 +200,7 @@ def near_bigram_pair(config: PairConfig) -> Pair:
   target_module = network.Transformer(gin_utils.read_model_config(config.target_gin,
                                                                   config.target_overrides))
   target_config = target_module.config
-  params = jax.device_put(_scaled(checkpoints.random_params(target_config, config.seed),
-                                  config.residual_scale))
+  params = _scaled(random_params(target_config, config.seed), config.residual_scale)
   draft_config = dataclasses.replace(target_config, num_encoder_layers=1, num_decoder_layers=1)
   shared_top = {"encoder": ("relpos_bias", "encoder_norm", "layers_0"),
                 "decoder": ("relpos_bias", "decoder_norm", "layers_0", "logits_dense")}

@@ -111,8 +111,9 @@ def _own_baseline_section(own: Mapping[str, Any]) -> list[str]:
 
 def _peer_section(peer: Mapping[str, Any]) -> list[str]:
   lines = [f"## peer: Hugging Face generate (torch {peer.get('torch_version')}, "
-           f"transformers {peer.get('transformers_version')}, {peer['torch_num_threads']} "
-           f"threads, its own process), batch 1, gamma {peer['gamma']}, "
+           f"transformers {peer.get('transformers_version')}, on {peer.get('torch_device')}, "
+           f"{peer['torch_num_threads']} threads, its own process), batch 1, "
+           f"gamma {peer['gamma']}, "
            f"{peer['max_decode_len']} new tokens", "",
            f"Pair: {peer['pair_description']}; target {peer['target_params'] / 1e6:.0f}M params, "
            f"draft {peer['draft_params'] / 1e6:.0f}M params (its own count, shared arrays "

@@ -23,8 +23,8 @@ arrays slice by slice, as `spec_decode.decode_layout` restores into shards)
 
 Hugging Face checkpoints: `spec_decode.t5.hf_checkpoints`.
 
-`expected_param_shapes(config)` is the parameter tree's shapes; `random_params(config, seed)`
-draws values of those shapes (for benchmarks and tests).
+`expected_param_shapes(config)` is the parameter tree's shapes; `random_params(config, seed,
+dtype, on_device)` draws values of those shapes (for benchmarks and tests).
 
 Mismatches are errors: `check_params` names the first missing, unexpected or misshapen
 parameter path (with both shapes); missing files raise FileNotFoundError naming the path.
@@ -32,6 +32,7 @@ parameter path (with both shapes); missing files raise FileNotFoundError naming 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -98,22 +99,47 @@ def expected_param_shapes(config: T5Config) -> Params:
   return unfreeze(variables["params"])
 
 
-def random_params(config: T5Config, seed: int) -> Params:
-  """Random float32 parameters of `config`'s shapes, drawn by numpy (nothing is compiled).
+def random_params(config: T5Config, seed: int, dtype: Any = None,
+                  on_device: bool = False) -> Params:
+  """Random parameters of `config`'s shapes: floating leaves in `dtype` (default float32).
 
   Layer-norm scales (the 1-D leaves) are 1 + N(0, 1), so that every parameter matters; every
   other leaf is N(0, 1/fan_in) with fan_in its first axis, so activations stay of order 1.
-  T5.1.1-large's 780M values take seconds, where a compiled `init` would take minutes; the
-  benchmark needs only the shapes, the tests also values that exercise every parameter.
+  By default drawn by numpy (nothing is compiled; the tests pin these values): T5.1.1-large's
+  780M values take seconds, where a compiled `init` would take minutes. With `on_device` the
+  same law is drawn by `jax.random` on JAX's default device, leaf by leaf, and the leaves are
+  jax.Arrays there: an accelerator draws T5.1.1-XXL's 11B values in seconds, where numpy takes
+  minutes and the host would then copy them over. The benchmark needs only the shapes, the
+  tests also values that exercise every parameter.
   """
+  shapes = expected_param_shapes(config)
+  if on_device:
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed),
+                                 len(jax.tree_util.tree_leaves(shapes))))
+    return jax.tree_util.tree_map(
+        lambda leaf: _device_leaf(next(keys), tuple(leaf.shape), jnp.dtype(dtype or jnp.float32)),
+        shapes)
   rng = np.random.default_rng(seed)
 
   def draw(leaf: jax.ShapeDtypeStruct) -> np.ndarray:
-    if len(leaf.shape) == 1:
-      return (1.0 + rng.standard_normal(leaf.shape)).astype(np.float32)
-    return (rng.standard_normal(leaf.shape) * (1.0 / np.sqrt(leaf.shape[0]))).astype(np.float32)
+    offset, scale = _random_law(leaf.shape)
+    return (offset + rng.standard_normal(leaf.shape) * scale).astype(np.float32)
 
-  return jax.tree_util.tree_map(draw, expected_param_shapes(config))
+  params = jax.tree_util.tree_map(draw, shapes)
+  # A cast copies: none when float32 is asked for (T5.1.1-large's is 3 GB).
+  return params if dtype is None or jnp.dtype(dtype) == np.float32 else cast_floats(params, dtype)
+
+
+def _random_law(shape: tuple[int, ...]) -> tuple[float, float]:
+  """(offset, scale) of `random_params`' law for a leaf of `shape`: offset + scale N(0, 1)."""
+  return (1.0, 1.0) if len(shape) == 1 else (0.0, 1.0 / np.sqrt(shape[0]))
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
+def _device_leaf(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+  offset, scale = _random_law(shape)
+  # Drawn in float32 and rounded once, as the numpy path's values are.
+  return (offset + scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
 def check_params(expected: Mapping[str, Any], params: Mapping[str, Any], source: str) -> None:

@@ -1,5 +1,6 @@
 """The peer suite: the pair's weights exported with `hf_checkpoints.save_hf` and decoded by Hugging
-Face `T5ForConditionalGeneration.generate` (PyTorch, CPU) without and with `assistant_model`,
+Face `T5ForConditionalGeneration.generate` (PyTorch; on the CPU, or CUDA with
+`PeerConfig.torch_device`) without and with `assistant_model`,
 interleaved with our baseline and speculative decoders, batch 1; at temperature 0, whether each
 output is our baseline's token for token.
 
@@ -40,7 +41,7 @@ class HuggingFaceWorker:
   naming why when the worker cannot serve (e.g. no torch). `close()` ends the worker."""
 
   def __init__(self, pair: Pair, directory: str, gamma: int, num_threads: int,
-               assistant_schedule: str):
+               assistant_schedule: str, torch_device: str = "cpu"):
     for name in ("target", "draft"):
       model = getattr(pair, name)
       hf_checkpoints.save_hf(model.config, jax.device_get(model.params),
@@ -55,7 +56,7 @@ class HuggingFaceWorker:
     eos_id = pair.eos_id if pair.has_eos else -1
     self._process = subprocess.Popen(
         [sys.executable, "-m", hf_worker.__name__, directory, str(gamma), str(num_threads),
-         assistant_schedule, str(eos_id), str(pair.max_decode_len)],
+         assistant_schedule, str(eos_id), str(pair.max_decode_len), torch_device],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environment)
     try:
       self.versions = self._receive()
@@ -160,7 +161,8 @@ def peer_suite(workspace: Workspace, config: PeerConfig, scratch_dir: str) -> di
       "max_decode_len": pair.max_decode_len, "temperatures": []}
   with tempfile.TemporaryDirectory(dir=scratch_dir) as directory:
     try:
-      hf = HuggingFaceWorker(pair, directory, gamma, num_threads, config.assistant_schedule)
+      hf = HuggingFaceWorker(pair, directory, gamma, num_threads, config.assistant_schedule,
+                             config.torch_device)
     except RuntimeError as e:
       result["error"] = str(e)
       return result
