@@ -189,7 +189,12 @@ def check_bindings_take_effect(entry_points: Sequence[Callable[..., Any]]) -> No
     binding_key = (("%", statement.selector) if not statement.arg_name
                    else key(statement.scope, statement.selector))
     bindings.setdefault(binding_key, []).append(statement)
-  reached = {("", id(gin.get_configurable(fn))) for fn in entry_points}
+  reached = set()
+  for fn in entry_points:
+    try:
+      reached.add(("", id(gin.get_configurable(fn))))
+    except ValueError:  # no config binds it: it reaches nothing
+      pass
   pending = list(reached)
   while pending:
     scope, configurable = pending.pop()

@@ -145,7 +145,7 @@ def checkpoint_config(path: str, like: network.T5Config) -> network.T5Config:
     elif kind == "demo":
       found = demo_pair.read_config(resolved)
     else:
-      return architecture.config_from_params(checkpoints.t5x_param_shapes(resolved), like, path)
+      return architecture.config_from_params(architecture.t5x_param_shapes(resolved), like, path)
   except (ValueError, FileNotFoundError):  # already name the file
     raise
   except Exception as e:  # pylint: disable=broad-except: a reader's own error (truncated file...)

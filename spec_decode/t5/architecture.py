@@ -10,6 +10,12 @@ from spec_decode.t5 import checkpoints
 from spec_decode.t5.network import T5Config
 
 
+def t5x_param_shapes(path: str) -> Any:
+  """The parameters of a T5X checkpoint, opened, not read (leaves with `.shape`): what
+  `config_from_params` needs."""
+  return checkpoints.open_t5x_params(path, None)
+
+
 def config_from_params(params: Mapping[str, Any], like: T5Config, source: str) -> T5Config:
   """The config of a T5 checkpoint from its parameters' shapes (any leaves with `.shape`).
   What shapes cannot tell comes from `like` (the target's): the activation dtype, dropout, and

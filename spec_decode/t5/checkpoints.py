@@ -441,18 +441,12 @@ def _open_zarr(spec: dict, where: str, template: Any) -> ts.TensorStore | np.nda
   return _read_zarr(spec, where, template)
 
 
-def open_t5x_params(path: str, template: Params) -> Params:
+def open_t5x_params(path: str, template: Params | None) -> Params:
   """The parameters of a T5X checkpoint (any layout `load_t5x` reads), each an
   opened TensorStore, or a numpy array where only a whole read is possible (inline msgpack
-  arrays, zarr arrays stored without metadata)."""
-  return _restore(path, {"target": template}, only_target=True,
-                  zarr_array=_open_zarr)["target"]
-
-
-def t5x_param_shapes(path: str) -> Params:
-  """The parameters of a T5X checkpoint, opened, not read (leaves with `.shape`): what
-  `architecture.config_from_params` needs."""
-  return _restore(path, None, only_target=True, zarr_array=_open_zarr)["target"]
+  arrays, zarr arrays stored without metadata; `template` as in `load_t5x`)."""
+  return _restore(path, {"target": template} if template is not None else None,
+                  only_target=True, zarr_array=_open_zarr)["target"]
 
 
 def read_slice(array: ts.TensorStore | np.ndarray, index: tuple[slice, ...]) -> np.ndarray:

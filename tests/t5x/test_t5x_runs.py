@@ -144,7 +144,7 @@ def run_t5x(setup: dict[str, pathlib.Path], name: str, *, speculative: bool,
              f"--gin_file={setup['directory'] / f'tiny_{script}.gin'}"]
   if speculative:
     spec_gin = {"infer": "speculative_infer.gin", "eval": "speculative.gin"}[script]
-    command += [f"--gin_file=spec_decode/t5x/{spec_gin}",
+    command += [f"--gin_file=configs/t5x/{spec_gin}",
                 f"--gin.DRAFT_CHECKPOINT_PATH='{setup['draft']}'", f"--gin.GAMMA={GAMMA}"]
   output_dir = {"infer": "INFER_OUTPUT_DIR", "eval": "EVAL_OUTPUT_DIR"}[script]
   command += [f"--gin_file={gin_file}" for gin_file in gin_files]
