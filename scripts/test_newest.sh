@@ -75,7 +75,9 @@ started=$SECONDS
 "$work/venv/bin/python" -m pip install -q "$work"/dist/spec_decode-*.whl
 echo "test_newest.sh: wheel installed in $((SECONDS - started)) s"
 mkdir "$work/elsewhere"
-(cd "$work/elsewhere" && "$work/venv/bin/python" -m spec_decode.infer) > "$work/demo.txt"
+cd "$work/elsewhere"
+"$work/venv/bin/python" -m spec_decode.infer > "$work/demo.txt"
+# Asked from the same folder, so that `import spec_decode` resolves as the demo's did.
 "$work/venv/bin/python" - "$work" <<'EOF'
 import importlib.metadata
 import pathlib
@@ -98,6 +100,7 @@ if problems:
 print(f"test_newest.sh: the wheel's demo ran from an empty folder with jax "
       f"{importlib.metadata.version('jax')}: identical output: yes")
 EOF
+cd "$repo"
 
 # --- 3. the tests ---------------------------------------------------------------------------
 # Two workers, one file each at a time, as in scripts/test.sh.
