@@ -3,12 +3,21 @@
 `hf_model_and_params(directory, name, seed)` builds a random
 `transformers.T5ForConditionalGeneration` from `HF_CONFIGS[name]`, saves it with
 `save_pretrained(directory)` and loads that folder with `spec_decode.t5.hf_checkpoints.load_hf`,
-returning `(hf_model in eval mode, T5Config, params)`. Requires torch and transformers.
+returning `(hf_model in eval mode, T5Config, params)`. Requires torch and transformers; tests
+that use them are marked `needs_hf` (the "test" extra installs both on Python 3.11 only: see
+setup.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+
+import pytest
+
+needs_hf = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
+    reason="torch and transformers are not installed (the 'test' extra, Python 3.11)")
 
 # Tiny configurations covering both T5 generations; every one has num_heads * d_kv != d_model
 # and unequal encoder/decoder depths so that a transposed or misrouted weight cannot hide.

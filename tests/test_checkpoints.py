@@ -13,7 +13,7 @@ import pytest
 import tensorstore as ts
 from flax import serialization
 
-from hf_utils import HF_CONFIGS, hf_model_and_params
+from hf_utils import HF_CONFIGS, hf_model_and_params, needs_hf
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5.network import T5Config, Transformer
@@ -22,8 +22,7 @@ try:
   import torch
   import transformers
 except ImportError:
-  torch = transformers = None
-needs_hf = pytest.mark.skipif(torch is None, reason="torch and transformers are not installed")
+  torch = transformers = None  # the tests that use them are marked needs_hf
 
 SHARED_T5X = Path(__file__).resolve().parents[1].parent / "shared" / "t5x"
 TINY_T5X = SHARED_T5X / "test_t5_tiny.checkpoint_0"

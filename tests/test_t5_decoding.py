@@ -51,6 +51,7 @@ def test_greedy_speculative_equals_baseline_with_t5_pair():
   assert np.all(np.asarray(stats.target_calls) < np.asarray(stats.generated_tokens) + 1)
 
 
+@hf_utils.needs_hf
 @pytest.mark.parametrize("name", sorted(hf_utils.HF_CONFIGS))
 def test_greedy_engine_equals_hugging_face_generate(tmp_path, name):
   import torch
