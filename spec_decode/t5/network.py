@@ -68,7 +68,8 @@ class T5Config:
   """Hyperparameters of a T5 model; field names and defaults follow T5X's `T5Config`.
 
   `dtype` is the activation dtype (a dtype or its name, e.g. 'bfloat16'); parameters
-  are always float32 and logits are always float32.
+  are always float32 and logits are always float32. `float32_attention_logits` computes the
+  attention logits and softmax in float32 whatever `dtype` (T5X's default: in `dtype`).
   """
 
   vocab_size: int
@@ -84,6 +85,7 @@ class T5Config:
   logits_via_embedding: bool = False
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
+  float32_attention_logits: bool = False
 
   def __post_init__(self):
     # A tuple keeps the frozen config hashable when gin or a caller passes a list.
@@ -173,7 +175,10 @@ class Embed(nn.Module):
 
 
 class LayerNorm(nn.Module):
-  """T5's RMS norm: no mean subtraction, no bias; parameter `scale` [E]."""
+  """T5's RMS norm: no mean subtraction, no bias; parameter `scale` [E].
+
+  As T5X's: normalized in float32, rounded to `dtype`, then scaled in `dtype` (in bfloat16 two
+  roundings, which T5X's logits carry)."""
 
   dtype: Any = jnp.float32
 
@@ -183,7 +188,8 @@ class LayerNorm(nn.Module):
     scale = nn_partitioning.param_with_axes(
         "scale", nn.initializers.ones, (x.shape[-1],), jnp.float32, axes=("embed",))
     mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-    return (x * jax.lax.rsqrt(mean_square + LAYER_NORM_EPSILON) * scale).astype(self.dtype)
+    normalized = (x * jax.lax.rsqrt(mean_square + LAYER_NORM_EPSILON)).astype(self.dtype)
+    return normalized * scale.astype(self.dtype)
 
 
 class RelativePositionBias(nn.Module):
@@ -194,7 +200,8 @@ class RelativePositionBias(nn.Module):
 
   @nn.compact
   def __call__(self, query_positions: Array, key_positions: Array) -> Array:
-    """[b, q] and [b, kv] positions (b is B or 1) -> float32 bias [b, H, q, kv]."""
+    """[b, q] and [b, kv] positions (b is B or 1) -> bias [b, H, q, kv] in the activation
+    dtype (T5X rounds the table to it)."""
     cfg = self.config
     table = nn_partitioning.param_with_axes(
         "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
@@ -203,11 +210,13 @@ class RelativePositionBias(nn.Module):
     buckets = relative_position_bucket(
         key_positions[:, None, :] - query_positions[:, :, None], self.bidirectional,
         cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance)
+    table = table.astype(_activation_dtype(cfg))
     return jnp.moveaxis(jnp.take(table, buckets, axis=1), 0, 1)
 
 
-def _mask_to_bias(mask: Array) -> Array:
-  return jnp.where(mask, 0.0, MASKED_BIAS).astype(jnp.float32)
+def _mask_to_bias(mask: Array, dtype: Any) -> Array:
+  """0 where `mask`, else MASKED_BIAS, in `dtype`: T5X adds its biases in the activation dtype."""
+  return jnp.where(mask, 0.0, MASKED_BIAS).astype(dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -222,8 +231,9 @@ class MultiHeadAttention(nn.Module):
     kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 
     def query_init(key, shape, param_dtype=jnp.float32):
-      # T5 never scales logits by 1/sqrt(head_dim); the scale lives in the query weights.
-      return kernel_init(key, shape, param_dtype) / jnp.sqrt(cfg.head_dim).astype(param_dtype)
+      # T5 never scales logits by 1/sqrt(head_dim); the scale lives in the query weights,
+      # divided (as T5X does) by sqrt(head_dim) rounded to the activation dtype.
+      return kernel_init(key, shape, param_dtype) / jnp.sqrt(cfg.head_dim).astype(dtype)
 
     projection = functools.partial(Dense, joined_kv, ("embed", "joined_kv"), dtype=dtype)
     self.query = projection(query_init)
@@ -246,16 +256,21 @@ class MultiHeadAttention(nn.Module):
 
   def attend(self, query: Array, key: Array, value: Array, bias: Array,
              deterministic: bool) -> Array:
-    """query [B,q,H,D], key/value [B,kv,H,D], bias broadcastable to [B,H,q,kv] -> [B,q,E]."""
-    # Logits and softmax in float32 whatever the activation dtype, for stability.
-    single_query = query.shape[1] == 1 and _single_query_products()
-    query, key = query.astype(jnp.float32), key.astype(jnp.float32)
+    """query [B,q,H,D], key/value [B,kv,H,D] and bias broadcastable to [B,H,q,kv], all in the
+    activation dtype -> [B,q,E]. Cast, product and softmax order are T5X's
+    `dot_product_attention`: logits and softmax in the activation dtype, or in float32 with
+    `float32_attention_logits` (query, key and the rounded bias cast up)."""
+    # The multiply-reduce form rounds differently from a bfloat16 einsum: float32 only.
+    single_query = (query.shape[1] == 1 and value.dtype == jnp.float32
+                    and _single_query_products())
+    if self.config.float32_attention_logits:
+      query, key = query.astype(jnp.float32), key.astype(jnp.float32)
     if single_query:
       # [B,1,H,D] x [B,kv,H,D]: multiply-reduce over D, read in the cache's own layout.
       logits = jnp.moveaxis(jnp.sum(query * key, axis=-1), 1, 2)[:, :, None, :]
     else:
       logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
-    weights = jax.nn.softmax(logits + bias).astype(value.dtype)
+    weights = jax.nn.softmax(logits + bias.astype(logits.dtype)).astype(value.dtype)
     weights = self.weights_dropout(weights, deterministic=deterministic)
     if single_query:
       # [B,H,1,kv] x [B,kv,H,D]: multiply-reduce over kv -> [B,1,H,D].
@@ -339,7 +354,7 @@ class Encoder(nn.Module):
     relative_bias = RelativePositionBias(cfg, bidirectional=True, name="relpos_bias")(
         positions, positions)
     bias = relative_bias + _mask_to_bias(
-        encoder_mask[:, None, :, None] & encoder_mask[:, None, None, :])
+        encoder_mask[:, None, :, None] & encoder_mask[:, None, None, :], _activation_dtype(cfg))
     x = _residual_dropout(cfg)(embedded, deterministic=deterministic)
     for i in range(cfg.num_encoder_layers):
       x = EncoderLayer(cfg, name=f"layers_{i}")(x, bias, deterministic)
@@ -466,13 +481,14 @@ class Transformer(nn.Module):
   def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
              decoder_target_tokens: Array, enable_dropout: bool = False) -> Array:
     """Teacher-forced decoder: -> float32 logits [B,Ld,V]; encoder tokens only give the mask."""
+    dtype = _activation_dtype(self.config)
     positions = jnp.arange(decoder_input_tokens.shape[1])[None]
     target_valid = decoder_target_tokens > 0
     causal = positions[:, :, None] >= positions[:, None, :]
     self_bias = self.decoder.relpos_bias(positions, positions) + _mask_to_bias(
-        (causal & target_valid[:, :, None] & target_valid[:, None, :])[:, None])
+        (causal & target_valid[:, :, None] & target_valid[:, None, :])[:, None], dtype)
     cross_bias = _mask_to_bias(
-        (target_valid[:, :, None] & (encoder_input_tokens > 0)[:, None, :])[:, None])
+        (target_valid[:, :, None] & (encoder_input_tokens > 0)[:, None, :])[:, None], dtype)
     logits, _ = self.decoder(decoder_input_tokens, self_bias,
                              self.decoder.cross_key_values(encoded), cross_bias,
                              deterministic=not enable_dropout)
@@ -517,9 +533,10 @@ class Transformer(nn.Module):
     key_positions = jnp.arange(cache_len)[None]
     # Slots after a query's own position hold future or stale (rolled-back) entries.
     visible = key_positions[:, None, :] <= query_positions[:, :, None]
+    dtype = _activation_dtype(cfg)
     self_bias = self.decoder.relpos_bias(query_positions, key_positions) + _mask_to_bias(
-        visible[:, None])
-    cross_bias = _mask_to_bias(cache["encoder_mask"][:, None, None, :])
+        visible[:, None], dtype)
+    cross_bias = _mask_to_bias(cache["encoder_mask"][:, None, None, :], dtype)
     layer_caches = [cache[f"layers_{i}"] for i in range(num_layers)]
     logits, new_self = self.decoder(
         tokens, self_bias,

@@ -66,7 +66,7 @@ PyTree = Any
 DRAFT_PARAMS_KEY = "speculative_draft"
 # T5X's T5Config field with no counterpart here: this network always computes attention logits
 # in float32 (the field's True; with False, T5X's bfloat16 logits differ by rounding only).
-_T5X_ONLY_CONFIG_FIELDS = ("float32_attention_logits",)
+_T5X_ONLY_CONFIG_FIELDS = ()
 
 
 def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
