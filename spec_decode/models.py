@@ -56,6 +56,7 @@ from spec_decode import gin_utils
 from spec_decode import losses
 from spec_decode import paths
 from spec_decode.t5 import checkpoints
+from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import demo_pair
 from spec_decode.engine import decoding
@@ -71,7 +72,7 @@ SAMPLING_ARGUMENTS = ("temperature", "topk", "topp", "max_decode_steps")
 # Further settings of a speculative decode_fn worth reporting (those it has).
 SPECULATIVE_ARGUMENTS = ("gamma", "verifier", "draft_policy")
 # T5Config fields that do not change what a checkpoint computes (precision, training only).
-_NON_ARCHITECTURE_FIELDS = ("dtype", "dropout_rate")
+_NON_ARCHITECTURE_FIELDS = ("dtype", "float32_attention_logits", "dropout_rate")
 
 
 def sentencepiece_vocabulary(sentencepiece_model_file: str,
@@ -91,6 +92,7 @@ def network_model_calls(role: str, module: network.Transformer, params: Params,
                         ) -> tuple[network.DecodeCache, Callable[[Any], tuple[jax.Array, Any]]]:
   """The default `ModelCalls`: the network's cache and step function, whatever the role."""
   del role  # both models are called alike
+  module = cpu_kernels.with_backend_ops(module)
   return (network.init_decode_cache(module, params, encoder_input_tokens, max_decode_len),
           network.make_tokens_to_logits(module, params))
 

@@ -56,6 +56,7 @@ from t5x import models as t5x_models
 from tensorflow.io import gfile
 
 from spec_decode.t5 import checkpoints
+from spec_decode.t5 import cpu_kernels
 from spec_decode.engine import decoding
 from spec_decode.engine import drafting
 from spec_decode.t5 import network
@@ -64,9 +65,6 @@ from spec_decode.engine import verify
 PyTree = Any
 # The subtree of `params` that holds the draft's parameters.
 DRAFT_PARAMS_KEY = "speculative_draft"
-# T5X's T5Config field with no counterpart here: this network always computes attention logits
-# in float32 (the field's True; with False, T5X's bfloat16 logits differ by rounding only).
-_T5X_ONLY_CONFIG_FIELDS = ()
 
 
 def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -79,8 +77,7 @@ def config_from_t5x(t5x_config: Any) -> network.T5Config:
   """This network's `T5Config` for a T5X T5 network config (`t5x.examples.t5.network.T5Config`,
   whose field names it shares)."""
   fields = {field.name: getattr(t5x_config, field.name)
-            for field in dataclasses.fields(t5x_config)
-            if field.name not in _T5X_ONLY_CONFIG_FIELDS}
+            for field in dataclasses.fields(t5x_config)}
   try:
     return network.T5Config(**fields)
   except TypeError as e:
@@ -98,9 +95,9 @@ def _check_draft_path(draft_checkpoint_path: str | None) -> str:
 def draft_config_from_checkpoint(draft_checkpoint_path: str,
                                  target_config: network.T5Config) -> network.T5Config:
   """The draft's config, read from the parameter shapes of its T5X checkpoint (only the
-  msgpack index is read); activation dtype and dropout are the target's, and its MLP
-  activations too when the draft has as many MLP branches (else T5 1.0's relu or T5.1.1's gated
-  gelu)."""
+  msgpack index is read); activation dtype, attention logits' precision and dropout are the
+  target's, and its MLP activations too when the draft has as many MLP branches (else T5 1.0's
+  relu or T5.1.1's gated gelu)."""
   path = _check_draft_path(draft_checkpoint_path)
   params = t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=True)["target"]
   try:
@@ -122,6 +119,7 @@ def draft_config_from_checkpoint(draft_checkpoint_path: str,
       head_dim=first_layer["attention"]["query"]["kernel"].shape[1] // num_heads,
       mlp_dim=mlp[mlp_branches[0]]["kernel"].shape[1], mlp_activations=activations,
       dropout_rate=target_config.dropout_rate,
+      float32_attention_logits=target_config.float32_attention_logits,
       logits_via_embedding="logits_dense" not in params["decoder"],
       relative_attention_num_buckets=num_buckets)
   checkpoints.check_params(checkpoints.expected_param_shapes(config), params, path)
@@ -270,14 +268,15 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
       decoder_params["decode_rng"] = rng
     decoder_params.setdefault("eos_id", eos_id)
     max_decode_len = decoder_input_tokens.shape[1]
+    target, draft = map(cpu_kernels.with_backend_ops, (self.module, self.draft_module))
     decodes, scores, stats = self._decode_fn(
         inputs=inputs,
-        cache=network.init_decode_cache(self.module, target_params, encoder_input_tokens,
+        cache=network.init_decode_cache(target, target_params, encoder_input_tokens,
                                         max_decode_len),
-        tokens_to_logits=network.make_tokens_to_logits(self.module, target_params),
-        draft_cache=network.init_decode_cache(self.draft_module, draft_params,
+        tokens_to_logits=network.make_tokens_to_logits(target, target_params),
+        draft_cache=network.init_decode_cache(draft, draft_params,
                                               encoder_input_tokens, max_decode_len),
-        draft_tokens_to_logits=network.make_tokens_to_logits(self.draft_module, draft_params),
+        draft_tokens_to_logits=network.make_tokens_to_logits(draft, draft_params),
         num_decodes=num_decodes, **decoder_params)
     aux = {"scores": scores,
            **{field.name: getattr(stats, field.name) for field in dataclasses.fields(stats)},

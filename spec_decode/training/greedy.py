@@ -24,6 +24,7 @@ import sentencepiece as spm
 from spec_decode import corpora
 from spec_decode.training import data
 from spec_decode.engine import decoding
+from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import demo_pair
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
@@ -32,10 +33,11 @@ from spec_decode.t5 import vocab
 @functools.partial(jax.jit, static_argnames=("config", "max_decode_len"))
 def greedy_decode(config: network.T5Config, params: Any, encoder_input_tokens: jax.Array,
                   max_decode_len: int) -> jax.Array:
-  cache = network.init_decode_cache(config, params, encoder_input_tokens, max_decode_len)
+  module = cpu_kernels.with_backend_ops(config)
+  cache = network.init_decode_cache(module, params, encoder_input_tokens, max_decode_len)
   inputs = jnp.zeros((encoder_input_tokens.shape[0], max_decode_len), jnp.int32)
   decodes, _ = decoding.temperature_sample(
-      inputs, cache, network.make_tokens_to_logits(config, params), eos_id=data.EOS_ID,
+      inputs, cache, network.make_tokens_to_logits(module, params), eos_id=data.EOS_ID,
       temperature=0.0)
   return decodes[:, 0]
 
