@@ -4,6 +4,7 @@ that use it (infer's and the benchmark's, through the decode layout; models' def
 while a plain network does not."""
 
 import warnings
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -107,7 +108,8 @@ TINY = network.T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_
                         num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0)
 
 
-def lowered_decode_call(model_calls, module: network.Transformer, num_tokens: int) -> str:
+def lowered_decode_call(model_calls: models.ModelCalls, module: network.Transformer,
+                        num_tokens: int) -> str:
   """StableHLO of one cached decode call of `num_tokens` tokens for 2 rows, its cache and
   step function from `model_calls` (a `models.ModelCalls`)."""
   tokens = jnp.ones((2, 5), jnp.int32)
@@ -123,7 +125,9 @@ def lowered_decode_call(model_calls, module: network.Transformer, num_tokens: in
   return jax.jit(call).lower(params, tokens).as_text()
 
 
-def plain_model_calls(role, module, params, encoder_input_tokens, max_decode_len):
+def plain_model_calls(role: str, module: network.Transformer, params: Any,
+                      encoder_input_tokens: jax.Array, max_decode_len: int) -> tuple:
+  """`models.network_model_calls` without the backend's ops: the network as it is."""
   del role
   return (network.init_decode_cache(module, params, encoder_input_tokens, max_decode_len),
           network.make_tokens_to_logits(module, params))

@@ -12,6 +12,7 @@ CPU kernel's), a few float32 ulps, never the argmax here. Greedy decodes are ide
 """
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,7 @@ def _encoder_tokens(batch_size: int, seed: int) -> np.ndarray:
   return tokens.astype(np.int32)
 
 
-def _decoder_norm(module, method_name) -> bool:
+def _decoder_norm(module: Any, method_name: str) -> bool:
   del method_name
   return module.name == "decoder_norm"
 
@@ -53,7 +54,8 @@ def inputs() -> tuple[dict, np.ndarray, np.ndarray]:
   return params, _encoder_tokens(BATCH, 0), decoder_tokens.astype(np.int32)
 
 
-def t5x_one_token_calls(config, params, encoder_tokens, decoder_tokens) -> dict[str, np.ndarray]:
+def t5x_one_token_calls(config: t5x_network.T5Config, params: Any, encoder_tokens: np.ndarray,
+                        decoder_tokens: np.ndarray) -> dict[str, np.ndarray]:
   """T5X's network fed `decoder_tokens` one at a time with decode=True, as T5X's decoding
   calls it: {'logits' [B,L,V], 'normed' (decoder_norm's output) [B,L,E], 'keys_i', 'values_i'
   (layer i's self-attention cache) [B,L,H,D]}."""
@@ -88,8 +90,8 @@ def t5x_one_token_calls(config, params, encoder_tokens, decoder_tokens) -> dict[
   return jax.tree_util.tree_map(np.asarray, run(params, encoder_tokens, decoder_tokens))
 
 
-def our_cached_calls(module: network.Transformer, params, encoder_tokens, decoder_tokens,
-                     k: int) -> dict[str, np.ndarray]:
+def our_cached_calls(module: network.Transformer, params: Any, encoder_tokens: np.ndarray,
+                     decoder_tokens: np.ndarray, k: int) -> dict[str, np.ndarray]:
   """Our cached calls (`decode_chunk`, the engine's tokens_to_logits) feeding k tokens per
   call (the last call what is left): the same dict as `t5x_one_token_calls`."""
 
@@ -117,7 +119,7 @@ def our_cached_calls(module: network.Transformer, params, encoder_tokens, decode
 _t5x_calls: dict[bool, dict[str, np.ndarray]] = {}
 
 
-def _t5x(inputs, float32_attention_logits: bool) -> dict[str, np.ndarray]:
+def _t5x(inputs: tuple, float32_attention_logits: bool) -> dict[str, np.ndarray]:
   if float32_attention_logits not in _t5x_calls:
     config = dataclasses.replace(BF16, float32_attention_logits=float32_attention_logits)
     _t5x_calls[float32_attention_logits] = t5x_one_token_calls(config, *inputs)
