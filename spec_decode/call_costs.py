@@ -45,7 +45,8 @@ def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: 
   (`compile_options.merged(compiler_options, xla_defaults)`); with `xla_defaults`, traced
   with XLA's dots in place of `cpu_kernels`' (what XLA alone would do)."""
   encoder_tokens = jnp.ones((batch_size, input_length), jnp.int32)
-  models = list({id(params): (module, params) for module, params, _ in calls}.values())
+  models = list({id(params): (cpu_kernels.with_backend_ops(module), params)
+                 for module, params, _ in calls}.values())
   slot = {id(params): i for i, (_, params) in enumerate(models)}
   caches = []
   for module, params in models:

@@ -52,6 +52,7 @@ from spec_decode import models
 from spec_decode import partitioning
 from spec_decode.engine import decoding
 from spec_decode.t5 import checkpoints
+from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import network
 
 Params = Any
@@ -166,13 +167,15 @@ class DecodeLayout:
                  ) -> network.DecodeCache:
     """`network.init_decode_cache` of one model, in its layout (inside a jitted function)."""
     return self.pin_cache(role, network.init_decode_cache(
-        module_or_config, params, encoder_input_tokens, max_decode_len))
+        cpu_kernels.with_backend_ops(module_or_config), params, encoder_input_tokens,
+        max_decode_len))
 
   def tokens_to_logits(self, role: str,
                        module_or_config: network.Transformer | network.T5Config,
                        params: Params) -> Callable:
     """`network.make_tokens_to_logits` of one model, its new cache kept in its layout."""
-    tokens_to_logits = network.make_tokens_to_logits(module_or_config, params)
+    tokens_to_logits = network.make_tokens_to_logits(
+        cpu_kernels.with_backend_ops(module_or_config), params)
 
     def pinned_tokens_to_logits(state: decoding.DecodingState):
       logits, new_cache = tokens_to_logits(state)

@@ -67,7 +67,7 @@ Params = Any
 Batch = Mapping[str, jax.Array]
 
 # T5Config fields that do not change what a checkpoint computes (precision, training only).
-_NON_ARCHITECTURE_FIELDS = ("dtype", "dropout_rate")
+_NON_ARCHITECTURE_FIELDS = ("dtype", "float32_attention_logits", "dropout_rate")
 
 
 def sentencepiece_vocabulary(sentencepiece_model_file: str,

@@ -1,5 +1,7 @@
 """The CPU small-row matmul kernel (spec_decode.t5.cpu_kernels): values, bit-identical rows,
-gating, gradients, vmap, and the fallback to XLA's dot when it cannot be built."""
+gating, gradients, vmap, the fallback to XLA's dot when it cannot be built, and the decode calls
+that use it (infer's and the benchmark's, through the decode layout; models' default calls)
+while a plain network does not."""
 
 import warnings
 
@@ -8,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode.t5 import cpu_kernels
+from spec_decode import core, decode_layout, partitioning
+from spec_decode.engine import decoding
+from spec_decode.t5 import cpu_kernels, network
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU kernel")
 
@@ -97,3 +101,79 @@ def test_builds_into_the_cache_once(monkeypatch, tmp_path):
   mtime = built.joinpath(library.rsplit("/", 1)[1]).stat().st_mtime_ns
   assert cpu_kernels._build() == library  # pylint: disable=protected-access
   assert built.joinpath(library.rsplit("/", 1)[1]).stat().st_mtime_ns == mtime
+
+
+TINY = network.T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
+                        num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0)
+
+
+def lowered_decode_call(model_calls: core.ModelCalls, module: network.Transformer,
+                        num_tokens: int) -> str:
+  """StableHLO of one cached decode call of `num_tokens` tokens for 2 rows, its cache and
+  step function from `model_calls` (a `core.ModelCalls`)."""
+  tokens = jnp.ones((2, 5), jnp.int32)
+  params = module.init(jax.random.PRNGKey(0), tokens, tokens, tokens)["params"]
+
+  def call(params, encoder_tokens):
+    cache = model_calls.init_cache("target", module, params, encoder_tokens, 8)
+    tokens_to_logits = model_calls.tokens_to_logits("target", module, params)
+    state = decoding.DecodingState(
+        cur_index=jnp.zeros((2,), jnp.int32), cur_token=jnp.full((2, num_tokens), 3),
+        sequences=jnp.zeros((2, 8), jnp.int32), cache=cache)
+    return tokens_to_logits(state)[0]
+
+  return jax.jit(call).lower(params, tokens).as_text()
+
+
+class PlainNetworkCalls(core.NetworkCalls):
+  """`core.NetworkCalls` without the backend's ops: the network as it is."""
+
+  def init_cache(self, role, module, params, encoder_input_tokens, max_decode_len):
+    del role
+    return network.init_decode_cache(module, params, encoder_input_tokens, max_decode_len)
+
+  def tokens_to_logits(self, role, module, params):
+    del role
+    return network.make_tokens_to_logits(module, params)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3])
+def test_decode_calls_on_cpu_use_the_kernel_and_a_plain_network_does_not(kernel, num_tokens):
+  """Every runner decodes through the core's model calls (infer and the benchmark through the
+  decode layout, the models and the T5X hook through `core.NetworkCalls`), which run every model
+  with `with_backend_ops`: 2 rows x k tokens (2..16 rows) go through the kernel; the network
+  alone (`network.Ops()`, plain XLA) never calls it."""
+  del kernel
+  module = network.Transformer(TINY)
+  assert module.ops == network.Ops()
+  assert cpu_kernels.with_backend_ops(module).ops == cpu_kernels.cpu_ops()
+  layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(1, 1)), TINY)
+  for model_calls in (layout, core.NETWORK_CALLS):
+    assert cpu_kernels.TARGET_NAME in lowered_decode_call(model_calls, module, num_tokens)
+  assert cpu_kernels.TARGET_NAME not in lowered_decode_call(PlainNetworkCalls(), module,
+                                                            num_tokens)
+
+
+def test_ops_follow_the_backend_and_the_activation_dtype():
+  """The CPU choice on CPU, plain XLA elsewhere; a bfloat16 network keeps T5X's attention
+  einsums (whose rounding the loops would not reproduce) and the kernel where a product is
+  float32 (its logits)."""
+  assert cpu_kernels.ops_for("gpu") == cpu_kernels.ops_for("tpu") == network.Ops()
+  assert cpu_kernels.ops_for("cpu") == cpu_kernels.cpu_ops()
+  assert cpu_kernels.cpu_ops().attention_logits is cpu_kernels.single_query_attention_logits
+  bfloat16 = cpu_kernels.ops_for("cpu", "bfloat16")
+  assert bfloat16.dense_product is cpu_kernels.dense_product
+  assert bfloat16.attention_logits is network.einsum_attention_logits
+  assert bfloat16.attention_mix is network.einsum_attention_mix
+
+
+@pytest.mark.parametrize("num_queries", [1, 3])
+def test_single_query_attention_loops_compute_the_einsums(num_queries):
+  rng = np.random.default_rng(num_queries)
+  query = jnp.asarray(rng.standard_normal((2, num_queries, 3, 4)), jnp.float32)
+  key = jnp.asarray(rng.standard_normal((2, 7, 3, 4)), jnp.float32)
+  weights = jax.nn.softmax(network.einsum_attention_logits(query, key))
+  np.testing.assert_allclose(cpu_kernels.single_query_attention_logits(query, key),
+                             network.einsum_attention_logits(query, key), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(cpu_kernels.single_query_attention_mix(weights, key),
+                             network.einsum_attention_mix(weights, key), rtol=1e-5, atol=1e-6)

@@ -118,3 +118,20 @@ def test_the_library_names_no_developer_data_folder():
   """`../shared` is the test suite's (tests/conftest.py), never the package's."""
   for path in MODULES:
     assert not re.search(r"['\"]shared['\"]|\.\./shared", path.read_text()), path
+
+
+def test_the_network_knows_no_backend():
+  """t5/network.py imports no kernel or backend module and asks JAX for no backend: the code
+  that runs a model injects its products (`network.Ops`, chosen by `cpu_kernels.ops_for`)."""
+  path = paths.PACKAGE / "t5" / "network.py"
+  imports = _imports(path)
+  assert not {name for name in imports if name.startswith("spec_decode")}, sorted(imports)
+  third_party = {name.split(".")[0] for name in imports}
+  assert third_party <= {"dataclasses", "functools", "operator", "typing", "jax", "numpy",
+                         "flax"}, sorted(third_party)
+  assert not {name for name in imports if name.startswith(("jax.extend", "jax.ffi", "jaxlib"))}
+  names = {node.attr if isinstance(node, ast.Attribute) else node.id
+           for node in ast.walk(ast.parse(path.read_text()))
+           if isinstance(node, (ast.Attribute, ast.Name))}
+  assert not names & {"default_backend", "devices", "local_devices", "device_count", "ffi",
+                      "cpu_kernels"}, sorted(names)

@@ -1,4 +1,12 @@
-"""A small-row matmul for XLA:CPU, called from XLA as an FFI custom call: `dense_product`.
+"""The network's products on XLA:CPU (`ops_for`, `with_backend_ops`), among them a small-row
+matmul called from XLA as an FFI custom call: `dense_product`.
+
+`network.Transformer` takes its products as an injected `network.Ops` (default plain XLA); code
+that decodes picks them here: `ops_for(backend, dtype)` gives `cpu_ops(dtype)` on CPU
+(`dense_product`, and for float32 networks 1-query attention as multiply-reduce loops) and
+plain XLA elsewhere; `with_backend_ops(module)` is that module with the default backend's ops
+(the decode layout, call_costs, models' default model calls, training's greedy decode and the
+T5X hook call it, so every decode call on CPU uses the kernel).
 
 Why: a batch-1 decode call of k = 1..16 tokens multiplies k activation rows by each weight
 matrix and is bound by reading the weights, so k rows should cost about what one row costs.
@@ -50,10 +58,13 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import jaxlib
+
+from spec_decode.t5 import network
 
 MIN_ROWS = 2  # one row: XLA's matrix-vector product (see the module docstring)
 MAX_ROWS = 16
@@ -86,6 +97,54 @@ def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
       or x.dtype != jnp.float32 or w.dtype != jnp.float32):
     return False
   return jax.device_count() == 1 and available()
+
+
+def single_query_attention_logits(query: jax.Array, key: jax.Array) -> jax.Array:
+  """`network.einsum_attention_logits`, as a multiply-reduce over D for one query.
+
+  Why: a 1-query attention (a baseline or draft decode step) as two einsums is two small
+  batched dots that first copy the cached keys and values into head-major order, every layer,
+  every step (a T5.1.1-large step: 96 such copies); the loops read the cache in its own layout."""
+  if query.shape[1] != 1:
+    return network.einsum_attention_logits(query, key)
+  # [B,1,H,D] x [B,kv,H,D] -> [B,H,1,kv]
+  return jnp.moveaxis(jnp.sum(query * key, axis=-1), 1, 2)[:, :, None, :]
+
+
+def single_query_attention_mix(weights: jax.Array, value: jax.Array) -> jax.Array:
+  """`network.einsum_attention_mix`, as a multiply-reduce over kv for one query (why:
+  `single_query_attention_logits`)."""
+  if weights.shape[2] != 1:
+    return network.einsum_attention_mix(weights, value)
+  # [B,H,1,kv] x [B,kv,H,D] -> [B,1,H,D]
+  return jnp.sum(jnp.moveaxis(weights[:, :, 0, :], 1, 2)[..., None] * value, axis=1,
+                 keepdims=True)
+
+
+def cpu_ops(dtype: Any = jnp.float32) -> network.Ops:
+  """The products on XLA:CPU of a network of activation dtype `dtype`: `dense_product` (which
+  keeps XLA's dot where the kernel does not apply) and, for float32 networks only, the
+  single-query attention loops: in bfloat16 they would not round as T5X's einsums do."""
+  if jnp.dtype(dtype) != jnp.float32:
+    return network.Ops(dense_product=dense_product)
+  return network.Ops(dense_product=dense_product,
+                     attention_logits=single_query_attention_logits,
+                     attention_mix=single_query_attention_mix)
+
+
+def ops_for(backend: str | None = None, dtype: Any = jnp.float32) -> network.Ops:
+  """`cpu_ops(dtype)` for 'cpu', plain XLA (`network.Ops()`) for any other backend; None: JAX's
+  default backend."""
+  return cpu_ops(dtype) if (backend or jax.default_backend()) == "cpu" else network.Ops()
+
+
+def with_backend_ops(module_or_config: network.Transformer | network.T5Config
+                     ) -> network.Transformer:
+  """The module (or a Transformer of the config) computing with `ops_for()` for JAX's default
+  backend and its activation dtype: what every decode entry point runs."""
+  if isinstance(module_or_config, network.T5Config):
+    module_or_config = network.Transformer(module_or_config)
+  return module_or_config.clone(ops=ops_for(dtype=module_or_config.config.dtype))
 
 
 def available() -> bool:

@@ -11,6 +11,14 @@ attention logits at run time (T5 folds it into the query initializer).
              (logits = decoder output @ embedding.T / sqrt(emb_dim)).
   * T5.1.1:  `mlp_activations=('gelu', 'linear')` (gated, tanh-approximate gelu),
              `logits_via_embedding=False` (separate `decoder/logits_dense`).
+In bfloat16 (`dtype`) it rounds where T5X's network rounds: embeddings, relative-position
+biases and masks in `dtype`; layer norms in float32, rounded, then scaled in `dtype`; attention
+logits and softmax in `dtype` unless `float32_attention_logits`; logits in float32. Its cached
+calls, 1 or k tokens, give T5X's 1-token `decode=True` logits: every bfloat16 activation
+bit-identical, the float32 logits up to the accumulation order of the last projection
+(tests/t5x/test_t5x_bfloat16.py).
+`Transformer(config, ops)`: `ops` (`Ops`, default plain XLA) are the products it computes with,
+chosen by the code that runs it (`cpu_kernels.with_backend_ops`); this module knows no backend.
 
 Shapes: B batch, Le encoder length, Ld decoder length, L cache length (max_decode_len),
 k tokens per decode call, E emb_dim, H num_heads, D head_dim, V vocab_size.
@@ -22,8 +30,9 @@ k tokens per decode call, E emb_dim, H num_heads, D head_dim, V vocab_size.
   * `Transformer.decode(encoded, encoder_input_tokens, decoder_input_tokens,
     decoder_target_tokens) -> logits [B,Ld,V]` (T5X's argument order).
 
-Incremental decoding (the engine contract of docs/CONTRACT.md) uses an explicit cache
-pytree, a dict whose every leaf has the batch as its leading axis:
+Incremental decoding honours the engine's model contract (written once, in
+`spec_decode/engine/decoding.py`) with an explicit cache pytree, a dict whose every leaf has
+the batch as its leading axis:
     {'cache_index': int32 [B],              # next position to write, per row
      'encoder_mask': bool [B, Le],          # True at real (non-padding) encoder tokens
      'layers_{i}': {                        # one per decoder layer
@@ -31,13 +40,9 @@ pytree, a dict whose every leaf has the batch as its leading axis:
          'encoder_decoder_attention': {'cached_key': [B, Le, H, D],
                                        'cached_value': [B, Le, H, D]}}}
 `init_decode_cache` runs the encoder once and fills the cross-attention keys/values;
-`make_tokens_to_logits` returns the engine's `tokens_to_logits(state)`, which feeds
-`state.cur_token [B,k]` at positions `state.cur_index[b] + j`, overwrites those cache
-slots (writes at positions >= L are dropped), attends causally to positions
-<= cur_index[b] + j only, and returns `(logits [B,k,V] float32, new_cache)` with
-`cache_index = cur_index + k`. `state.cur_index` always wins over the cached
-`cache_index`, which is how the engine rolls a row back. `cache_logical_axes` names the
-axes of every cache leaf for sharding.
+`make_tokens_to_logits` returns the engine's `tokens_to_logits(state)`, whose new cache has
+`cache_index = cur_index + k` (`state.cur_index` always wins over the cached one).
+`cache_logical_axes` names the axes of every cache leaf for sharding.
 """
 
 import dataclasses
@@ -51,8 +56,6 @@ import numpy as np
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 from jax.sharding import PartitionSpec
-
-from spec_decode.t5 import cpu_kernels
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -68,7 +71,8 @@ class T5Config:
   """Hyperparameters of a T5 model; field names and defaults follow T5X's `T5Config`.
 
   `dtype` is the activation dtype (a dtype or its name, e.g. 'bfloat16'); parameters
-  are always float32 and logits are always float32.
+  are always float32 and logits are always float32. `float32_attention_logits` computes the
+  attention logits and softmax in float32 whatever `dtype` (T5X's default: in `dtype`).
   """
 
   vocab_size: int
@@ -84,6 +88,7 @@ class T5Config:
   logits_via_embedding: bool = False
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
+  float32_attention_logits: bool = False
 
   def __post_init__(self):
     # A tuple keeps the frozen config hashable when gin or a caller passes a list.
@@ -92,6 +97,33 @@ class T5Config:
 
 def _activation_dtype(config: T5Config) -> jnp.dtype:
   return jnp.dtype(config.dtype)
+
+
+def einsum_attention_logits(query: Array, key: Array) -> Array:
+  """query [B,q,H,D], key [B,kv,H,D] -> logits [B,H,q,kv] (T5X's einsum)."""
+  return jnp.einsum("bqhd,bkhd->bhqk", query, key)
+
+
+def einsum_attention_mix(weights: Array, value: Array) -> Array:
+  """weights [B,H,q,kv], value [B,kv,H,D] -> [B,q,H,D] (T5X's einsum)."""
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ops:
+  """The products the network computes with, injected as flax's examples inject `dot_general`:
+  this module knows no backend, the code that runs a model picks them (`cpu_kernels.ops_for`).
+  The default is plain XLA, T5X's own ops.
+
+  `dense_product(x [..., K], w [K, N]) -> [..., N]`: every `Dense` layer's product.
+  `attention_logits(query, key)`, `attention_mix(weights, value)`: the two attention products,
+  with `einsum_attention_logits`' and `einsum_attention_mix`' shapes and results up to float
+  rounding.
+  """
+
+  dense_product: Callable[[Array, Array], Array] = jnp.dot
+  attention_logits: Callable[[Array, Array], Array] = einsum_attention_logits
+  attention_mix: Callable[[Array, Array], Array] = einsum_attention_mix
 
 
 # --------------------------------------------------------------------------- buckets
@@ -133,23 +165,21 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool,
 
 
 class Dense(nn.Module):
-  """Bias-free `x @ kernel` with a float32 kernel [in, out] carrying logical axis names.
-
-  On XLA:CPU a float32 product of at most `cpu_kernels.MAX_ROWS` rows (a decode call) runs
-  `cpu_kernels`' small-row matmul, which reads the kernel once for all rows; other backends,
-  larger products and partitioned computations use XLA's dot (see `cpu_kernels`)."""
+  """Bias-free `x @ kernel` with a float32 kernel [in, out] carrying logical axis names, both
+  cast to `dtype` and multiplied by `product` (`Ops.dense_product`)."""
 
   features: int
   kernel_axes: tuple[str, str]
   kernel_init: Initializer
   dtype: Any = jnp.float32
+  product: Callable[[Array, Array], Array] = jnp.dot
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     kernel = nn_partitioning.param_with_axes(
         "kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32,
         axes=self.kernel_axes)
-    return cpu_kernels.dense_product(x.astype(self.dtype), kernel.astype(self.dtype))
+    return self.product(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
 class Embed(nn.Module):
@@ -173,7 +203,10 @@ class Embed(nn.Module):
 
 
 class LayerNorm(nn.Module):
-  """T5's RMS norm: no mean subtraction, no bias; parameter `scale` [E]."""
+  """T5's RMS norm: no mean subtraction, no bias; parameter `scale` [E].
+
+  As T5X's: normalized in float32, rounded to `dtype`, then scaled in `dtype` (in bfloat16 two
+  roundings, which T5X's logits carry)."""
 
   dtype: Any = jnp.float32
 
@@ -183,7 +216,8 @@ class LayerNorm(nn.Module):
     scale = nn_partitioning.param_with_axes(
         "scale", nn.initializers.ones, (x.shape[-1],), jnp.float32, axes=("embed",))
     mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-    return (x * jax.lax.rsqrt(mean_square + LAYER_NORM_EPSILON) * scale).astype(self.dtype)
+    normalized = (x * jax.lax.rsqrt(mean_square + LAYER_NORM_EPSILON)).astype(self.dtype)
+    return normalized * scale.astype(self.dtype)
 
 
 class RelativePositionBias(nn.Module):
@@ -194,7 +228,8 @@ class RelativePositionBias(nn.Module):
 
   @nn.compact
   def __call__(self, query_positions: Array, key_positions: Array) -> Array:
-    """[b, q] and [b, kv] positions (b is B or 1) -> float32 bias [b, H, q, kv]."""
+    """[b, q] and [b, kv] positions (b is B or 1) -> bias [b, H, q, kv] in the activation
+    dtype (T5X rounds the table to it)."""
     cfg = self.config
     table = nn_partitioning.param_with_axes(
         "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
@@ -203,17 +238,20 @@ class RelativePositionBias(nn.Module):
     buckets = relative_position_bucket(
         key_positions[:, None, :] - query_positions[:, :, None], self.bidirectional,
         cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance)
+    table = table.astype(_activation_dtype(cfg))
     return jnp.moveaxis(jnp.take(table, buckets, axis=1), 0, 1)
 
 
-def _mask_to_bias(mask: Array) -> Array:
-  return jnp.where(mask, 0.0, MASKED_BIAS).astype(jnp.float32)
+def _mask_to_bias(mask: Array, dtype: Any) -> Array:
+  """0 where `mask`, else MASKED_BIAS, in `dtype`: T5X adds its biases in the activation dtype."""
+  return jnp.where(mask, 0.0, MASKED_BIAS).astype(dtype)
 
 
 class MultiHeadAttention(nn.Module):
   """T5 attention with kernels query/key/value [E, H*D] and out [H*D, E]."""
 
   config: T5Config
+  ops: Ops = Ops()
 
   def setup(self):
     cfg = self.config
@@ -222,14 +260,17 @@ class MultiHeadAttention(nn.Module):
     kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 
     def query_init(key, shape, param_dtype=jnp.float32):
-      # T5 never scales logits by 1/sqrt(head_dim); the scale lives in the query weights.
-      return kernel_init(key, shape, param_dtype) / jnp.sqrt(cfg.head_dim).astype(param_dtype)
+      # T5 never scales logits by 1/sqrt(head_dim); the scale lives in the query weights,
+      # divided (as T5X does) by sqrt(head_dim) rounded to the activation dtype.
+      return kernel_init(key, shape, param_dtype) / jnp.sqrt(cfg.head_dim).astype(dtype)
 
-    projection = functools.partial(Dense, joined_kv, ("embed", "joined_kv"), dtype=dtype)
+    projection = functools.partial(Dense, joined_kv, ("embed", "joined_kv"), dtype=dtype,
+                                   product=self.ops.dense_product)
     self.query = projection(query_init)
     self.key = projection(kernel_init)
     self.value = projection(kernel_init)
-    self.out = Dense(cfg.emb_dim, ("joined_kv", "embed"), kernel_init, dtype=dtype)
+    self.out = Dense(cfg.emb_dim, ("joined_kv", "embed"), kernel_init, dtype=dtype,
+                     product=self.ops.dense_product)
     # Like T5X, one dropout mask per (batch, head, key), shared by all queries.
     self.weights_dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
@@ -246,32 +287,17 @@ class MultiHeadAttention(nn.Module):
 
   def attend(self, query: Array, key: Array, value: Array, bias: Array,
              deterministic: bool) -> Array:
-    """query [B,q,H,D], key/value [B,kv,H,D], bias broadcastable to [B,H,q,kv] -> [B,q,E]."""
-    # Logits and softmax in float32 whatever the activation dtype, for stability.
-    single_query = query.shape[1] == 1 and _single_query_products()
-    query, key = query.astype(jnp.float32), key.astype(jnp.float32)
-    if single_query:
-      # [B,1,H,D] x [B,kv,H,D]: multiply-reduce over D, read in the cache's own layout.
-      logits = jnp.moveaxis(jnp.sum(query * key, axis=-1), 1, 2)[:, :, None, :]
-    else:
-      logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
-    weights = jax.nn.softmax(logits + bias).astype(value.dtype)
+    """query [B,q,H,D], key/value [B,kv,H,D] and bias broadcastable to [B,H,q,kv], all in the
+    activation dtype -> [B,q,E]. Cast, product and softmax order are T5X's
+    `dot_product_attention`: logits and softmax in the activation dtype, or in float32 with
+    `float32_attention_logits` (query, key and the rounded bias cast up)."""
+    if self.config.float32_attention_logits:
+      query, key = query.astype(jnp.float32), key.astype(jnp.float32)
+    logits = self.ops.attention_logits(query, key)
+    weights = jax.nn.softmax(logits + bias.astype(logits.dtype)).astype(value.dtype)
     weights = self.weights_dropout(weights, deterministic=deterministic)
-    if single_query:
-      # [B,H,1,kv] x [B,kv,H,D]: multiply-reduce over kv -> [B,1,H,D].
-      mixed = jnp.sum(jnp.moveaxis(weights[:, :, 0, :], 1, 2)[..., None] * value, axis=1,
-                      keepdims=True)
-    else:
-      mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    mixed = self.ops.attention_mix(weights, value)
     return self.out(mixed.reshape(mixed.shape[:-2] + (-1,)))
-
-
-def _single_query_products() -> bool:
-  """A 1-query attention (a baseline or draft decode step) as multiply-reduce loops on XLA:CPU:
-  its two einsums are small batched dots that first copy the cached keys and values into
-  head-major order, every layer, every step (a T5.1.1-large step: 96 such copies). Decided at
-  trace time; other backends keep the einsums."""
-  return jax.default_backend() == "cpu"
 
 
 def _activation(name: str) -> Callable[[Array], Array]:
@@ -286,6 +312,7 @@ class MlpBlock(nn.Module):
   """Feed-forward block: `wi` [E, mlp] (or gated `wi_0`, `wi_1`, ...) then `wo` [mlp, E]."""
 
   config: T5Config
+  ops: Ops = Ops()
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool) -> Array:
@@ -295,12 +322,14 @@ class MlpBlock(nn.Module):
     activations = cfg.mlp_activations
     branches = [
         _activation(name)(Dense(cfg.mlp_dim, ("embed", "mlp"), kernel_init, dtype=dtype,
+                                product=self.ops.dense_product,
                                 name="wi" if len(activations) == 1 else f"wi_{i}")(x))
         for i, name in enumerate(activations)
     ]
     hidden = functools.reduce(operator.mul, branches)
     hidden = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic=deterministic)
-    return Dense(cfg.emb_dim, ("mlp", "embed"), kernel_init, dtype=dtype, name="wo")(hidden)
+    return Dense(cfg.emb_dim, ("mlp", "embed"), kernel_init, dtype=dtype,
+                 product=self.ops.dense_product, name="wo")(hidden)
 
 
 def _residual_dropout(config: T5Config) -> nn.Dropout:
@@ -312,17 +341,18 @@ class EncoderLayer(nn.Module):
   """Pre-norm self-attention block and MLP block, each with a residual connection."""
 
   config: T5Config
+  ops: Ops = Ops()
 
   @nn.compact
   def __call__(self, x: Array, bias: Array, deterministic: bool) -> Array:
     cfg = self.config
     h = LayerNorm(_activation_dtype(cfg), name="pre_attention_layer_norm")(x)
-    attention = MultiHeadAttention(cfg, name="attention")
+    attention = MultiHeadAttention(cfg, self.ops, name="attention")
     key, value = attention.project_key_value(h)
     h = attention.attend(attention.project_query(h), key, value, bias, deterministic)
     x = x + _residual_dropout(cfg)(h, deterministic=deterministic)
     h = LayerNorm(_activation_dtype(cfg), name="pre_mlp_layer_norm")(x)
-    h = MlpBlock(cfg, name="mlp")(h, deterministic)
+    h = MlpBlock(cfg, self.ops, name="mlp")(h, deterministic)
     return x + _residual_dropout(cfg)(h, deterministic=deterministic)
 
 
@@ -330,6 +360,7 @@ class Encoder(nn.Module):
   """Encoder stack: embedded tokens [B,Le,E] -> encoded [B,Le,E]."""
 
   config: T5Config
+  ops: Ops = Ops()
 
   @nn.compact
   def __call__(self, embedded: Array, encoder_mask: Array, deterministic: bool) -> Array:
@@ -339,10 +370,10 @@ class Encoder(nn.Module):
     relative_bias = RelativePositionBias(cfg, bidirectional=True, name="relpos_bias")(
         positions, positions)
     bias = relative_bias + _mask_to_bias(
-        encoder_mask[:, None, :, None] & encoder_mask[:, None, None, :])
+        encoder_mask[:, None, :, None] & encoder_mask[:, None, None, :], _activation_dtype(cfg))
     x = _residual_dropout(cfg)(embedded, deterministic=deterministic)
     for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, name=f"layers_{i}")(x, bias, deterministic)
+      x = EncoderLayer(cfg, self.ops, name=f"layers_{i}")(x, bias, deterministic)
     x = LayerNorm(_activation_dtype(cfg), name="encoder_norm")(x)
     return _residual_dropout(cfg)(x, deterministic=deterministic)
 
@@ -358,16 +389,17 @@ class DecoderLayer(nn.Module):
   """Self-attention, cross-attention and MLP blocks (pre-norm, residual)."""
 
   config: T5Config
+  ops: Ops = Ops()
 
   def setup(self):
     cfg = self.config
     dtype = _activation_dtype(cfg)
     self.pre_self_attention_layer_norm = LayerNorm(dtype)
-    self.self_attention = MultiHeadAttention(cfg)
+    self.self_attention = MultiHeadAttention(cfg, self.ops)
     self.pre_cross_attention_layer_norm = LayerNorm(dtype)
-    self.encoder_decoder_attention = MultiHeadAttention(cfg)
+    self.encoder_decoder_attention = MultiHeadAttention(cfg, self.ops)
     self.pre_mlp_layer_norm = LayerNorm(dtype)
-    self.mlp = MlpBlock(cfg)
+    self.mlp = MlpBlock(cfg, self.ops)
     self.residual_dropout = _residual_dropout(cfg)
 
   def cross_key_value(self, encoded: Array) -> tuple[Array, Array]:
@@ -410,16 +442,18 @@ class Decoder(nn.Module):
 
   config: T5Config
   embedder: Embed
+  ops: Ops = Ops()
 
   def setup(self):
     cfg = self.config
     self.relpos_bias = RelativePositionBias(cfg, bidirectional=False)
-    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.layers = [DecoderLayer(cfg, self.ops) for _ in range(cfg.num_decoder_layers)]
     self.decoder_norm = LayerNorm(_activation_dtype(cfg))
     if not cfg.logits_via_embedding:
       self.logits_dense = Dense(
           cfg.vocab_size, ("embed", "vocab"),
-          nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal"), dtype=jnp.float32)
+          nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal"), dtype=jnp.float32,
+          product=self.ops.dense_product)
     self.residual_dropout = _residual_dropout(cfg)
 
   def cross_key_values(self, encoded: Array) -> list[tuple[Array, Array]]:
@@ -448,15 +482,17 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-  """T5 encoder-decoder; see the module docstring for the methods' contracts."""
+  """T5 encoder-decoder; see the module docstring for the methods' contracts. `ops`: the
+  products it computes with (`Ops`; default plain XLA), not part of its parameters."""
 
   config: T5Config
+  ops: Ops = Ops()
 
   def setup(self):
     cfg = self.config
     self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, dtype=_activation_dtype(cfg))
-    self.encoder = Encoder(cfg)
-    self.decoder = Decoder(cfg, embedder=self.token_embedder)
+    self.encoder = Encoder(cfg, self.ops)
+    self.decoder = Decoder(cfg, embedder=self.token_embedder, ops=self.ops)
 
   def encode(self, encoder_input_tokens: Array, enable_dropout: bool = False) -> Array:
     """[B,Le] int tokens (0 = padding) -> encoded [B,Le,E]."""
@@ -466,13 +502,14 @@ class Transformer(nn.Module):
   def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
              decoder_target_tokens: Array, enable_dropout: bool = False) -> Array:
     """Teacher-forced decoder: -> float32 logits [B,Ld,V]; encoder tokens only give the mask."""
+    dtype = _activation_dtype(self.config)
     positions = jnp.arange(decoder_input_tokens.shape[1])[None]
     target_valid = decoder_target_tokens > 0
     causal = positions[:, :, None] >= positions[:, None, :]
     self_bias = self.decoder.relpos_bias(positions, positions) + _mask_to_bias(
-        (causal & target_valid[:, :, None] & target_valid[:, None, :])[:, None])
+        (causal & target_valid[:, :, None] & target_valid[:, None, :])[:, None], dtype)
     cross_bias = _mask_to_bias(
-        (target_valid[:, :, None] & (encoder_input_tokens > 0)[:, None, :])[:, None])
+        (target_valid[:, :, None] & (encoder_input_tokens > 0)[:, None, :])[:, None], dtype)
     logits, _ = self.decoder(decoder_input_tokens, self_bias,
                              self.decoder.cross_key_values(encoded), cross_bias,
                              deterministic=not enable_dropout)
@@ -517,9 +554,10 @@ class Transformer(nn.Module):
     key_positions = jnp.arange(cache_len)[None]
     # Slots after a query's own position hold future or stale (rolled-back) entries.
     visible = key_positions[:, None, :] <= query_positions[:, :, None]
+    dtype = _activation_dtype(cfg)
     self_bias = self.decoder.relpos_bias(query_positions, key_positions) + _mask_to_bias(
-        visible[:, None])
-    cross_bias = _mask_to_bias(cache["encoder_mask"][:, None, None, :])
+        visible[:, None], dtype)
+    cross_bias = _mask_to_bias(cache["encoder_mask"][:, None, None, :], dtype)
     layer_caches = [cache[f"layers_{i}"] for i in range(num_layers)]
     logits, new_self = self.decoder(
         tokens, self_bias,

@@ -62,9 +62,6 @@ from spec_decode.t5 import network
 PyTree = Any
 # The subtree of `params` that holds the draft's parameters.
 DRAFT_PARAMS_KEY = "speculative_draft"
-# T5X's T5Config field with no counterpart here: this network always computes attention logits
-# in float32 (the field's True; with False, T5X's bfloat16 logits differ by rounding only).
-_T5X_ONLY_CONFIG_FIELDS = ("float32_attention_logits",)
 
 
 def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -77,8 +74,7 @@ def config_from_t5x(t5x_config: Any) -> network.T5Config:
   """This network's `T5Config` for a T5X T5 network config (`t5x.examples.t5.network.T5Config`,
   whose field names it shares)."""
   fields = {field.name: getattr(t5x_config, field.name)
-            for field in dataclasses.fields(t5x_config)
-            if field.name not in _T5X_ONLY_CONFIG_FIELDS}
+            for field in dataclasses.fields(t5x_config)}
   try:
     return network.T5Config(**fields)
   except TypeError as e:
