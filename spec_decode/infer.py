@@ -256,7 +256,7 @@ def _check_batch_size(layout: decode_layout.DecodeLayout, batch_size: int) -> No
     lower, upper = batch_size // data * data, (batch_size // data + 1) * data
     nearest = f"{lower} or {upper}" if lower else f"{upper}"
     raise UsageError(f"BATCH_SIZE={batch_size} is not a multiple of the mesh's 'data' axis "
-                     f"({dict(layout.mesh.shape)}, NUM_PARTITIONS={layout.mesh.shape['model']}):"
+                     f"({dict(layout.mesh.shape)}, num_partitions={layout.mesh.shape['model']}):"
                      f" use {nearest}")
 
 
@@ -276,7 +276,7 @@ def _check_memory(layout: decode_layout.DecodeLayout, batch_size: int, input_len
                   f", draft params {plan.format_bytes(draft.params)} + cache "
                   f"{plan.format_bytes(draft.cache)}")
     raise UsageError(
-        f"NUM_PARTITIONS={layout.mesh.shape['model']} (mesh {dict(layout.mesh.shape)}) needs "
+        f"num_partitions={layout.mesh.shape['model']} (mesh {dict(layout.mesh.shape)}) needs "
         f"{plan.format_bytes(needed)} per device (target params "
         f"{plan.format_bytes(target.params)} + cache {plan.format_bytes(target.cache)}"
         f"{draft_text}; see python -m spec_decode.plan), more than the "

@@ -131,7 +131,7 @@ class BenchConfig:
   """`compiler_options`: XLA options for every compiled decoder and timing loop. Empty for a
   measurement; the smoke config lowers optimization to halve compile times, which makes its
   timings unrepresentative (the report says so). `num_partitions`: our decoders run on the
-  mesh (data 1, model num_partitions), as `spec_decode.infer` with NUM_PARTITIONS on that many
+  mesh (data 1, model num_partitions), as `spec_decode.infer` with that `num_partitions` on that many
   devices: the target split over them, the draft replicated, any batch size. The calls' c and
   v (`call_costs`) are measured on one device whatever the mesh."""
   suites: Sequence[str] = SUITES

@@ -3,7 +3,7 @@
 `decode_layout.DecodeLayout` is the one place a decode is compiled and its parameters placed;
 infer uses it with any partitioner. Checked here on a tiny random T5 pair (demo vocabulary,
 T5X TensorStore checkpoints):
-  * `python -m spec_decode.infer` itself (subprocesses) at NUM_PARTITIONS 1 (the data-parallel
+  * `python -m spec_decode.infer` itself (subprocesses) at num_partitions 1 (the data-parallel
     mesh (8, 1)), 2, 4 and 8 gives the predictions, scores and statistics of the single-device
     run, greedy and sampled with a fixed seed (baseline included), and so does a run as two
     processes of 4 devices each (one JAX distributed system), whose process 0 alone writes;
@@ -64,6 +64,7 @@ TEXTS = ["Where is the station?", "The cat sleeps.", "I would like a coffee, ple
          "We are going to the sea tomorrow.", "She reads a book.", "Thank you very much.",
          "The museum opens at nine."]  # two batches of 8, the second one padded
 NUM_PARTITIONS = (1, 2, 4, 8)
+NUM_PARTITIONS_BINDING = "partitioning.PjitPartitioner.num_partitions"  # T5X's
 MODES = {"greedy": 0.0, "sampled": 1.0}
 # T5X's rules for every parameter, by its last path entries (rules: batch->data, vocab, mlp,
 # heads, joined_kv->model, embed/kv/relpos_buckets->None).
@@ -149,7 +150,7 @@ def _start_infer(setup: Setup, name: str, num_devices: int, num_partitions: int,
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
   return subprocess.Popen(
       [sys.executable, "-m", "spec_decode.infer", f"--gin_file={setup.run_gin}",
-       f"--gin.NUM_PARTITIONS={num_partitions}",
+       f"--gin.{NUM_PARTITIONS_BINDING}={num_partitions}",
        f"--gin.INFER_OUTPUT_DIR='{setup.directory / name}'",
        f"--gin.TEMPERATURE={temperature}",
        # The baseline once, greedy: it must then reproduce the speculative outputs.
@@ -231,7 +232,7 @@ def test_infer_runs_are_not_trivial(infer_runs):
 
 def test_two_processes_match_one_device(setup, infer_runs):
   """`python -m spec_decode.infer` as one distributed system of 2 processes with 4 CPU devices
-  each (T5X's --multiprocess_gpu flags; NUM_PARTITIONS=2: the (4, 2) mesh spans both) gives the
+  each (T5X's --multiprocess_gpu flags; num_partitions=2: the (4, 2) mesh spans both) gives the
   predictions of the single-device run, and only process 0 writes them."""
   with socket.socket() as probe:  # a free port for the coordinator
     probe.bind(("localhost", 0))
@@ -425,13 +426,13 @@ def run_main(capsys, monkeypatch):
 
 def test_run_over_the_memory_budget_is_refused_before_restore(setup, run_main, tmp_path):
   out = tmp_path / "out"
-  status, stderr = run_main([f"--gin_file={setup.run_gin}", "--gin.NUM_PARTITIONS=2",
+  status, stderr = run_main([f"--gin_file={setup.run_gin}", f"--gin.{NUM_PARTITIONS_BINDING}=2",
                              "--gin.DEVICE_MEMORY_GIB=0.0001", f"--gin.INFER_OUTPUT_DIR='{out}'"])
   assert status == 2 and len(stderr) == 1, stderr
   target_plan, draft_plan = plan.layout_bytes(_layout(2), BATCH_SIZE, INPUT_LENGTH,
                                               TARGET_LENGTH)
   needed = target_plan.total + draft_plan.total
-  assert stderr[0].startswith("spec_decode.infer: error: NUM_PARTITIONS=2 (mesh {'data': 4, "
+  assert stderr[0].startswith("spec_decode.infer: error: num_partitions=2 (mesh {'data': 4, "
                               "'model': 2}) needs " + plan.format_bytes(needed)), stderr
   for n in (target_plan.params, target_plan.cache, draft_plan.params, draft_plan.cache):
     assert plan.format_bytes(n) in stderr[0]
@@ -441,12 +442,12 @@ def test_run_over_the_memory_budget_is_refused_before_restore(setup, run_main, t
 
 def test_batch_the_data_axis_does_not_divide_is_refused(setup, run_main, tmp_path):
   out = tmp_path / "out"
-  status, stderr = run_main([f"--gin_file={setup.run_gin}", "--gin.NUM_PARTITIONS=1",
+  status, stderr = run_main([f"--gin_file={setup.run_gin}", f"--gin.{NUM_PARTITIONS_BINDING}=1",
                              "--gin.BATCH_SIZE=4", f"--gin.INFER_OUTPUT_DIR='{out}'"])
   assert status == 2 and stderr == [
       "spec_decode.infer: error: BATCH_SIZE=4 is not a multiple of the mesh's 'data' axis "
-      "({'data': 8, 'model': 1}, NUM_PARTITIONS=1): use 8"]
-  status, stderr = run_main([f"--gin_file={setup.run_gin}", "--gin.NUM_PARTITIONS=2",
+      "({'data': 8, 'model': 1}, num_partitions=1): use 8"]
+  status, stderr = run_main([f"--gin_file={setup.run_gin}", f"--gin.{NUM_PARTITIONS_BINDING}=2",
                              "--gin.BATCH_SIZE=6", f"--gin.INFER_OUTPUT_DIR='{out}'"])
-  assert status == 2 and stderr[0].endswith("NUM_PARTITIONS=2): use 4 or 8"), stderr
+  assert status == 2 and stderr[0].endswith("num_partitions=2): use 4 or 8"), stderr
   assert not out.exists()
