@@ -212,6 +212,8 @@ def _pytest_result(run: dict[str, Any], log_path: pathlib.Path) -> dict[str, Any
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
+  # bench.report's formatting, kept here: the driver imports nothing of the package, whose
+  # dependencies it may have to unpack first.
   if value is None:
     return "-"
   if isinstance(value, float):

@@ -21,11 +21,11 @@ What `infer` does, in this order (every check before anything is compiled or wri
      it), both checked before anything is read;
   3. restores the target's and the draft's parameters straight into their shards
      (`DecodeLayout.restore`: T5X TensorStore arrays slice by slice; other formats from host
-     memory, each device receiving its slices), the draft replicated; compiles
-     `model.predict_batch_with_aux` once for the one batch shape [BATCH_SIZE, Le] with the
+     memory, each device receiving its slices), the draft replicated; compiles the model's
+     decoder (`core.Decoder.predict`) once for the one batch shape [BATCH_SIZE, Le] with the
      parameters as ARGUMENTS, each model's decode cache pinned to its layout inside the loop
      (`DecodeLayout.partition_predict`; the last batch is padded with copies of its last
-     example); with COMPARE_WITH_BASELINE, also `model.baseline()` (the target alone, same
+     example); with COMPARE_WITH_BASELINE, also `Decoder.baseline()` (the target alone, same
      sampling settings) on the same parameters;
   4. decodes every batch, timing the compiled calls only, and gathers the outputs from every
      process (`decode_layout.gather`), saying what it is doing; with COMPARE_WITH_BASELINE it
