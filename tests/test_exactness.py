@@ -147,7 +147,9 @@ def lookup_sources(num_rows: int, length: int = 6, seed: int = 0) -> np.ndarray:
 def draw_lookup(drafter, sampling_args, verifier, draft_policy="fixed", gamma=3, seed=0):
   target, near = toy_setup.make_pair(VOCAB, "near", seed=1)
   combined = drafter == "lookup+near"
-  lookup = engine_lookup.NGramLookup(VOCAB, max_ngram=3, min_ngram=2 if combined else 1)
+  # min_ngram 1 in both: the greedy output (2, EOS) is too short for a longer match; rows with
+  # an empty source have no match at positions 0 and 1, where the combined draft uses the model.
+  lookup = engine_lookup.NGramLookup(VOCAB, max_ngram=3, min_ngram=1)
   decodes, _, stats = toy_setup.speculative_lookup(
       target, near if combined else None, lookup, jnp.asarray(lookup_sources(NUM_SAMPLES)),
       jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32), jax.random.PRNGKey(seed), gamma,
