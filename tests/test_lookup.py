@@ -248,3 +248,62 @@ def test_table2_lookup_rows_bind_with_spec_decode_s_harness(row, tmp_path):
   assert dataset_cfg.mixture_or_task_name == "cnn_dailymail" and dataset_cfg.batch_size == 1
   assert arguments["compare_with_baseline"] is True
   assert model.decode_settings["temperature"] == (1.0 if row.endswith("_t1.gin") else 0.0)
+
+
+# spec_decode.infer with lookup drafts, in this process (tests/test_infer.py runs the rest).
+needs_shared = pytest.mark.skipif(not tiny_t5.T5_VOCAB_FILE.is_file(),
+                                  reason="../shared (the T5 vocabulary) is absent")
+INFER_TEXTS = ["The cat sat on the mat. The cat sat on the mat again.",
+               "Where is the station? Where is the station, please?", "Hello"]
+
+
+@pytest.fixture(scope="module")
+def infer_run_gin(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("infer_lookup")
+  target, draft = tiny_t5.write_pair(directory)
+  return directory, tiny_t5.write_run_gin(
+      directory / "run.gin", target, draft, tiny_t5.T5_VOCAB_FILE, 100,
+      {"inputs": 32, "targets": 16}, batch_size=2)
+
+
+@needs_shared
+@pytest.mark.parametrize("draft_source", ["lookup", "lookup+model"])
+def test_infer_greedy_lookup_equals_the_baseline(infer_run_gin, capsys, tmp_path, draft_source):
+  import json  # pylint: disable=g-import-not-at-top
+  from spec_decode import infer_outputs  # pylint: disable=g-import-not-at-top
+  _, run_gin = infer_run_gin
+  out = tmp_path / "out"
+  bindings = [f"--gin.DRAFT_SOURCE='{draft_source}'", f"--gin.INFER_OUTPUT_DIR='{out}'"]
+  if draft_source == "lookup":
+    bindings.append("--gin.DRAFT_CHECKPOINT_PATH=None")
+  status, stderr = tiny_t5.run_infer_main(
+      [f"--gin_file={run_gin}", *(f"--text={text}" for text in INFER_TEXTS), *bindings], capsys)
+  assert status == 0, stderr
+  summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
+  assert summary["identical_outputs"] is True and summary["num_identical"] == len(INFER_TEXTS)
+  assert summary["lookup_drafted_tokens"] > 0
+  assert summary["draft"].startswith("n-gram lookup")
+  if draft_source == "lookup":
+    assert summary["lookup_drafted_tokens"] == summary["drafted_tokens"]
+    assert "costs" not in summary  # no draft model to measure
+  else:
+    assert summary["drafted_tokens"] > summary["lookup_drafted_tokens"]
+
+
+@needs_shared
+@pytest.mark.parametrize("bindings,message", [
+    (["--gin.DRAFT_SOURCE='lookup'"],
+     "draft_source 'lookup' uses no draft model: unset draft_checkpoint_path"),
+    (["--gin.DRAFT_SOURCE='lookup'", "--gin.DRAFT_CHECKPOINT_PATH=None",
+      "--gin.LOOKUP_MAX_NGRAM=0"], "lookup max_ngram must be an integer >= 1, got 0"),
+])
+def test_infer_bad_lookup_settings_are_one_line_errors(infer_run_gin, capsys, tmp_path,
+                                                       bindings, message):
+  _, run_gin = infer_run_gin
+  status, stderr = tiny_t5.run_infer_main(
+      [f"--gin_file={run_gin}", "--text=Hello", f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'",
+       *bindings], capsys)
+  assert status == 2
+  assert len(stderr) == 1 and stderr[0].startswith("spec_decode.infer: error: "), stderr
+  assert message in stderr[0]
+  assert not (tmp_path / "out").exists()
