@@ -45,6 +45,8 @@ def propose(source, output, max_ngram=4, min_ngram=1):
     ([0, 0, 0], [0, 4, 2, 3, 4], 2),
     # Among equally long matches, the latest: the output's (4, 2 -> 8) over the input's (-> 3).
     ([4, 2, 3, 1, 0], [0, 4, 2, 8, 9, 4, 2], 8),
+    # Among equally long matches in the input, the first (a summary copies from the top).
+    ([5, 7, 5, 8, 1], [0, 5], 7),
     # Nothing matches: no proposal, not a made-up token.
     ([5, 6, 7, 1], [0, 9, 10], None),
     # The only occurrence is followed by padding: nothing to propose.

@@ -16,7 +16,7 @@ proposal where it has one, the model's logits elsewhere, per row and per draft p
 Everything is fixed-shape JAX inside the caller's jit: the source is the concatenation
 [encoder tokens | output tokens] (Le + S entries), and each of the k fed positions compares its
 last max_ngram tokens with every window of the source ([B, k, max_ngram, Le + S] booleans).
-Ties between equally long matches go to the latest occurrence (the output's before the input's).
+Ties between equally long matches go to the output's latest occurrence, else the input's first.
 
 Cache: `LookupCache(source [B, Le])`, the encoder tokens (0 = padding, never matched); combined
 with a model, `{'lookup': LookupCache, 'model': the model's cache}`.
@@ -85,7 +85,10 @@ def longest_match(source: jax.Array, sequences: jax.Array, positions: jax.Array,
   in_output = (output_end >= 1) & (output_end < positions[..., None])
   usable = in_source[:, None] | in_output
   length = jnp.where(usable, length, 0)
-  best = jnp.argmax(length * text_len + ends, axis=-1)  # longest, then latest
+  # The longest match; among equally long ones the output's latest, else the input's first
+  # (a summary copies its article mostly in order, from the top: the lead).
+  rank = jnp.where(ends >= source_len, ends, source_len - 1 - ends)
+  best = jnp.argmax(length * text_len + rank, axis=-1)
   best_length = jnp.take_along_axis(length, best[..., None], axis=-1)[..., 0]
   token = jnp.take_along_axis(following, best, axis=1)
   return token.astype(jnp.int32), best_length.astype(jnp.int32)
