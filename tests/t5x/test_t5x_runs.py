@@ -96,8 +96,8 @@ SHARDED_RUNS = {"sharded_2": 2, "sharded_4_shard_draft": 4}
 BAD_RUNS = {
     "bad_other_vocabulary": (
         ("DRAFT_CHECKPOINT_PATH='{draft_32000}'",),
-        "ValueError: draft vocabulary differs from the target's: the draft has 32000 ids, the "
-        "target 32128"),
+        "ValueError: target and draft vocabularies differ: the target has 32128 ids, the draft "
+        "32000"),
     "bad_missing_draft": (("DRAFT_CHECKPOINT_PATH='/nonexistent/checkpoint_1'",),
                           "ValueError: draft checkpoint not found: /nonexistent/checkpoint_1"),
     "bad_gamma_0": (("GAMMA=0",), "ValueError: gamma must be an integer >= 1, got 0"),
