@@ -7,7 +7,10 @@ T5X hook (`spec_decode.t5x.speculative`), `spec_decode.infer` on a mesh
   * a decode loop's name (`spec_decode.engine.loops`: 'speculative_sample', 'temperature_sample'
     or any loop registered there) and the settings a config gives it (gamma, verifier,
     draft_policy, temperature, topk, topp, max_decode_steps, or a new loop's own);
-  * the target's and (when the loop uses one) the draft's `network.Transformer`;
+  * the target's `network.Transformer` and (when the loop uses one) the draft: a
+    `network.Transformer`, or a `LookupDraft` (n-gram lookup from the input and the output so
+    far, `spec_decode.engine.lookup`), alone or combined with a draft `network.Transformer`
+    (`make_draft` builds either from a runner's settings: one place for every runner);
 and checks the pair there, once, before anything is restored or compiled: the loop exists,
 takes every setting and accepts its values, has a draft exactly when it needs one, and both
 models share a vocabulary size (a ValueError naming the problem).
@@ -25,7 +28,8 @@ Decoding with T5X's semantics (B batch, n num_decodes, L decoder length, Le inpu
   run(params, draft_params, caches, inputs [B, L], eos_id, ...) -> (decodes [B, n, L],
       scores [B, n], aux {name: [B, n]}).
 Where caches live is a `ModelCalls`' business: `NetworkCalls` (the network as it is) by default;
-`decode_layout.DecodeLayout` pins each cache to its mesh layout.
+`decode_layout.DecodeLayout` pins each cache to its mesh layout (role 'lookup': a lookup's cache,
+the rows' encoder tokens). `draft_params` are the draft network's (None for a lookup alone).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode.engine import decoding
+from spec_decode.engine import lookup
 from spec_decode.engine import loops
 from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import network
@@ -49,10 +54,57 @@ TokensToLogits = Callable[[decoding.DecodingState], tuple[jax.Array, Any]]
 # The settings that fix the sampled distribution: a speculative decoder's baseline shares them.
 SAMPLING_SETTINGS = ("temperature", "topk", "topp", "max_decode_steps")
 ROLES = ("target", "draft")
+# Where a speculative decode's drafts come from (a runner's `draft_source` setting).
+DRAFT_SOURCES = ("model", "lookup", "lookup+model")
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupDraft:
+  """An n-gram lookup draft (`engine.lookup.NGramLookup`): alone when `model` is None, else
+  the lookup where a match of at least `min_ngram` tokens exists and `model` elsewhere."""
+  max_ngram: int = 4
+  min_ngram: int = 1
+  model: network.Transformer | None = None
+
+  def __post_init__(self):
+    lookup.check_ngram_settings(self.max_ngram, self.min_ngram)
+    if self.model is not None and not isinstance(self.model, network.Transformer):
+      raise ValueError(f"a lookup's draft model must be a network.Transformer, got "
+                       f"{self.model!r}")
+
+  def drafter(self, vocab_size: int) -> lookup.NGramLookup:
+    return lookup.NGramLookup(vocab_size, self.max_ngram, self.min_ngram)
+
+
+Draft = network.Transformer | LookupDraft
+
+
+def make_draft(draft_source: str, model: network.Transformer | None,
+               lookup_max_ngram: int = 4, lookup_min_ngram: int | None = None) -> Draft:
+  """The draft of a runner's settings: 'model' (the draft network), 'lookup' (n-gram lookup
+  alone: `model` must be None) or 'lookup+model' (lookup where a match of `lookup_min_ngram`
+  tokens exists, default 2, the model elsewhere). ValueError naming a bad setting."""
+  if draft_source not in DRAFT_SOURCES:
+    raise ValueError(f"draft_source must be one of {DRAFT_SOURCES}, got {draft_source!r}")
+  if draft_source != "lookup" and model is None:
+    raise ValueError(f"draft_source {draft_source!r} needs a draft model")
+  if draft_source == "model":
+    return model
+  if draft_source == "lookup" and model is not None:
+    raise ValueError("draft_source 'lookup' uses no draft model, but one is given")
+  if lookup_min_ngram is None:
+    lookup_min_ngram = 1 if model is None else min(2, lookup_max_ngram)
+  return LookupDraft(lookup_max_ngram, lookup_min_ngram, model)
+
+
+def draft_network(draft: Draft | None) -> network.Transformer | None:
+  """The network a draft's parameters belong to (None: a lookup alone, or no draft)."""
+  return draft.model if isinstance(draft, LookupDraft) else draft
 
 
 class ModelCalls(Protocol):
-  """How a decode gets each model's cache and step function (role 'target' or 'draft')."""
+  """How a decode gets each model's cache and step function (role 'target' or 'draft'), and
+  where a lookup draft's cache lives (`pin_cache` with role 'lookup')."""
 
   def init_cache(self, role: str, module: network.Transformer, params: Params,
                  encoder_input_tokens: jax.Array, max_decode_len: int) -> network.DecodeCache:
@@ -94,7 +146,7 @@ NETWORK_CALLS = NetworkCalls()
 class Caches:
   """The decode caches of one batch: the target's, and the draft's (None without a draft)."""
   target: network.DecodeCache
-  draft: network.DecodeCache | None
+  draft: Any  # a network's DecodeCache, a lookup's cache, or both (see `Decoder.prefill`)
 
 
 def _frozen(settings: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -111,28 +163,31 @@ class Decoder:
   """
   loop_name: str
   target: network.Transformer
-  draft: network.Transformer | None
+  draft: Draft | None
   settings: tuple[tuple[str, Any], ...]
 
   def __post_init__(self):
     loop = loops.get(self.loop_name)
-    for role, module in (("target", self.target), ("draft", self.draft)):
-      if module is not None and not isinstance(module, network.Transformer):
-        raise ValueError(f"the {role} must be a network.Transformer, got {module!r}")
+    if not isinstance(self.target, network.Transformer):
+      raise ValueError(f"the target must be a network.Transformer, got {self.target!r}")
+    if self.draft is not None and not isinstance(self.draft, (network.Transformer, LookupDraft)):
+      raise ValueError(f"the draft must be a network.Transformer or a LookupDraft, got "
+                       f"{self.draft!r}")
     if loop.uses_draft and self.draft is None:
       raise ValueError(f"decode loop {self.loop_name!r} needs a draft model")
     if not loop.uses_draft and self.draft is not None:
       raise ValueError(f"decode loop {self.loop_name!r} uses no draft model, but one is given")
-    if self.draft is not None:
-      target_vocab, draft_vocab = self.target.config.vocab_size, self.draft.config.vocab_size
+    if self.draft_network is not None:
+      target_vocab = self.target.config.vocab_size
+      draft_vocab = self.draft_network.config.vocab_size
       if target_vocab != draft_vocab:
         raise ValueError(f"target and draft vocabularies differ: the target has {target_vocab} "
                          f"ids, the draft {draft_vocab}")
     loop.check(dict(self.settings))
 
   @classmethod
-  def create(cls, loop: str, target: network.Transformer,
-             draft: network.Transformer | None = None, **settings: Any) -> "Decoder":
+  def create(cls, loop: str, target: network.Transformer, draft: Draft | None = None,
+             **settings: Any) -> "Decoder":
     return cls(loop, target, draft,
                _frozen({name: value for name, value in settings.items() if value is not None}))
 
@@ -143,6 +198,47 @@ class Decoder:
   @property
   def uses_draft(self) -> bool:
     return self.loop.uses_draft
+
+  @property
+  def draft_network(self) -> network.Transformer | None:
+    """The draft network whose parameters a decode takes (None: no draft params)."""
+    return draft_network(self.draft)
+
+  @property
+  def draft_description(self) -> str:
+    """Where the drafts come from, for reports: 'draft model', 'n-gram lookup (n 1..4)', ..."""
+    if not isinstance(self.draft, LookupDraft):
+      return "draft model"
+    lookup_text = f"n-gram lookup (n {self.draft.min_ngram}..{self.draft.max_ngram})"
+    return lookup_text if self.draft.model is None else lookup_text + ", else draft model"
+
+  def _draft_cache(self, calls: ModelCalls, draft_params: Params | None,
+                   encoder_input_tokens: jax.Array, max_decode_len: int) -> Any:
+    model_cache = None
+    if self.draft_network is not None:
+      model_cache = calls.init_cache("draft", self.draft_network, draft_params,
+                                     encoder_input_tokens, max_decode_len)
+    if not isinstance(self.draft, LookupDraft):
+      return model_cache
+    drafter = self.draft.drafter(self.target.config.vocab_size)
+    lookup_cache = calls.pin_cache("lookup", drafter.init_cache(encoder_input_tokens))
+    if model_cache is None:
+      return lookup_cache
+    return {"lookup": lookup_cache, "model": model_cache}  # `lookup.with_model`'s cache
+
+  def _draft_calls(self, calls: ModelCalls, draft_params: Params | None,
+                   cache: Any) -> tuple[Any, TokensToLogits]:
+    """(the draft's cache, pinned, and its tokens_to_logits)."""
+    if not isinstance(self.draft, LookupDraft):
+      return (calls.pin_cache("draft", cache),
+              calls.tokens_to_logits("draft", self.draft, draft_params))
+    drafter = self.draft.drafter(self.target.config.vocab_size)
+    if self.draft_network is None:
+      return calls.pin_cache("lookup", cache), drafter.tokens_to_logits
+    cache = {"lookup": calls.pin_cache("lookup", cache["lookup"]),
+             "model": calls.pin_cache("draft", cache["model"])}
+    return cache, lookup.with_model(
+        drafter, calls.tokens_to_logits("draft", self.draft_network, draft_params))
 
   def resolved_settings(self) -> dict[str, Any]:
     """Every setting of the loop, as it will run (its defaults where the config set none)."""
@@ -160,8 +256,7 @@ class Decoder:
     """Both encoders run once; the decode caches of positions < 0 (empty)."""
     draft_cache = None
     if self.uses_draft:
-      draft_cache = calls.init_cache("draft", self.draft, draft_params, encoder_input_tokens,
-                                     max_decode_len)
+      draft_cache = self._draft_cache(calls, draft_params, encoder_input_tokens, max_decode_len)
     return Caches(calls.init_cache("target", self.target, params, encoder_input_tokens,
                                    max_decode_len), draft_cache)
 
@@ -173,9 +268,8 @@ class Decoder:
     arguments = {**dict(self.settings), **dict(decoder_params or {})}
     arguments.setdefault("eos_id", eos_id)
     if self.uses_draft:
-      arguments.update(
-          draft_cache=calls.pin_cache("draft", caches.draft),
-          draft_tokens_to_logits=calls.tokens_to_logits("draft", self.draft, draft_params))
+      draft_cache, draft_tokens_to_logits = self._draft_calls(calls, draft_params, caches.draft)
+      arguments.update(draft_cache=draft_cache, draft_tokens_to_logits=draft_tokens_to_logits)
     return self.loop(inputs=inputs, cache=calls.pin_cache("target", caches.target),
                      tokens_to_logits=calls.tokens_to_logits("target", self.target, params),
                      num_decodes=num_decodes, **arguments)

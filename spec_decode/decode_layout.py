@@ -158,7 +158,11 @@ class DecodeLayout:
     return self.partitioner.logical_axis_rules if role == "target" else self.draft_rules
 
   def pin_cache(self, role: str, cache: network.DecodeCache) -> network.DecodeCache:
-    """`cache` constrained to its layout (inside a jitted function)."""
+    """`cache` constrained to its layout (inside a jitted function); a 'lookup' cache (the rows'
+    encoder tokens, `core.LookupDraft`) is split over 'data' like the batch it came from."""
+    if role == "lookup":
+      return jax.lax.with_sharding_constraint(
+          cache, jax.tree_util.tree_map(lambda _: self.partitioner.batch_sharding, cache))
     return jax.lax.with_sharding_constraint(
         cache, self.partitioner.cache_shardings(cache, self.rules(role)))
 
@@ -225,8 +229,8 @@ class DecodeLayout:
     def predict(params, draft_params, batch, rng):
       return decoder.predict(params, draft_params, batch, eos_id, rng, calls=self)
 
-    return self.partition(
-        predict, ("target", "draft" if decoder.uses_draft else None, "batch", "replicated"))
+    return self.partition(predict, ("target", "draft" if decoder.draft_network else None,
+                                    "batch", "replicated"))
 
   def put_params(self, role: str, params: Params) -> Params:
     """Host parameters of the 'target' or 'draft' -> their layout, slice by slice."""

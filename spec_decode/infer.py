@@ -307,7 +307,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   input_length, target_length = _check_dataset_config(dataset_cfg)
   if partitioner is None:  # one device, the same path
     partitioner = partitioning.PjitPartitioner(mesh_shape=(1, 1))
-  draft_module = model.draft_module if model.is_speculative else None
+  draft_module = model.draft_module if model.is_speculative else None  # None: a lookup alone
   layout = decode_layout.decode_layout(
       partitioner, model.module.config, None if draft_module is None else draft_module.config)
   _check_batch_size(layout, dataset_cfg.batch_size)
@@ -321,7 +321,8 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   print(f"{infer_outputs.count(len(examples), 'example')} in "
         f"{infer_outputs.count(len(batches), 'batch')} of {dataset_cfg.batch_size}")
 
-  name = "speculative decoder (target + draft)" if model.is_speculative else "target"
+  name = (f"speculative decoder (target + {model.decoder.draft_description})"
+          if model.is_speculative else "target")
   eos_id = model.output_vocabulary.eos_id
   run = decode_all(model.decoder, eos_id, params, draft_params, batches, seed, layout,
                    progress=infer_outputs.progress(name))
@@ -329,6 +330,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   if compare_with_baseline:
     baseline = decode_all(model.decoder.baseline(), eos_id, params, None, batches, seed, layout,
                           progress=infer_outputs.progress("baseline (target alone)"))
+  if compare_with_baseline and draft_module is not None:  # a lookup's calls cost ~nothing
     print("measuring one target call of 1 and of gamma + 1 tokens, and one draft call")
     costs = call_costs.verification_costs(
         (model.module, params), (model.draft_module, draft_params),

@@ -124,6 +124,7 @@ def summarize(model: models.EncoderDecoderModel, source: str, cfg: Any,
       "num_examples": len(examples), "batch_size": cfg.batch_size,
       "task_feature_lengths": dict(cfg.task_feature_lengths),
       "speculative": model.is_speculative, "decode_settings": settings,
+      "draft": model.decoder.draft_description if model.is_speculative else None,
       "generated_tokens": generated, "compile_seconds": run.compile_seconds,
       "wall_seconds": run.seconds, "tokens_per_second": generated / max(run.seconds, 1e-9)}
   if model.is_speculative:

@@ -219,11 +219,11 @@ class EncoderDecoderModel:
     self._z_loss = z_loss
     self._loss_normalizing_factor = loss_normalizing_factor
     self.decoder = core.Decoder.create(
-        decode_loop, module, self._draft_module_for(decode_loop), gamma=gamma,
+        decode_loop, module, self._draft_for(decode_loop), gamma=gamma,
         verifier=verifier, draft_policy=draft_policy, temperature=temperature, topk=topk,
         topp=topp, max_decode_steps=max_decode_steps, **dict(loop_settings or {}))
 
-  def _draft_module_for(self, decode_loop: str) -> network.Transformer | None:
+  def _draft_for(self, decode_loop: str) -> core.Draft | None:
     del decode_loop  # the target alone
     return None
 
@@ -326,22 +326,37 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
   settings (gamma, verifier, draft_policy, temperature, ...) are constructor arguments, as in
   the T5X hook (configs bind them from GAMMA, VERIFIER, DRAFT_POLICY, TEMPERATURE). With a loop
   that uses no draft (the baseline) the target runs alone and the draft is never read.
+  `draft_source` (`core.make_draft`): 'model' (the checkpoint's draft), 'lookup' (n-gram
+  lookup from the input and the output so far: no draft checkpoint, and giving one is an error
+  since it would be ignored) or 'lookup+model'; `lookup_max_ngram`, `lookup_min_ngram` are the
+  lookup's n-gram lengths.
   """
 
   def __init__(self, module: network.Transformer, input_vocabulary: Any,
                output_vocabulary: Any, optimizer_def: Any = None,
                decode_loop: str = "speculative_sample", *,
                draft_checkpoint_path: str | None = None,
-               draft_module: network.Transformer | None = None, **kwargs: Any):
+               draft_module: network.Transformer | None = None, draft_source: str = "model",
+               lookup_max_ngram: int = 4, lookup_min_ngram: int | None = None, **kwargs: Any):
     self.draft_checkpoint_path = draft_checkpoint_path
     self._given_draft_module = draft_module
+    self._draft_settings = (draft_source, lookup_max_ngram, lookup_min_ngram)
     self._draft_params: Params | None = None
     super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def, decode_loop,
                      **kwargs)
 
-  def _draft_module_for(self, decode_loop: str) -> network.Transformer | None:
+  def _draft_for(self, decode_loop: str) -> core.Draft | None:
     if not loops.get(decode_loop).uses_draft:
       return None
+    draft_source, max_ngram, min_ngram = self._draft_settings
+    if draft_source == "lookup":
+      if self.draft_checkpoint_path is not None or self._given_draft_module is not None:
+        raise ValueError("draft_source 'lookup' uses no draft model: unset "
+                         "draft_checkpoint_path (the draft would be ignored)")
+      return core.make_draft("lookup", None, max_ngram, min_ngram)
+    return core.make_draft(draft_source, self._draft_network(decode_loop), max_ngram, min_ngram)
+
+  def _draft_network(self, decode_loop: str) -> network.Transformer:
     if self.draft_checkpoint_path is None:
       raise ValueError(f"decode loop {decode_loop!r} needs a draft: set draft_checkpoint_path")
     checkpoint_format(self.draft_checkpoint_path)  # FileNotFoundError when missing
@@ -352,7 +367,8 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
 
   @property
   def draft_module(self) -> network.Transformer | None:
-    return self.decoder.draft
+    """The draft network (None without one, as for a lookup alone)."""
+    return self.decoder.draft_network
 
   @property
   def draft_params(self) -> Params:
@@ -385,7 +401,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
                              draft_params: Params | None = None
                              ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """As EncoderDecoderModel's; `draft_params` default to the loaded `draft_params`."""
-    if self.is_speculative and draft_params is None:
+    if self.draft_module is not None and draft_params is None:
       draft_params = self.draft_params
     return self.decoder.predict(params, draft_params, batch, self.output_vocabulary.eos_id,
                                 rng, decoder_params, return_all_decodes, num_decodes,

@@ -6,7 +6,9 @@ compared with a chi-square test at a fixed seed. The same test must reject delib
 verifiers (the negative controls), which shows it has the power to catch a broken rule.
 
 Every exact rule registered in `spec_decode.engine.verify` runs through the whole suite, and every
-drafting policy of `spec_decode.engine.drafting` through a representative part of it.
+drafting policy of `spec_decode.engine.drafting` through a representative part of it; n-gram
+lookup drafts (`spec_decode.engine.lookup`), alone and combined with a model, run under every
+exact rule and policy, greedy and at temperature 1.
 
 SPEC_DECODE_EXACTNESS_SAMPLES draws fewer sequences (a quick check; at least MIN_SAMPLES). The
 chi-square statistic of a wrong rule grows with the sample count: at 100,000 the weakest
@@ -27,6 +29,7 @@ import pytest
 import scipy.stats
 
 from spec_decode.engine import drafting, sampling, verify
+from spec_decode.engine import lookup as engine_lookup
 import toy_setup
 from toy_setup import EOS
 
@@ -123,6 +126,61 @@ def test_sequences_follow_the_target_law(case, verifier, draft_policy):
     assert alpha < 0.99
 
 
+# N-gram lookup drafts (alone, and combined with the 'near' model) under every exact rule and
+# policy, greedy and at temperature 1. Half the rows have a random encoder source to copy from,
+# half an empty one (only their own output can match), so rows with and without proposals share
+# every batch; the law over outputs is the target's whatever the source.
+LOOKUP_DECODERS = [(drafter, temperature, rule, policy) for drafter in ("lookup", "lookup+near")
+                   for temperature in (0.0, 1.0) for rule in sorted(verify.EXACT_RULES)
+                   for policy in sorted(drafting.POLICIES)]
+
+
+def lookup_sources(num_rows: int, length: int = 6, seed: int = 0) -> np.ndarray:
+  """[num_rows, length] encoder tokens: random words then EOS on even rows, padding on odd."""
+  rng = np.random.default_rng(seed)
+  sources = np.zeros((num_rows, length), np.int32)
+  sources[::2, :-1] = rng.integers(2, VOCAB, (len(sources[::2]), length - 1))
+  sources[::2, -1] = EOS
+  return sources
+
+
+def draw_lookup(drafter, sampling_args, verifier, draft_policy="fixed", gamma=3, seed=0):
+  target, near = toy_setup.make_pair(VOCAB, "near", seed=1)
+  combined = drafter == "lookup+near"
+  # min_ngram 1 in both: the greedy output (2, EOS) is too short for a longer match; rows with
+  # an empty source have no match at positions 0 and 1, where the combined draft uses the model.
+  lookup = engine_lookup.NGramLookup(VOCAB, max_ngram=3, min_ngram=1)
+  decodes, _, stats = toy_setup.speculative_lookup(
+      target, near if combined else None, lookup, jnp.asarray(lookup_sources(NUM_SAMPLES)),
+      jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32), jax.random.PRNGKey(seed), gamma,
+      sampling_args=sampling_args, verifier=verifier, draft_policy=draft_policy)
+  return target, np.asarray(decodes[:, 0]), stats
+
+
+@pytest.mark.parametrize("drafter,temperature,verifier,draft_policy", LOOKUP_DECODERS)
+def test_lookup_drafts_follow_the_target_law(drafter, temperature, verifier, draft_policy):
+  sampling_args = (temperature, 0, 0.0)
+  target, decodes, stats = draw_lookup(drafter, sampling_args, verifier, draft_policy)
+  law = exact_law(target, sampling_args)
+  if len(law) == 1:  # greedy: one possible output, which every row must produce
+    (expected,) = law
+    observed = {tuple(t for t in row if t != 0) for row in map(tuple, decodes)}
+    assert observed == {expected}
+  else:
+    p_value = chi_square_p_value(decodes, law)
+    assert p_value > P_VALUE_FLOOR, f"{drafter}/{verifier}/{draft_policy}: p = {p_value:.2e}"
+  lookup_drafted = np.asarray(stats.lookup_drafted_tokens)[:, 0]
+  drafted = np.asarray(stats.drafted_tokens)[:, 0]
+  assert lookup_drafted.sum() > 0  # the lookup proposed, so the test weighed its drafts
+  assert np.all(stats.lookup_accepted_tokens <= stats.accepted_tokens)
+  if drafter == "lookup":
+    assert np.array_equal(lookup_drafted, drafted)  # every draft is a lookup's
+    # Rows proposed nothing in some iterations (fewer drafts than the policy would take).
+    assert np.any(drafted < 3 * np.asarray(stats.target_calls)[:, 0])
+  else:
+    assert np.sum(drafted - lookup_drafted) > 0  # the model drafted where lookup did not
+
+
 def accept_everything(draft_tokens, draft_probs, target_probs, num_drafted):
   verdict = verify.token_rule(draft_tokens, draft_probs, target_probs, num_drafted)
   all_accepted = jax.nn.one_hot(num_drafted, draft_tokens.shape[1] + 1)
@@ -144,6 +202,15 @@ def test_negative_controls_fail(wrong_rule):
   decodes, _ = draw(target, draft, 3, sampling_args, wrong_rule)
   p_value = chi_square_p_value(decodes, exact_law(target, sampling_args))
   assert p_value < P_VALUE_FLOOR, f"{wrong_rule.__name__} was not caught: p = {p_value:.2e}"
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "lookup+near"])
+def test_negative_controls_fail_with_lookup_drafts(drafter):
+  """The lookup test has the power to catch a wrong verifier of lookup drafts."""
+  sampling_args = (1.0, 0, 0.0)
+  target, decodes, _ = draw_lookup(drafter, sampling_args, accept_everything)
+  p_value = chi_square_p_value(decodes, exact_law(target, sampling_args))
+  assert p_value < P_VALUE_FLOOR, f"accept_everything was not caught: p = {p_value:.2e}"
 
 
 def test_a_sample_count_without_power_is_refused():

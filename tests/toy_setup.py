@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 from spec_decode.engine import decoding, toy
+from spec_decode.engine import lookup as engine_lookup
 
 EOS = 1
 
@@ -54,3 +55,23 @@ def random_prompts(rng: np.random.Generator, batch_size: int, max_decode_len: in
     prompt_len = rng.integers(0, max_prompt_len + 1)
     inputs[row, 1:1 + prompt_len] = rng.integers(2, vocab_size, prompt_len)
   return inputs
+
+
+@functools.partial(jax.jit, static_argnames=("lookup", "gamma", "num_decodes", "sampling_args",
+                                             "verifier", "draft_policy"))
+def speculative_lookup(target, draft, lookup, source, inputs, rng, gamma, num_decodes=1,
+                       sampling_args=(1.0, 0, 0.0), verifier="token", draft_policy="fixed"):
+  """Speculative sampling with an n-gram lookup draft over `source [B, Le]` (the rows'
+  encoder tokens): the lookup alone when `draft` is None, else combined with that model."""
+  temperature, topk, topp = sampling_args
+  if draft is None:
+    draft_cache, draft_tokens_to_logits = lookup.init_cache(source), lookup.tokens_to_logits
+  else:
+    draft_cache = engine_lookup.init_combined_cache(lookup, source,
+                                                    draft.init_cache(*inputs.shape))
+    draft_tokens_to_logits = engine_lookup.with_model(lookup, draft.tokens_to_logits)
+  return decoding.speculative_sample(
+      inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
+      draft_cache=draft_cache, draft_tokens_to_logits=draft_tokens_to_logits, gamma=gamma,
+      decode_rng=rng, num_decodes=num_decodes, temperature=temperature, topk=topk, topp=topp,
+      verifier=verifier, draft_policy=draft_policy)

@@ -36,7 +36,9 @@ class Variant:
   """One decoder setting: the baseline (gamma None) or a speculative decoder.
 
   `policy_bindings` are keyword arguments bound into the drafting policy; `simulated_alpha`
-  replaces the verifier by `simulated_acceptance_rule(simulated_alpha)`.
+  replaces the verifier by `simulated_acceptance_rule(simulated_alpha)`. `draft_source` and the
+  lookup's n-gram lengths choose the drafts (`core.make_draft`: 'model', 'lookup' or
+  'lookup+model').
   """
   temperature: float
   gamma: int | None = None
@@ -48,6 +50,9 @@ class Variant:
   # gamma, temperature and its own `loop_settings`.
   decode_loop: str = "speculative_sample"
   loop_settings: tuple[tuple[str, Any], ...] = ()
+  draft_source: str = "model"
+  lookup_max_ngram: int = 4
+  lookup_min_ngram: int | None = None
 
   @property
   def is_baseline(self) -> bool:
@@ -59,9 +64,18 @@ class Variant:
     return self.verifier == "token" and self.draft_policy == "fixed"
 
   @property
+  def uses_draft_params(self) -> bool:
+    return not self.is_baseline and self.draft_source != "lookup"
+
+  @property
   def label(self) -> str:
     if self.is_baseline:
       return "baseline"
+    if self.draft_source != "model":
+      return f"{self.draft_source} n<={self.lookup_max_ngram} {self._model_label()}"
+    return self._model_label()
+
+  def _model_label(self) -> str:
     if self.simulated_alpha is not None:
       return f"{SIMULATED} coin alpha={self.simulated_alpha:g} gamma={self.gamma}"
     if self.decode_loop != "speculative_sample":
@@ -80,11 +94,14 @@ class Variant:
     policy = (functools.partial(drafting.get_policy(self.draft_policy),
                                 **dict(self.policy_bindings))
               if self.policy_bindings else self.draft_policy)
+    draft = core.make_draft(self.draft_source,
+                            pair.draft.module if self.uses_draft_params else None,
+                            self.lookup_max_ngram, self.lookup_min_ngram)
     if self.decode_loop != "speculative_sample":
-      return core.Decoder.create(self.decode_loop, pair.target.module, pair.draft.module,
+      return core.Decoder.create(self.decode_loop, pair.target.module, draft,
                                  gamma=self.gamma, temperature=self.temperature,
                                  **dict(self.loop_settings))
-    return core.Decoder.create("speculative_sample", pair.target.module, pair.draft.module,
+    return core.Decoder.create("speculative_sample", pair.target.module, draft,
                                gamma=self.gamma, temperature=self.temperature,
                                verifier=verifier, draft_policy=policy)
 
@@ -121,7 +138,7 @@ def _partitioned_decoder(layout: decode_layout.DecodeLayout, pair: Pair, variant
     compiled loop, tests/sharding compares them)."""
   decoder = variant.decoder(pair)
   max_decode_len = pair.max_decode_len
-  draft_role = "draft" if decoder.uses_draft else None
+  draft_role = "draft" if decoder.draft_network is not None else None
 
   def prefill(target_params, draft_params, encoder_tokens):
     return decoder.prefill(target_params, draft_params, encoder_tokens, max_decode_len, layout)
@@ -168,7 +185,7 @@ class PairDecoders:
 
   def _prefill_args(self, variant: Variant, repetition: int, batch_size: int) -> tuple:
     """(target params, draft params or None, encoder tokens) of one run, placed."""
-    draft_params = None if variant.is_baseline else self._params[1]
+    draft_params = self._params[1] if variant.uses_draft_params else None
     return (self._params[0], draft_params,
             self.layout.put_batch(self.pair.batch(repetition, batch_size)))
 

@@ -9,6 +9,8 @@ Pure JAX (no gin, no T5, no checkpoints): models enter only through the model co
   decoding   `temperature_sample` (baseline) and `speculative_sample`, each one jitted loop
   loops      the registry of decode loops by name: what every runner (infer, the T5X hook,
              the benchmark) can run; a new loop is one `loops.register`
+  lookup     n-gram lookup drafts from the input and the output so far (no draft model),
+             alone or beside a draft model; 'no proposal' is all -inf logits
   toy        prefix-hash toy models honoring the contract with a real cache (for tests)
 """
 

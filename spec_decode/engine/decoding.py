@@ -17,6 +17,9 @@ next time, so entries at positions >= cur_index are stale and must never be read
 positions >= the cache length are dropped; a cache of length L = max_decode_len is enough.
 The target is called with k = gamma + 1 (one parallel verification per iteration), the draft with
 k = 2 once per iteration (the catch-up call below) and k = 1 otherwise.
+A draft's logits may hold -inf: a row whose logits are all -inf proposes NOTHING at that position
+(`lookup.NGramLookup` where no n-gram matches), and a row with exactly one finite logit is a
+deterministic proposal (q is the point mass there), which the stats count as a lookup draft.
 
 ## Conventions (T5X's `t5x/decoding.py`)
 `inputs [B, L]` are decoder inputs: position 0 is BOS (0); a non-zero token at position t >= 1 is
@@ -42,6 +45,15 @@ Each iteration of `speculative_sample`, for every row independently at its own p
 3. a verification rule from `spec_decode.engine.verify` turns (x, q, p, m) into the number of
    accepted drafts n and the next token; the row commits n + 1 tokens (cut at EOS or its length limit)
    and both caches roll back to the new position on the next call.
+A draft may also stop a row by proposing nothing (all -inf logits), at any offset, the first
+included: the row then has m = the offset drafts (m = 0: the iteration emits one token of the
+target, the bonus from p_1 of the same single call). This stays exact for the reason the drafting
+policies do: whether a row goes on depends only on its prefix, its drafts so far and the draft's
+own randomness, never on the target's p or the verifier's coins, so m is fixed before
+verification, and every exact rule's law is the target's given any such m (the verifier is told
+m and weighs only those drafts; p_{m+1} conditions only on positions <= i + m). A deterministic
+proposal x has q = one-hot(x): the token rule accepts it with p(x) and otherwise emits from
+norm(p with x removed), which is p again; greedy, it is kept exactly when x is the target's argmax.
 Forced prompt tokens are exact by construction: at a forced position both p and q become the
 one-hot of the forced token, so it is always drafted, always accepted, and always emitted.
 """
@@ -88,6 +100,8 @@ class SpeculativeStats:
   draft_calls: jax.Array
   drafted_tokens: jax.Array
   accepted_tokens: jax.Array  # drafts accepted by the verifier and kept (not past EOS/limit)
+  lookup_drafted_tokens: jax.Array  # of drafted_tokens: deterministic (n-gram lookup) ones
+  lookup_accepted_tokens: jax.Array  # of accepted_tokens: deterministic (n-gram lookup) ones
   generated_tokens: jax.Array  # tokens committed (accepted + corrections/bonus, cut at EOS)
   acceptance_sum: jax.Array  # sum over verified positions of sum_x min(p(x), q(x))
   verified_positions: jax.Array
@@ -113,7 +127,8 @@ class SpeculativeStats:
   def zeros(cls, num_rows: int) -> "SpeculativeStats":
     zero_int = jnp.zeros((num_rows,), jnp.int32)
     zero_float = jnp.zeros((num_rows,), jnp.float32)
-    return cls(zero_int, zero_int, zero_int, zero_int, zero_int, zero_float, zero_int)
+    return cls(**{name: zero_float if name == "acceptance_sum" else zero_int
+                  for name in cls.counter_names()})
 
 
 @flax.struct.dataclass
@@ -369,10 +384,11 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
 
   The first call feeds positions (i-1, i) — the catch-up — except at i = 0, where it feeds
   (0, 1) and reads the logits of position 0 (position 1 is scratch, overwritten before it is
-  read). Each further call feeds the previous draft. The policy may stop rows early; the loop
+  read). Each further call feeds the previous draft. The policy may stop rows early, and a draft
+  stops a row by proposing nothing (all -inf logits, before its token is counted); the loop
   ends when no row drafts any more. Returns (draft_tokens [N, G], draft_probs [N, G, V],
   num_drafted [N], number of draft calls (scalar), sequences with the drafts written at
-  i+1.., draft_cache).
+  i+1.., draft_cache, is_point [N, G]: which drafts were deterministic proposals).
   """
   index = rows.index
   start = jnp.maximum(index - 1, 0)
@@ -384,16 +400,23 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
 
   def propose(carry):
     """Samples the draft at block offset `offset` and asks the policy whether to go on."""
-    offset, logits, sequences, draft_cache, rng, tokens, probs, still_drafting, num_drafted = carry
+    (offset, logits, sequences, draft_cache, rng, tokens, probs, still_drafting, num_drafted,
+     is_point) = carry
     rng, sample_rng = jax.random.split(rng)
     position = index + 1 + offset
+    finite = jnp.sum(logits > -jnp.inf, axis=-1)
+    forced = _gather(problem.forced, position[:, None])[:, 0] > 0
+    proposes = (finite > 0) | forced  # a forced token is always proposed (q is its one-hot)
     q = _target_probs(problem, logits[:, None], position[:, None])[:, 0]
+    q = jnp.where(proposes[:, None], q, 0.0)  # no proposal: no law (softmax of -inf is NaN)
     token = sampling.sample(sample_rng, q, point_masses=problem.greedy)
     sequences = _scatter(sequences, position[:, None], token[:, None])
+    still_drafting &= proposes
     num_drafted = num_drafted + still_drafting
+    is_point = is_point.at[:, offset].set(still_drafting & (finite == 1))
     still_drafting &= policy(offset, q, stats) & (offset + 1 < gamma)
     return (offset + 1, logits, sequences, draft_cache, rng, tokens.at[:, offset].set(token),
-            probs.at[:, offset].set(q), still_drafting, num_drafted)
+            probs.at[:, offset].set(q), still_drafting, num_drafted, is_point)
 
   def feed_and_propose(carry):
     offset, _, sequences, draft_cache = carry[:4]
@@ -405,10 +428,11 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
   carry = propose((jnp.int32(0), logits, rows.sequences, draft_cache, rng,
                    jnp.zeros((num_rows, gamma), jnp.int32),
                    jnp.zeros((num_rows, gamma, vocab_size), jnp.float32),
-                   jnp.ones((num_rows,), bool), jnp.zeros((num_rows,), jnp.int32)))
+                   jnp.ones((num_rows,), bool), jnp.zeros((num_rows,), jnp.int32),
+                   jnp.zeros((num_rows, gamma), bool)))
   carry = jax.lax.while_loop(lambda c: jnp.any(c[7]), feed_and_propose, carry)
-  num_calls, _, sequences, draft_cache, _, tokens, probs, _, num_drafted = carry
-  return tokens, probs, num_drafted, num_calls, sequences, draft_cache
+  num_calls, _, sequences, draft_cache, _, tokens, probs, _, num_drafted, is_point = carry
+  return tokens, probs, num_drafted, num_calls, sequences, draft_cache, is_point
 
 
 def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
@@ -417,7 +441,8 @@ def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
                       state: SpeculativeLoopState) -> SpeculativeLoopState:
   rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
   rows = state.rows
-  draft_tokens, draft_probs, num_drafted, num_draft_calls, sequences, draft_cache = _draft(
+  (draft_tokens, draft_probs, num_drafted, num_draft_calls, sequences, draft_cache,
+   is_point) = _draft(
       problem, draft_tokens_to_logits, policy, gamma, rows, state.stats, state.draft_cache,
       draft_rng)
 
@@ -445,12 +470,16 @@ def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
   verified &= _gather(problem.forced, block[:, 1:]) == 0
   rates = verify.acceptance_rates(draft_probs, target_probs)
   count = lambda x: jnp.where(active, x, 0).astype(jnp.int32)
+  kept = jnp.minimum(num_accepted, num_committed)
   stats = state.stats
   stats = SpeculativeStats(
       target_calls=stats.target_calls + count(1),
       draft_calls=stats.draft_calls + count(num_draft_calls),
       drafted_tokens=stats.drafted_tokens + count(num_drafted),
-      accepted_tokens=stats.accepted_tokens + jnp.minimum(num_accepted, num_committed),
+      accepted_tokens=stats.accepted_tokens + kept,
+      lookup_drafted_tokens=stats.lookup_drafted_tokens + count(jnp.sum(is_point, axis=1)),
+      lookup_accepted_tokens=stats.lookup_accepted_tokens + jnp.sum(
+          is_point & (offsets[:gamma] < kept[:, None]), axis=1).astype(jnp.int32),
       generated_tokens=stats.generated_tokens + num_committed,
       acceptance_sum=stats.acceptance_sum + jnp.sum(jnp.where(verified, rates, 0.0), axis=1),
       verified_positions=stats.verified_positions + jnp.sum(verified, axis=1).astype(jnp.int32))

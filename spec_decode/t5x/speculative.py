@@ -65,9 +65,10 @@ DRAFT_PARAMS_KEY = "speculative_draft"
 
 
 def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
-  """(target params, draft params) from the model's `params`."""
+  """(target params, draft params) from the model's `params`; draft params None where the
+  model has no draft network (an n-gram lookup draft alone)."""
   target = {name: value for name, value in params.items() if name != DRAFT_PARAMS_KEY}
-  return target, params[DRAFT_PARAMS_KEY]
+  return target, params.get(DRAFT_PARAMS_KEY)
 
 
 def config_from_t5x(t5x_config: Any) -> network.T5Config:
@@ -152,12 +153,17 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
   `max_decode_steps` fix the sampled distribution (the engine's conventions: temperature 0 is
   greedy, topk 0 no truncation); `loop_settings` are a loop's own settings; a setting left None
   is the loop's default. `shard_draft` shards the draft's parameters by their logical axes
-  instead of replicating them. The rest are T5X's EncoderDecoderModel arguments.
+  instead of replicating them. `draft_source` ('model', 'lookup', 'lookup+model'),
+  `lookup_max_ngram` and `lookup_min_ngram` choose the drafts (`core.make_draft`); a lookup
+  alone takes no `draft_module` and declares no draft parameters. The rest are T5X's
+  EncoderDecoderModel arguments.
   """
 
   def __init__(self, module: network.Transformer, input_vocabulary: Any,
                output_vocabulary: Any, optimizer_def: Any, *,
-               draft_module: network.Transformer, decode_loop: str = "speculative_sample",
+               draft_module: network.Transformer | None = None, draft_source: str = "model",
+               lookup_max_ngram: int = 4, lookup_min_ngram: int | None = None,
+               decode_loop: str = "speculative_sample",
                gamma: int | None = None, verifier: str | None = None,
                draft_policy: str | None = None, temperature: float | None = None,
                topk: int | None = None, topp: float | None = None,
@@ -168,7 +174,9 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
                loss_normalizing_factor: Any = None,
                default_decoder_params: t5x_models.DecoderParams | None = None):
     self.decoder = core.Decoder.create(
-        decode_loop, module, draft_module, gamma=gamma, verifier=verifier,
+        decode_loop, module,
+        core.make_draft(draft_source, draft_module, lookup_max_ngram, lookup_min_ngram),
+        gamma=gamma, verifier=verifier,
         draft_policy=draft_policy, temperature=temperature, topk=topk, topp=topp,
         max_decode_steps=max_decode_steps, **dict(loop_settings or {}))
     self.draft_module = draft_module
@@ -187,10 +195,14 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
               for name in ("encoder_input_tokens", "decoder_input_tokens")}
     target_rng, draft_rng = jax.random.split(rng)
     target, draft = (
+        None if module is None else
         flax.core.unfreeze(module.init(module_rng, tokens["encoder_input_tokens"],
                                        tokens["decoder_input_tokens"],
                                        tokens["decoder_input_tokens"], enable_dropout=False))
         for module, module_rng in ((self.module, target_rng), (self.draft_module, draft_rng)))
+    if draft is None:  # a lookup alone: the target's variables only
+      return flax.core.freeze({"params": target["params"],
+                               "params_axes": target["params_axes"]})
     draft_axes = draft["params_axes"] if self.shard_draft else _replicated(draft["params_axes"])
     return flax.core.freeze({
         "params": {**target["params"], DRAFT_PARAMS_KEY: draft["params"]},
@@ -229,20 +241,33 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
                                 return_all_decodes, num_decodes, prompt_with_targets)
 
 
-def speculative_version(model: t5x_models.EncoderDecoderModel, draft_checkpoint_path: str,
-                        gamma: int | None, verifier: str | None = "token",
+def speculative_version(model: t5x_models.EncoderDecoderModel,
+                        draft_checkpoint_path: str | None, gamma: int | None,
+                        verifier: str | None = "token",
                         draft_policy: str | None = "fixed", shard_draft: bool = False,
                         decode_loop: str = "speculative_sample",
-                        loop_settings: Mapping[str, Any] | None = None
+                        loop_settings: Mapping[str, Any] | None = None,
+                        draft_source: str = "model", lookup_max_ngram: int = 4,
+                        lookup_min_ngram: int | None = None
                         ) -> SpeculativeEncoderDecoderModel:
   """`model` (a T5X EncoderDecoderModel over a T5X T5 network) decoding speculatively with the
   draft of `draft_checkpoint_path`: same target config, vocabularies, optimizer, losses, feature
-  converter and default decoder params; the sampled distribution of its decode_fn."""
+  converter and default decoder params; the sampled distribution of its decode_fn. With
+  `draft_source` 'lookup' the drafts are n-gram lookups and no draft checkpoint is read (giving
+  one is an error: it would be ignored)."""
   target_config = config_from_t5x(model.module.config)
-  draft_config = draft_config_from_checkpoint(draft_checkpoint_path, target_config)
+  if draft_source == "lookup":
+    if draft_checkpoint_path:
+      raise ValueError("DRAFT_SOURCE 'lookup' uses no draft model: unset DRAFT_CHECKPOINT_PATH "
+                       "(the draft would be ignored)")
+    draft_module = None
+  else:
+    draft_module = network.Transformer(
+        draft_config_from_checkpoint(draft_checkpoint_path, target_config))
   return SpeculativeEncoderDecoderModel(
       network.Transformer(target_config), model.input_vocabulary, model.output_vocabulary,
-      model.optimizer_def, draft_module=network.Transformer(draft_config), gamma=gamma,
+      model.optimizer_def, draft_module=draft_module, draft_source=draft_source,
+      lookup_max_ngram=lookup_max_ngram, lookup_min_ngram=lookup_min_ngram, gamma=gamma,
       verifier=verifier, draft_policy=draft_policy, shard_draft=shard_draft,
       decode_loop=decode_loop, loop_settings=loop_settings,
       feature_converter_cls=model.FEATURE_CONVERTER_CLS,
@@ -253,13 +278,16 @@ def speculative_version(model: t5x_models.EncoderDecoderModel, draft_checkpoint_
 
 
 def restore_draft_params(state_dict: PyTree, target_state_dict: PyTree, *,
-                         is_resuming: bool = False, draft_checkpoint_path: str) -> PyTree:
+                         is_resuming: bool = False,
+                         draft_checkpoint_path: str | None) -> PyTree:
   """T5X `RestoreStateTransformationFn`: adds the draft's parameters, read from its own T5X
   checkpoint, to the restored checkpoint state at target[DRAFT_PARAMS_KEY] (unless the
   checkpoint already holds them: one saved from this model). T5X then casts, shards and places
-  them as declared by `get_initial_variables`."""
+  them as declared by `get_initial_variables`. Without a draft checkpoint (an n-gram lookup
+  alone, whose model declares no draft parameters; a model draft without one is refused by
+  `speculative_version`) the state is left as it is."""
   del target_state_dict, is_resuming  # the draft is added whatever is restored
-  if DRAFT_PARAMS_KEY in state_dict["target"]:
+  if DRAFT_PARAMS_KEY in state_dict["target"] or not draft_checkpoint_path:
     return state_dict
   draft = t5x_checkpoints.load_t5x_checkpoint(_check_draft_path(draft_checkpoint_path))
   return {**state_dict, "target": {**state_dict["target"], DRAFT_PARAMS_KEY: draft["target"]}}

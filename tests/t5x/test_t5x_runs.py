@@ -102,12 +102,21 @@ BAD_RUNS = {
     "bad_missing_draft": (("DRAFT_CHECKPOINT_PATH='/nonexistent/checkpoint_1'",),
                           "ValueError: draft checkpoint not found: /nonexistent/checkpoint_1"),
     "bad_gamma_0": (("GAMMA=0",), "ValueError: gamma must be an integer >= 1, got 0"),
+    "bad_lookup_with_draft": (
+        ("DRAFT_SOURCE='lookup'",),
+        "ValueError: DRAFT_SOURCE 'lookup' uses no draft model: unset DRAFT_CHECKPOINT_PATH (the "
+        "draft would be ignored)"),
+    "bad_lookup_ngram_0": (("DRAFT_SOURCE='lookup+model'", "LOOKUP_MAX_NGRAM=0"),
+                           "ValueError: lookup max_ngram must be an integer >= 1, got 0"),
 }
 # The same run in bfloat16, as T5X's t5_1_1 gins and infer run it: activations and restored
 # parameters in bfloat16. 48 target tokens: with 12, a network rounding unlike T5X's (this one
 # before it rounded as T5X does) still predicted the same 6 examples; with 48 it does not.
 BFLOAT16 = ("network.T5Config.dtype='bfloat16'", "utils.RestoreCheckpointConfig.dtype='bfloat16'",
             "TASK_FEATURE_LENGTHS={'inputs': 24, 'targets': 48}")
+# Runs with n-gram lookup drafts: alone (no draft checkpoint at all), and beside the draft.
+LOOKUP_RUNS = {"lookup": ("DRAFT_SOURCE='lookup'", "DRAFT_CHECKPOINT_PATH=None"),
+               "lookup_model": ("DRAFT_SOURCE='lookup+model'", "LOOKUP_MIN_NGRAM=1")}
 STATS = ("alpha", "tokens_per_target_call", "target_calls", "draft_calls", "drafted_tokens",
          "accepted_tokens", "generated_tokens", "scores")
 
@@ -186,6 +195,7 @@ def runs(setup) -> dict[str, subprocess.CompletedProcess]:
       **{name: dict(speculative=True,
                     bindings=tuple(b.format(draft_32000=setup["draft_32000"]) for b in bindings))
          for name, (bindings, _) in BAD_RUNS.items()},
+      **{name: dict(speculative=True, bindings=bindings) for name, bindings in LOOKUP_RUNS.items()},
   }
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
     futures = {name: pool.submit(run_t5x, setup, name, **kwargs)
@@ -295,3 +305,23 @@ def test_bad_settings_fail_in_one_line_before_compiling(setup, runs, name):
   assert BAD_RUNS[name][1] in run.stderr.splitlines(), run.stderr[-3000:]
   # T5X writes model-info.txt once the model is built, before restoring and compiling.
   assert not (setup["directory"] / name / "model-info.txt").exists()
+
+
+@pytest.mark.parametrize("name", sorted(LOOKUP_RUNS))
+def test_lookup_runs_predict_what_t5x_predicts(setup, runs, baseline, name):
+  """t5x.infer with lookup drafts (DRAFT_CHECKPOINT_PATH unset for the lookup alone) predicts
+  T5X's own greedy outputs, and its counters say where the drafts came from."""
+  _succeeded(runs[name])
+  examples = outputs(setup, name)
+  assert ([example["prediction_tokens"] for example in examples]
+          == [example["prediction_tokens"] for example in baseline])
+  lookup_drafted = sum(example["aux"]["lookup_drafted_tokens"] for example in examples)
+  drafted = sum(example["aux"]["drafted_tokens"] for example in examples)
+  assert lookup_drafted > 0
+  if name == "lookup":
+    assert lookup_drafted == drafted
+    assert sum(example["aux"]["draft_calls"] for example in examples) > 0
+    # No draft parameters were declared, restored or placed.
+    assert "speculative_draft" not in (setup["directory"] / name / "model-info.txt").read_text()
+  else:
+    assert drafted > lookup_drafted

@@ -62,3 +62,30 @@ def test_rows_parse_as_t5x_infer_runs_of_the_paper_rows():
     assert "/t5_1_1_xxl/" in values["CHECKPOINT_PATH"], row.name
     assert values["MIXTURE_OR_TASK_NAME"] == {"ende": "wmt_ende", "cnndm": "cnn_dailymail"}[task]
     assert values["MODEL"].endswith("speculative_version"), values["MODEL"]
+
+
+LOOKUP_ROWS = sorted((REPO_ROOT / "configs" / "table2" / "lookup").glob("*.gin"))
+
+
+def test_lookup_rows_parse_as_t5x_infer_runs():
+  """The CNN/DM lookup rows (configs/table2/lookup/) after T5X's harness: lookup drafts, no
+  draft checkpoint for the lookup alone, the base draft for the combination."""
+  macros = MACROS + ("DRAFT_SOURCE", "LOOKUP_MAX_NGRAM", "LOOKUP_MIN_NGRAM")
+  env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+  run = subprocess.run([sys.executable, "-c", PARSE_ROWS, json.dumps([str(r) for r in LOOKUP_ROWS]),
+                        json.dumps(macros), str(REPO_ROOT), HARNESS], env=env,
+                       capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  parsed = json.loads(run.stdout.strip().splitlines()[-1])
+  assert len(LOOKUP_ROWS) == 3
+  for row in LOOKUP_ROWS:
+    values = parsed[str(row)]
+    assert values["MIXTURE_OR_TASK_NAME"] == "cnn_dailymail", row.name
+    assert values["MODEL"].endswith("speculative_version"), values["MODEL"]
+    assert values["LOOKUP_MAX_NGRAM"] == 4
+    if row.stem == "cnndm_base_t0":
+      assert values["DRAFT_SOURCE"] == "lookup+model" and values["LOOKUP_MIN_NGRAM"] == 2
+      assert "/t5_1_1_base/" in values["DRAFT_CHECKPOINT_PATH"]
+    else:
+      assert values["DRAFT_SOURCE"] == "lookup" and values["DRAFT_CHECKPOINT_PATH"] is None
+      assert values["TEMPERATURE"] == float(row.stem[-1])
