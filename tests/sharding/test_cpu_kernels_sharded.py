@@ -37,5 +37,5 @@ def test_decode_calls_through_the_layout_use_xla_dots_with_several_devices():
   layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(2, 2)),
                                        test_cpu_kernels.TINY)
   lowered = test_cpu_kernels.lowered_decode_call(
-      layout.model_calls, network.Transformer(test_cpu_kernels.TINY), num_tokens=3)
+      layout, network.Transformer(test_cpu_kernels.TINY), num_tokens=3)
   assert cpu_kernels.TARGET_NAME not in lowered and "dot_general" in lowered
