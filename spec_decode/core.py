@@ -53,7 +53,6 @@ TokensToLogits = Callable[[decoding.DecodingState], tuple[jax.Array, Any]]
 
 # The settings that fix the sampled distribution: a speculative decoder's baseline shares them.
 SAMPLING_SETTINGS = ("temperature", "topk", "topp", "max_decode_steps")
-ROLES = ("target", "draft")
 # Where a speculative decode's drafts come from (a runner's `draft_source` setting).
 DRAFT_SOURCES = ("model", "lookup", "lookup+model")
 
