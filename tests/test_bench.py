@@ -2,6 +2,7 @@
 and the SIMULATED coin rule (its law, and that no decoding config can reach it)."""
 
 import dataclasses
+import importlib.util
 import json
 
 import gin
@@ -63,6 +64,16 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
   bound = dict(group["variants"]["token expected_speedup gamma<=2"]["variant"]["policy_bindings"])
   assert bound["cost_ratio"] == pytest.approx(group["speculative"]["c"])
 
+  engine = report["suites"]["engine_cost"]
+  assert [group["temperature"] for group in engine["pair"]] == [0.0, 1.0]
+  for group in engine["pair"]:
+    (row,) = group["speculative"]
+    assert row["gamma"] == 2 and row["seconds"] > 0 and row["model_seconds"] > 0
+    # A speculative iteration runs two models and verifies: more kernels than a baseline step.
+    assert row["model_kernels"] > group["baseline"]["model_kernels"] > 0
+    assert row["engine_kernels"] > group["baseline"]["engine_kernels"] > 0
+  assert "## engine_cost" in markdown
+
   peer = report["suites"]["peer"]
   (entry,) = peer["temperatures"]
   assert "error" not in entry, entry.get("error")
@@ -70,7 +81,14 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
     assert _has_rates(entry[label]), label
   agreement = entry["greedy_agreement_with_ours_baseline"]
   assert agreement["ours speculative"]["all_identical"]  # exact speculative decoding
-  assert set(agreement) == {"ours speculative", "hf generate", "hf assisted"}
+  peers = {"ours speculative", "hf generate", "hf assisted"}
+  if importlib.util.find_spec("t5x") is not None:  # T5X's sampler on the same weights
+    assert "t5x_error" not in peer and _has_rates(entry["t5x sampler"])
+    assert agreement["t5x sampler"]["all_identical"]
+    peers.add("t5x sampler")
+  else:
+    assert "T5X is not installed" in peer["t5x_error"]
+  assert set(agreement) == peers
 
   table2 = report["suites"]["simulated_table2"]
   (row,) = table2["rows"]

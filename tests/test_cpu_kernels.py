@@ -3,6 +3,7 @@ gating, gradients, vmap, the fallback to XLA's dot when it cannot be built, and 
 that use it (infer's and the benchmark's, through the decode layout; models' default calls)
 while a plain network does not."""
 
+import dataclasses
 import warnings
 
 import jax
@@ -37,6 +38,27 @@ def test_equals_numpy_and_rows_are_independent_of_the_row_count(kernel, k, n):
     np.testing.assert_array_equal(got, np.concatenate(alone[:m]))
 
 
+@pytest.mark.parametrize("k,n", [(128, 1000), (37, 263), (8, 1), (300, 5)])
+def test_transposed_kernel_equals_numpy_and_rows_are_independent_of_the_row_count(kernel, k, n):
+  """`embedding_product` (x @ w[n, K].T, a tied embedding's output projection): values, and
+  each row of an m-row call bit-identical to the row computed alone, K multiple of 8 or not."""
+  del kernel
+  transposed = jax.jit(cpu_kernels.small_rows_matmul_transposed)
+  rng = np.random.default_rng(k + n)
+  x = rng.standard_normal((16, k), dtype=np.float32)
+  w = rng.standard_normal((n, k), dtype=np.float32)
+  alone = [np.asarray(transposed(x[r:r + 1], w)) for r in range(16)]
+  for m in range(1, 17):
+    got = np.asarray(transposed(x[:m], w))
+    np.testing.assert_allclose(got, x[:m].astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5 * k)
+    np.testing.assert_array_equal(got, np.concatenate(alone[:m]))
+  x3 = jnp.asarray(x[:6].reshape(2, 3, k))
+  assert "custom_call" in jax.jit(cpu_kernels.embedding_product).lower(x3, w).as_text()
+  np.testing.assert_allclose(jax.jit(cpu_kernels.embedding_product)(x3, w),
+                             np.asarray(x3) @ w.T, rtol=1e-5, atol=1e-5 * k)
+  assert "custom_call" not in jax.jit(cpu_kernels.embedding_product).lower(x[:1], w).as_text()
+
+
 def test_leading_axes_gating_and_xla_dots(kernel):
   x = jnp.ones((2, 3, 8))
   w = jnp.ones((8, 5))
@@ -68,6 +90,10 @@ def test_gradients_and_vmap(kernel):
     np.testing.assert_allclose(g, v, rtol=1e-5, atol=1e-5)
   batched = jax.vmap(kernel, in_axes=(0, None))(jnp.stack([x, 2 * x]), w)
   np.testing.assert_allclose(batched, jnp.stack([x @ w, 2 * x @ w]), rtol=1e-5, atol=1e-5)
+  transposed = cpu_kernels.small_rows_matmul_transposed
+  got = jax.grad(lambda x, w: loss(transposed, x, w.T), argnums=(0, 1))(x, w)
+  for g, v in zip(got, want):
+    np.testing.assert_allclose(g, v, rtol=1e-5, atol=1e-5)
 
 
 def test_falls_back_to_xla_with_one_warning_when_it_cannot_be_built(monkeypatch, tmp_path):
@@ -152,6 +178,12 @@ def test_decode_calls_on_cpu_use_the_kernel_and_a_plain_network_does_not(kernel,
     assert cpu_kernels.TARGET_NAME in lowered_decode_call(model_calls, module, num_tokens)
   assert cpu_kernels.TARGET_NAME not in lowered_decode_call(PlainNetworkCalls(), module,
                                                             num_tokens)
+  # A tied embedding as the output projection (T5 1.0): the transposed kernel, k >= 2 rows.
+  tied = network.Transformer(dataclasses.replace(TINY, logits_via_embedding=True))
+  assert (cpu_kernels.TRANSPOSED_TARGET_NAME
+          in lowered_decode_call(core.NETWORK_CALLS, tied, num_tokens))
+  assert cpu_kernels.TRANSPOSED_TARGET_NAME not in lowered_decode_call(PlainNetworkCalls(), tied,
+                                                                       num_tokens)
 
 
 def test_ops_follow_the_backend_and_the_activation_dtype():
@@ -161,8 +193,10 @@ def test_ops_follow_the_backend_and_the_activation_dtype():
   assert cpu_kernels.ops_for("gpu") == cpu_kernels.ops_for("tpu") == network.Ops()
   assert cpu_kernels.ops_for("cpu") == cpu_kernels.cpu_ops()
   assert cpu_kernels.cpu_ops().attention_logits is cpu_kernels.single_query_attention_logits
+  assert cpu_kernels.cpu_ops().embedding_product is cpu_kernels.embedding_product
   bfloat16 = cpu_kernels.ops_for("cpu", "bfloat16")
   assert bfloat16.dense_product is cpu_kernels.dense_product
+  assert bfloat16.embedding_product is cpu_kernels.embedding_product
   assert bfloat16.attention_logits is network.einsum_attention_logits
   assert bfloat16.attention_mix is network.einsum_attention_mix
 

@@ -145,3 +145,40 @@ def test_laws_are_probabilities(name):
                                      jnp.full((2000,), 3))
   assert float(verdict.num_accepted_probs.min()) >= 0.0
   np.testing.assert_allclose(verdict.num_accepted_probs.sum(axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted({**verify.EXACT_RULES, **verify.LOSSY_RULES}))
+@pytest.mark.parametrize("seed", range(6))
+def test_every_rule_at_point_masses_is_the_token_comparison(name, seed):
+  """Greedy decoding verifies by `compare_tokens` instead of a rule's law: for every registered
+  rule, when p and q are point masses, the law must put all its mass on that comparison's
+  outcome (accept while the draft is the target's token; then the target's token)."""
+  rng_p, rng_q = jax.random.split(jax.random.PRNGKey(seed))
+  gamma, vocab = 3, 3
+  target_probs = one_hot_probs(rng_p, (8, gamma + 1, vocab))
+  draft_probs = one_hot_probs(rng_q, (8, gamma, vocab))
+  if seed % 2:  # rows whose drafts agree with the target more often
+    draft_probs[:4] = target_probs[:4, :gamma]
+  draft_tokens = jnp.asarray(draft_probs.argmax(-1), jnp.int32)
+  target_tokens = jnp.asarray(target_probs.argmax(-1), jnp.int32)
+  for num_drafted in range(gamma + 1):
+    drafted = jnp.full((8,), num_drafted, jnp.int32)
+    verdict = verify.get_rule(name)(draft_tokens, jnp.asarray(draft_probs, jnp.float32),
+                                    jnp.asarray(target_probs, jnp.float32), drafted)
+    num_accepted, next_token = verify.compare_tokens(draft_tokens, target_tokens, drafted)
+    rows = np.arange(8)
+    np.testing.assert_allclose(np.asarray(verdict.num_accepted_probs)[rows, num_accepted], 1.0,
+                               atol=1e-6)
+    emitted = np.asarray(verdict.next_token_probs)[rows, num_accepted]
+    np.testing.assert_allclose(emitted[rows, next_token], 1.0, atol=1e-6)
+    assert np.all(np.asarray(num_accepted) <= num_drafted)
+
+
+def test_the_token_comparison_has_power():
+  """A comparison that ignores num_drafted, or emits the draft after a mismatch, is caught."""
+  draft_tokens = jnp.asarray([[1, 2, 0]], jnp.int32)
+  target_tokens = jnp.asarray([[1, 2, 2, 0]], jnp.int32)
+  n, token = verify.compare_tokens(draft_tokens, target_tokens, jnp.asarray([3]))
+  assert (int(n[0]), int(token[0])) == (2, 2)
+  n, token = verify.compare_tokens(draft_tokens, target_tokens, jnp.asarray([1]))
+  assert (int(n[0]), int(token[0])) == (1, 2)

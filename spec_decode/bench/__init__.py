@@ -19,15 +19,18 @@ Modules, one job each:
               FLOP/s.
   theory      Theorem 3.8's predictions beside a measured speedup.
   workspace   the pairs, decoders and step timings a run's suites share.
-  suites/     own_baseline, peer (Hugging Face), simulated_table2, physical_limit,
-              verify_cost (v(k) for k = 1..8 beside the roofline).
+  kernels     the kernels a compiled decoding loop executes per iteration, engine and models
+              apart.
+  suites/     own_baseline, engine_cost, peer (Hugging Face), simulated_table2,
+              physical_limit, verify_cost (v(k) for k = 1..8 beside the roofline).
   goals       the speed goals, recorded and never asserted.
   report      bench.json and the markdown tables.
   cli         the command line and `run_suites`.
 
 The public API (what scripts/reproduce_table2.py and the tests use), re-exported here:
-  configs         PairConfig, OwnBaselineConfig, PeerConfig, SimulatedTable2Config,
-                  PhysicalLimitConfig, VerifyCostConfig, BenchConfig, SUITES
+  configs         PairConfig, OwnBaselineConfig, EngineCostConfig, PeerConfig,
+                  SimulatedTable2Config, PhysicalLimitConfig, VerifyCostConfig, BenchConfig,
+                  SUITES
   the paper       paper.TABLE2, paper.Table2Row
   models          Model, Pair, random_model, random_pair, near_bigram_pair, build_pair,
                   shipped_pair, demo_files_exist
@@ -42,8 +45,9 @@ The public API (what scripts/reproduce_table2.py and the tests use), re-exported
 
 from spec_decode.bench import paper
 from spec_decode.bench.cli import main, run_suites
-from spec_decode.bench.config import (SUITES, BenchConfig, OwnBaselineConfig, PairConfig,
-                                      PeerConfig, PhysicalLimitConfig, SimulatedTable2Config,
+from spec_decode.bench.config import (SUITES, BenchConfig, EngineCostConfig,
+                                      OwnBaselineConfig, PairConfig, PeerConfig,
+                                      PhysicalLimitConfig, SimulatedTable2Config,
                                       VerifyCostConfig)
 from spec_decode.bench.decoders import PairDecoders, RunOutput, Variant, generated_lengths
 from spec_decode.bench.goals import goals
@@ -59,7 +63,7 @@ from spec_decode.bench.timing import (call_sequence_seconds, copy_bandwidth, int
                                       summarize)
 
 __all__ = [
-    "SUITES", "BenchConfig", "OwnBaselineConfig", "PairConfig", "PeerConfig",
+    "SUITES", "BenchConfig", "EngineCostConfig", "OwnBaselineConfig", "PairConfig", "PeerConfig",
     "PhysicalLimitConfig", "SimulatedTable2Config", "VerifyCostConfig", "paper", "Model",
     "Pair", "random_model",
     "random_pair", "near_bigram_pair", "build_pair", "shipped_pair", "demo_files_exist", "Variant", "PairDecoders",

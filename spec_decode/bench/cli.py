@@ -1,7 +1,7 @@
 """`python -m spec_decode.bench`: how fast speculative decoding is, and against what.
 
 Run: `python -m spec_decode.bench [--gin_file=FILE ...] [--gin.NAME=VALUE ...] [--smoke]
-[--suites=own_baseline,peer,simulated_table2,physical_limit,verify_cost] [--output_dir=DIR]`.
+[--suites=own_baseline,engine_cost,peer,simulated_table2,physical_limit,verify_cost] [--output_dir=DIR]`.
 Without --gin_file it reads `configs/bench/default.gin`; `--smoke` adds
 `configs/bench/smoke.gin` (tiny random models, one repetition). Bindings name the
 configs as the package exports them, e.g. `--gin.bench.PairConfig.gamma=4`. It
@@ -24,12 +24,14 @@ import gin
 
 from spec_decode import gin_utils
 from spec_decode import partitioning
-from spec_decode.bench.config import (SUITES, BenchConfig, OwnBaselineConfig, PairConfig,
-                                      PeerConfig, PhysicalLimitConfig, SimulatedTable2Config,
+from spec_decode.bench.config import (SUITES, BenchConfig, EngineCostConfig,
+                                      OwnBaselineConfig, PairConfig, PeerConfig,
+                                      PhysicalLimitConfig, SimulatedTable2Config,
                                       VerifyCostConfig)
 from spec_decode.bench.goals import goals
 from spec_decode.bench.machine import describe_machine
 from spec_decode.bench.report import JSON_FILE, MARKDOWN_FILE, plain, write_report
+from spec_decode.bench.suites.engine_cost import engine_cost_suite
 from spec_decode.bench.suites.own_baseline import own_baseline_suite
 from spec_decode.bench.suites.peer import peer_suite
 from spec_decode.bench.suites.physical_limit import physical_limit_suite
@@ -63,6 +65,7 @@ def run_suites(bench_config: BenchConfig) -> dict[str, Any]:
                             "suites": {}, "timings_s": {}}
   runners = {
       "own_baseline": lambda: own_baseline_suite(workspace, _bound(OwnBaselineConfig)),
+      "engine_cost": lambda: engine_cost_suite(workspace, _bound(EngineCostConfig)),
       "peer": lambda: peer_suite(workspace, _bound(PeerConfig), bench_config.output_dir),
       "simulated_table2": lambda: simulated_table2_suite(workspace, simulated_config),
       "physical_limit": lambda: physical_limit_suite(workspace, _bound(PhysicalLimitConfig)),
@@ -97,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output_dir:
       bindings.append(f"bench.BenchConfig.output_dir = {args.output_dir!r}")
     gin_utils.parse_config(gin_files, bindings, args.gin_search_paths)
-    gin_utils.check_bindings_take_effect([BenchConfig, PairConfig, OwnBaselineConfig, PeerConfig,
+    gin_utils.check_bindings_take_effect([BenchConfig, PairConfig, OwnBaselineConfig,
+                                          EngineCostConfig, PeerConfig,
                                           SimulatedTable2Config, PhysicalLimitConfig,
                                           VerifyCostConfig])
     bench_config = _bound(BenchConfig)

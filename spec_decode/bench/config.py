@@ -12,7 +12,8 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 # The suites in the order they run; `BenchConfig.suites` selects among them.
-SUITES = ("own_baseline", "peer", "simulated_table2", "physical_limit", "verify_cost")
+SUITES = ("own_baseline", "engine_cost", "peer", "simulated_table2", "physical_limit",
+          "verify_cost")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,17 @@ class SimulatedTable2Config:
   step_calls: int = 8
   step_repetitions: int = 3
   seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineCostConfig:
+  """`targets`: 'pair' and/or 'simulated' (simulated_table2's pair); per temperature and gamma,
+  the speculative loop's and the baseline's kernels and seconds per iteration at batch 1,
+  `repetitions` interleaved rounds."""
+  targets: Sequence[str] = ("pair", "simulated")
+  temperatures: Sequence[float] = (0.0, 1.0)
+  gammas: Sequence[int] = (2, 3, 5, 7)
+  repetitions: int = 5
 
 
 @dataclasses.dataclass(frozen=True)

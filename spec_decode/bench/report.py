@@ -120,10 +120,12 @@ def _peer_section(peer: Mapping[str, Any]) -> list[str]:
            "included). Speedups: speculative over the same framework's baseline.", ""]
   if "error" in peer:
     lines += [f"Not run: {peer['error']}", ""]
+  if "t5x_error" in peer:
+    lines += [f"T5X's sampler not run: {peer['t5x_error']}", ""]
   rows = []
   for entry in peer["temperatures"]:
     if "error" in entry:
-      rows.append([peer["pair"], entry["temperature"], f"error: {entry['error']}"] + [""] * 8)
+      rows.append([peer["pair"], entry["temperature"], f"error: {entry['error']}"] + [""] * 9)
       continue
     agreement = entry.get("greedy_agreement_with_ours_baseline")
     agree = "-" if agreement is None else ", ".join(
@@ -132,10 +134,13 @@ def _peer_section(peer: Mapping[str, Any]) -> list[str]:
                  _rate(entry["ours speculative"]), entry["ours_speedup"],
                  _rate(entry["hf generate"]), _rate(entry["hf assisted"]),
                  entry["hf_speedup"], entry["ours_speculative_over_hf_assisted"],
+                 _rate(entry["t5x sampler"]) if "t5x sampler" in entry else "-",
+                 entry.get("ours_speculative_over_t5x_sampler"),
                  entry["ours speculative"]["alpha"], agree])
   return lines + _table(["target", "T", "ours baseline tok/s", "ours speculative tok/s",
                          "ours speedup", "HF baseline tok/s", "HF assisted tok/s", "HF speedup",
-                         "ours spec / HF assisted", "alpha (ours)",
+                         "ours spec / HF assisted", "T5X sampler tok/s",
+                         "ours spec / T5X sampler", "alpha (ours)",
                          "greedy identical to ours baseline"], rows)
 
 
@@ -156,6 +161,24 @@ def _simulated_table2_section(table2: Mapping[str, Any]) -> list[str]:
                          "predicted: alpha / realized / interleaved", "measured loop speedup",
                          "loop speedup / each prediction", "model-call share base / spec"],
                         rows)
+
+
+def _engine_cost_section(cost: Mapping[str, Any]) -> list[str]:
+  lines = ["## engine_cost", "",
+           "Per iteration of the speculative loop (per step of the baseline), batch 1: kernels "
+           "the compiled loop executes outside / inside the model calls, seconds, the seconds "
+           "of its model calls made alone, and the engine's share of the iteration.", ""]
+  for which, groups in cost.items():
+    for group in groups:
+      lines += [f"### {which}, temperature {group['temperature']}", ""]
+      rows = [["baseline", group["baseline"]]] + [[f"gamma {row['gamma']}", row]
+                                                 for row in group["speculative"]]
+      lines += _table(["decoder", "engine kernels", "model kernels", "ms / iteration",
+                       "model ms", "engine share", "speedup"],
+                      [[label, row["engine_kernels"], row["model_kernels"],
+                        row["seconds"] * 1e3, row["model_seconds"] * 1e3, row["engine_share"],
+                        row.get("speedup")] for label, row in rows])
+  return lines
 
 
 def _physical_limit_section(limit: Mapping[str, Any]) -> list[str]:
@@ -197,7 +220,8 @@ def _verify_cost_section(cost: Mapping[str, Any]) -> list[str]:
   return lines
 
 
-_SECTIONS = (("own_baseline", _own_baseline_section), ("peer", _peer_section),
+_SECTIONS = (("own_baseline", _own_baseline_section), ("engine_cost", _engine_cost_section),
+             ("peer", _peer_section),
              ("simulated_table2", _simulated_table2_section),
              ("physical_limit", _physical_limit_section),
              ("verify_cost", _verify_cost_section))

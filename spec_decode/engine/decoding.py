@@ -149,7 +149,7 @@ class _Problem:
 class SamplingLoopState:
   rows: Rows
   cache: Any
-  rng: jax.Array
+  iteration: jax.Array  # int32 scalar: which row of the decode's uniforms this step draws with
 
 
 @flax.struct.dataclass
@@ -158,7 +158,27 @@ class SpeculativeLoopState:
   cache: Any
   draft_cache: Any
   stats: SpeculativeStats
-  rng: jax.Array
+  iteration: jax.Array  # int32 scalar (see SamplingLoopState)
+
+
+def _decode_uniforms(decode_rng: jax.Array | None, rows: "Rows",
+                     draws_per_iteration: int) -> jax.Array:
+  """Every uniform a decode can draw, [L, N, draws_per_iteration], from one random-bits call
+  before its loop. Iteration t draws with row t: each iteration commits at least one token of
+  every unfinished row and no row goes past position L, so a decode has at most L iterations.
+  Why: a random-bits call inside the loop is a loop of its own on XLA:CPU (its rolled rounds:
+  ~90 kernels), and splitting a key per draw made that several times per iteration."""
+  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  num_rows, max_iterations = rows.sequences.shape[0], rows.sequences.shape[1]
+  return jax.random.uniform(rng, (max_iterations, num_rows, draws_per_iteration))
+
+
+def _iteration_uniforms(uniforms: jax.Array | None, iteration: jax.Array) -> jax.Array | None:
+  """Row `iteration` of `_decode_uniforms` [N, draws_per_iteration] (None stays None)."""
+  if uniforms is None:
+    return None
+  return jax.lax.dynamic_index_in_dim(uniforms, jnp.minimum(iteration, uniforms.shape[0] - 1),
+                                      keepdims=False)
 
 
 def _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, topp):
@@ -221,6 +241,13 @@ def _target_probs(problem: _Problem, logits: jax.Array, positions: jax.Array) ->
   forced = _gather(problem.forced, positions)
   forced_one_hot = jax.nn.one_hot(forced, logits.shape[-1], dtype=probs.dtype)
   return jnp.where((forced > 0)[..., None], forced_one_hot, probs)
+
+
+def _greedy_tokens(problem: _Problem, logits: jax.Array, positions: jax.Array) -> jax.Array:
+  """The token of each point mass `_target_probs` gives at a greedy temperature: the forced
+  token at a forced position, else the argmax of `logits [N, C, V]` (ties to the lowest id)."""
+  forced = _gather(problem.forced, positions)
+  return jnp.where(forced > 0, forced, jnp.argmax(logits, axis=-1).astype(jnp.int32))
 
 
 def _commit(problem: _Problem, rows: Rows, candidates: jax.Array, num_candidates: jax.Array,
@@ -307,21 +334,24 @@ def temperature_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
   batch_size, max_decode_len = inputs.shape
   problem, rows = _setup(inputs, initial_index, num_decodes, max_decode_steps, eos_id,
                          (temperature, topk, topp), block_size=1)
-  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  uniforms = None if problem.greedy else _decode_uniforms(decode_rng, rows, 1)
 
   def step(state: SamplingLoopState) -> SamplingLoopState:
-    rng, step_rng = jax.random.split(state.rng)
+    step_uniforms = _iteration_uniforms(uniforms, state.iteration)
     index = state.rows.index
     logits, cache = tokens_to_logits(DecodingState(
         cur_index=index, cur_token=_gather(state.rows.sequences, index[:, None]),
         sequences=state.rows.sequences, cache=state.cache))
-    probs = _target_probs(problem, logits, index[:, None] + 1)
-    token = sampling.sample(step_rng, probs, point_masses=problem.greedy)
+    if problem.greedy:
+      token = _greedy_tokens(problem, logits, index[:, None] + 1)
+    else:
+      token = sampling.sample_from_uniform(
+          step_uniforms, _target_probs(problem, logits, index[:, None] + 1))
     rows, _ = _commit(problem, state.rows, token, jnp.ones_like(index), logits)
-    return SamplingLoopState(rows, cache, rng)
+    return SamplingLoopState(rows, cache, state.iteration + 1)
 
   final = jax.lax.while_loop(lambda s: ~jnp.all(s.rows.done), step,
-                             SamplingLoopState(rows, _expand(cache, num_decodes), rng))
+                             SamplingLoopState(rows, _expand(cache, num_decodes), jnp.int32(0)))
   decodes, log_probs, _ = _finish(final.rows, max_decode_len, batch_size, num_decodes)
   return decodes, log_probs
 
@@ -366,11 +396,14 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
   if target_vocab != draft_vocab:
     raise ValueError(f"target and draft vocabulary sizes differ: target logits have "
                      f"{target_vocab} entries, draft logits {draft_vocab}")
-  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  # Greedy with a registered rule: verification compares tokens (`verify.compare_tokens`).
+  # Otherwise each iteration draws gamma drafts, then the verdict's two uniforms.
+  compare_tokens = problem.greedy and isinstance(verifier, str)
+  uniforms = None if compare_tokens else _decode_uniforms(decode_rng, rows, gamma + 2)
   step = functools.partial(_speculative_step, problem, tokens_to_logits,
-                           draft_tokens_to_logits, rule, policy, gamma)
+                           draft_tokens_to_logits, rule, policy, gamma, uniforms)
   initial = SpeculativeLoopState(rows, cache, draft_cache,
-                                 SpeculativeStats.zeros(rows.index.shape[0]), rng)
+                                 SpeculativeStats.zeros(rows.index.shape[0]), jnp.int32(0))
   final = jax.lax.while_loop(lambda s: ~jnp.all(s.rows.done), step, initial)
   decodes, log_probs, stats = _finish(final.rows, max_decode_len, batch_size, num_decodes,
                                       final.stats)
@@ -379,16 +412,18 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
 
 def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
            policy: drafting.Policy, gamma: int, rows: Rows, stats: SpeculativeStats,
-           draft_cache: Any, rng: jax.Array):
+           draft_cache: Any, uniforms: jax.Array | None):
   """Proposes up to gamma tokens per row after its position i.
 
   The first call feeds positions (i-1, i) — the catch-up — except at i = 0, where it feeds
   (0, 1) and reads the logits of position 0 (position 1 is scratch, overwritten before it is
   read). Each further call feeds the previous draft. The policy may stop rows early, and a draft
   stops a row by proposing nothing (all -inf logits, before its token is counted); the loop
-  ends when no row drafts any more. Returns (draft_tokens [N, G], draft_probs [N, G, V],
-  num_drafted [N], number of draft calls (scalar), sequences with the drafts written at
-  i+1.., draft_cache, is_point [N, G]: which drafts were deterministic proposals).
+  ends when no row drafts any more. `uniforms [N, G]`: the draw at each offset; None at a
+  greedy temperature (every q a point mass: its token is read, no law is kept). Returns
+  (draft_tokens [N, G], draft_probs [N, G, V] (None when greedy), num_drafted [N], number of
+  draft calls (scalar), sequences with the drafts written at i+1.., draft_cache,
+  is_point [N, G]: which drafts were deterministic proposals).
   """
   index = rows.index
   start = jnp.maximum(index - 1, 0)
@@ -397,62 +432,75 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
       start, _gather(rows.sequences, window), rows.sequences, draft_cache))
   logits = jnp.take_along_axis(logits, (index - start)[:, None, None], axis=1)[:, 0]
   num_rows, vocab_size = logits.shape
+  greedy = uniforms is None
 
   def propose(carry):
     """Samples the draft at block offset `offset` and asks the policy whether to go on."""
-    (offset, logits, sequences, draft_cache, rng, tokens, probs, still_drafting, num_drafted,
+    (offset, logits, sequences, draft_cache, tokens, probs, still_drafting, num_drafted,
      is_point) = carry
-    rng, sample_rng = jax.random.split(rng)
     position = index + 1 + offset
     finite = jnp.sum(logits > -jnp.inf, axis=-1)
     forced = _gather(problem.forced, position[:, None])[:, 0] > 0
     proposes = (finite > 0) | forced  # a forced token is always proposed (q is its one-hot)
     q = _target_probs(problem, logits[:, None], position[:, None])[:, 0]
     q = jnp.where(proposes[:, None], q, 0.0)  # no proposal: no law (softmax of -inf is NaN)
-    token = sampling.sample(sample_rng, q, point_masses=problem.greedy)
+    if greedy:
+      token = _greedy_tokens(problem, logits[:, None], position[:, None])[:, 0]
+    else:
+      token = sampling.sample_from_uniform(uniforms[:, offset], q)
+      probs = probs.at[:, offset].set(q)
     sequences = _scatter(sequences, position[:, None], token[:, None])
     still_drafting &= proposes
     num_drafted = num_drafted + still_drafting
     is_point = is_point.at[:, offset].set(still_drafting & (finite == 1))
     still_drafting &= policy(offset, q, stats) & (offset + 1 < gamma)
-    return (offset + 1, logits, sequences, draft_cache, rng, tokens.at[:, offset].set(token),
-            probs.at[:, offset].set(q), still_drafting, num_drafted, is_point)
+    return (offset + 1, logits, sequences, draft_cache, tokens.at[:, offset].set(token), probs,
+            still_drafting, num_drafted, is_point)
 
   def feed_and_propose(carry):
     offset, _, sequences, draft_cache = carry[:4]
     last = offset - 1
     logits, draft_cache = draft_tokens_to_logits(DecodingState(
-        index + 1 + last, carry[5][:, last, None], sequences, draft_cache))
+        index + 1 + last, carry[4][:, last, None], sequences, draft_cache))
     return propose((offset, logits[:, 0], sequences, draft_cache) + carry[4:])
 
-  carry = propose((jnp.int32(0), logits, rows.sequences, draft_cache, rng,
-                   jnp.zeros((num_rows, gamma), jnp.int32),
-                   jnp.zeros((num_rows, gamma, vocab_size), jnp.float32),
+  probs = None if greedy else jnp.zeros((num_rows, gamma, vocab_size), jnp.float32)
+  carry = propose((jnp.int32(0), logits, rows.sequences, draft_cache,
+                   jnp.zeros((num_rows, gamma), jnp.int32), probs,
                    jnp.ones((num_rows,), bool), jnp.zeros((num_rows,), jnp.int32),
                    jnp.zeros((num_rows, gamma), bool)))
-  carry = jax.lax.while_loop(lambda c: jnp.any(c[7]), feed_and_propose, carry)
-  num_calls, _, sequences, draft_cache, _, tokens, probs, _, num_drafted, is_point = carry
+  carry = jax.lax.while_loop(lambda c: jnp.any(c[6]), feed_and_propose, carry)
+  num_calls, _, sequences, draft_cache, tokens, probs, _, num_drafted, is_point = carry
   return tokens, probs, num_drafted, num_calls, sequences, draft_cache, is_point
 
 
 def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
                       draft_tokens_to_logits: TokensToLogits, rule: verify.Rule,
-                      policy: drafting.Policy, gamma: int,
+                      policy: drafting.Policy, gamma: int, decode_uniforms: jax.Array | None,
                       state: SpeculativeLoopState) -> SpeculativeLoopState:
-  rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
+  """One iteration; `decode_uniforms` None: greedy verification by comparing tokens."""
   rows = state.rows
+  compare_tokens = decode_uniforms is None
+  uniforms = _iteration_uniforms(decode_uniforms, state.iteration)
   (draft_tokens, draft_probs, num_drafted, num_draft_calls, sequences, draft_cache,
    is_point) = _draft(
       problem, draft_tokens_to_logits, policy, gamma, rows, state.stats, state.draft_cache,
-      draft_rng)
+      None if compare_tokens else uniforms[:, :gamma])
 
   block = rows.index[:, None] + jnp.arange(gamma + 1)
   logits, cache = tokens_to_logits(DecodingState(
       rows.index, _gather(sequences, block), sequences, state.cache))
-  target_probs = _target_probs(problem, logits, block + 1)
-  # Sampled even when greedy: a rule may randomize its verdict (the bench's SIMULATED coin does).
-  num_accepted, next_token = verify.sample_verdict(
-      verify_rng, rule(draft_tokens, draft_probs, target_probs, num_drafted))
+  if compare_tokens:
+    target_tokens = _greedy_tokens(problem, logits, block + 1)
+    num_accepted, next_token = verify.compare_tokens(draft_tokens, target_tokens, num_drafted)
+    rates = (draft_tokens == target_tokens[:, :gamma]).astype(jnp.float32)
+  else:
+    target_probs = _target_probs(problem, logits, block + 1)
+    # Drawn even when every law is a point mass: a rule passed as a function may randomize its
+    # verdict (the bench's SIMULATED coin does).
+    num_accepted, next_token = verify.draw_verdict(
+        uniforms[:, gamma:], rule(draft_tokens, draft_probs, target_probs, num_drafted))
+    rates = verify.acceptance_rates(draft_probs, target_probs)
 
   offsets = jnp.arange(gamma + 1)
   candidates = jnp.where(offsets == num_accepted[:, None], next_token[:, None],
@@ -468,7 +516,6 @@ def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
   # other rows kept drafting, which the verifier ignored).
   verified = offsets[:gamma] < jnp.minimum(num_drafted, num_committed)[:, None]
   verified &= _gather(problem.forced, block[:, 1:]) == 0
-  rates = verify.acceptance_rates(draft_probs, target_probs)
   count = lambda x: jnp.where(active, x, 0).astype(jnp.int32)
   kept = jnp.minimum(num_accepted, num_committed)
   stats = state.stats
@@ -483,4 +530,4 @@ def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
       generated_tokens=stats.generated_tokens + num_committed,
       acceptance_sum=stats.acceptance_sum + jnp.sum(jnp.where(verified, rates, 0.0), axis=1),
       verified_positions=stats.verified_positions + jnp.sum(verified, axis=1).astype(jnp.int32))
-  return SpeculativeLoopState(committed, cache, draft_cache, stats, rng)
+  return SpeculativeLoopState(committed, cache, draft_cache, stats, state.iteration + 1)

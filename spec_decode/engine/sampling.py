@@ -63,22 +63,30 @@ def sample(rng: jax.Array, probs: jax.Array, point_masses: bool = False) -> jax.
 
   `point_masses=True` (static) promises that every row puts all its mass on one id, as at a
   greedy temperature; that id is then read by argmax instead of searched for, which is the same
-  draw without the search's ~40 small kernels (the decoders' draws from `logits_to_probs` at a
-  greedy temperature: about 5% of a greedy speculative iteration of the demo pair on a CPU).
-
-  Inverse CDF with one uniform per row: drawing V Gumbels per row (`jax.random.categorical`)
-  costs more than a small model's whole decoder call on a CPU. The id is found by bisection on
-  masked sums rather than a cumulative sum, whose scan would make a vocabulary-sharded array
-  exchange halos between devices (a masked sum is an all-reduce). An id with probability 0 is
-  never drawn, whatever the rounding.
+  draw without the search's ~40 small kernels, and without drawing a uniform.
+  Otherwise `sample_from_uniform` with one uniform per row from `rng`.
   """
   if point_masses:
     return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+  return sample_from_uniform(jax.random.uniform(rng, probs.shape[:-1]), probs)
+
+
+def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
+  """The id of each row of `probs [..., V]` at which the row's cumulative mass passes
+  `uniform [...]` (in [0, 1)) times the row's total: one draw per row -> [...] int32.
+
+  Inverse CDF with one uniform per row: drawing V Gumbels per row (`jax.random.categorical`)
+  costs more than a small model's whole decoder call on a CPU, and a decoder draws all of an
+  iteration's uniforms at once (one random-bits call instead of one per draw). The id is found
+  by bisection on masked sums rather than a cumulative sum, whose scan would make a
+  vocabulary-sharded array exchange halos between devices (a masked sum is an all-reduce). An
+  id with probability 0 is never drawn, whatever the rounding.
+  """
   # Clipped: rounding can leave entries slightly below zero.
   probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
   vocab_size = probs.shape[-1]
   ids = jnp.arange(vocab_size)
-  threshold = jax.random.uniform(rng, probs.shape[:-1]) * jnp.sum(probs, axis=-1)
+  threshold = uniform * jnp.sum(probs, axis=-1)
   mass_below = lambda m: jnp.sum(jnp.where(ids < m[..., None], probs, 0.0), axis=-1)
   # Invariant: mass_below(low) <= threshold < mass_below(high); ends with high = low + 1.
   low = jnp.zeros(probs.shape[:-1], jnp.int32)

@@ -151,11 +151,35 @@ def get_rule(name: str) -> Rule:
 
 def sample_verdict(rng: jax.Array, verdict: Verdict) -> tuple[jax.Array, jax.Array]:
   """Draws (num_accepted [B] in 0..G, next_token [B]) from the verdict's law."""
-  length_rng, token_rng = jax.random.split(rng)
-  num_accepted = sampling.sample(length_rng, verdict.num_accepted_probs)
+  batch_size = verdict.num_accepted_probs.shape[0]
+  return draw_verdict(jax.random.uniform(rng, (batch_size, 2)), verdict)
+
+
+def draw_verdict(uniforms: jax.Array, verdict: Verdict) -> tuple[jax.Array, jax.Array]:
+  """`sample_verdict` given its two independent uniforms per row, `uniforms [B, 2]`."""
+  num_accepted = sampling.sample_from_uniform(uniforms[:, 0], verdict.num_accepted_probs)
   next_token_probs = jnp.take_along_axis(
       verdict.next_token_probs, num_accepted[:, None, None], axis=1)[:, 0]
-  return num_accepted, sampling.sample(token_rng, next_token_probs)
+  return num_accepted, sampling.sample_from_uniform(uniforms[:, 1], next_token_probs)
+
+
+def compare_tokens(draft_tokens: jax.Array, target_tokens: jax.Array,
+                   num_drafted: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Greedy verification: (num_accepted [B], next_token [B]) when every q and p is a point mass,
+  the drafts `draft_tokens [B, G]` and the target's tokens `target_tokens [B, G+1]` (its argmax
+  at each position of the block and the one after it).
+
+  This is the point mass that every registered rule's `Verdict` puts all its law on there: a
+  draft is accepted exactly when it is the target's token, and the token emitted after the
+  first mismatch (or after all num_drafted drafts) is the target's (tests/test_verify.py checks
+  each registered rule against it). Comparing tokens skips building [B, G+1, V] laws.
+  """
+  gamma = draft_tokens.shape[1]
+  matches = ((draft_tokens == target_tokens[:, :gamma])
+             & (jnp.arange(gamma) < num_drafted[:, None]))
+  num_accepted = jnp.sum(jnp.cumprod(matches, axis=1), axis=1).astype(jnp.int32)
+  next_token = jnp.take_along_axis(target_tokens, num_accepted[:, None], axis=1)[:, 0]
+  return num_accepted, next_token
 
 
 def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,

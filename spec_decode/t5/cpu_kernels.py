@@ -1,9 +1,11 @@
 """The network's products on XLA:CPU (`ops_for`, `with_backend_ops`), among them a small-row
-matmul called from XLA as an FFI custom call: `dense_product`.
+matmul called from XLA as an FFI custom call: `dense_product`, and its transposed form for a
+tied embedding: `embedding_product`.
 
 `network.Transformer` takes its products as an injected `network.Ops` (default plain XLA); code
 that decodes picks them here: `ops_for(backend, dtype)` gives `cpu_ops(dtype)` on CPU
-(`dense_product`, and for float32 networks 1-query attention as multiply-reduce loops) and
+(`dense_product`, `embedding_product`, and for float32 networks 1-query attention as
+multiply-reduce loops) and
 plain XLA elsewhere; `with_backend_ops(module)` is that module with the default backend's ops
 (the decode layout, call_costs, models' default model calls, training's greedy decode and the
 T5X hook call it, so every decode call on CPU uses the kernel).
@@ -17,14 +19,21 @@ scripts/small_rows_matmul_bench.py).
 Contract:
   * `dense_product(x [..., K], w [K, n]) -> [..., n]`: `jnp.dot(x, w)`, by the kernel when
     `kernel_applies(x, w)`, else by XLA. Decided at trace time.
+  * `embedding_product(x [..., K], embedding [n, K]) -> [..., n]`: `jnp.dot(x, embedding.T)`,
+    by the transposed kernel under the same condition. Why a second kernel: XLA:CPU's dot of
+    2..8 rows against a transposed [n, K] matrix is over ten times slower than the kernel on a
+    pre-transposed copy (measured at [8000, 128] and [32128, 512], with `compile_options`'
+    settings), and a transposed copy per call would read the matrix twice.
   * `kernel_applies(x, w)`: JAX's default backend is CPU, x and w are float32, w is 2-D, x has
     `MIN_ROWS`..`MAX_ROWS` rows (the product of its leading axes), the process has one device (see below), kernels are not switched off
     (`SPEC_DECODE_CPU_KERNELS=0` or `xla_dots()`), and the kernel is available (compiled and
     registered on first use).
-  * `small_rows_matmul(x [m, K], w [K, n]) -> [m, n]`: the kernel itself, any m (needs
-    `available()`). Its rows are bit-identical whatever the row count: row r of an m-row
-    product equals the 1-row product of x[r] (each output element is one fused multiply-add
-    per k in increasing k). It agrees with XLA's dot to float rounding. Differentiable
+  * `small_rows_matmul(x [m, K], w [K, n]) -> [m, n]` and
+    `small_rows_matmul_transposed(x [m, K], w [n, K]) -> [m, n]`: the kernels themselves, any m
+    (need `available()`). Their rows are bit-identical whatever the row count: row r of an
+    m-row product equals the 1-row product of x[r] (each output element is computed by the
+    same fused multiply-adds in the same order; small_rows_matmul.cc says which). They agree
+    with XLA's dot to float rounding. Differentiable
     (forward and reverse: the tangents are XLA dots); under `vmap` it runs once per batch
     element.
   * One row stays with XLA's matrix-vector product, measured faster than the kernel's
@@ -69,6 +78,7 @@ from spec_decode.t5 import network
 MIN_ROWS = 2  # one row: XLA's matrix-vector product (see the module docstring)
 MAX_ROWS = 16
 TARGET_NAME = "spec_decode_small_rows_matmul"
+TRANSPOSED_TARGET_NAME = "spec_decode_small_rows_matmul_transposed"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "small_rows_matmul.cc")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 DISABLE_VARIABLE = "SPEC_DECODE_CPU_KERNELS"  # "0": XLA's dot everywhere
@@ -126,8 +136,8 @@ def cpu_ops(dtype: Any = jnp.float32) -> network.Ops:
   keeps XLA's dot where the kernel does not apply) and, for float32 networks only, the
   single-query attention loops: in bfloat16 they would not round as T5X's einsums do."""
   if jnp.dtype(dtype) != jnp.float32:
-    return network.Ops(dense_product=dense_product)
-  return network.Ops(dense_product=dense_product,
+    return network.Ops(dense_product=dense_product, embedding_product=embedding_product)
+  return network.Ops(dense_product=dense_product, embedding_product=embedding_product,
                      attention_logits=single_query_attention_logits,
                      attention_mix=single_query_attention_mix)
 
@@ -160,6 +170,14 @@ def dense_product(x: jax.Array, w: jax.Array) -> jax.Array:
   return small_rows_matmul(rows, w).reshape(x.shape[:-1] + (w.shape[1],))
 
 
+def embedding_product(x: jax.Array, embedding: jax.Array) -> jax.Array:
+  """`jnp.dot(x [..., K], embedding [n, K].T)` -> [..., n], by the kernel where it applies."""
+  if not kernel_applies(x, embedding):
+    return network.transposed_dot(x, embedding)
+  rows = x.reshape(-1, x.shape[-1])
+  return small_rows_matmul_transposed(rows, embedding).reshape(x.shape[:-1] + embedding.shape[:1])
+
+
 @jax.custom_jvp
 def small_rows_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
   """x [m, K] @ w [K, n] -> [m, n] float32 by the kernel (`available()` must be True)."""
@@ -174,6 +192,20 @@ def _small_rows_matmul_jvp(primals, tangents):
   return small_rows_matmul(x, w), jnp.dot(dx, w) + jnp.dot(x, dw)
 
 
+@jax.custom_jvp
+def small_rows_matmul_transposed(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x [m, K] @ w [n, K].T -> [m, n] float32 by the kernel (`available()` must be True)."""
+  return jax.ffi.ffi_call(TRANSPOSED_TARGET_NAME,
+                          jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), x.dtype),
+                          vmap_method="sequential")(x, w)
+
+
+@small_rows_matmul_transposed.defjvp
+def _small_rows_matmul_transposed_jvp(primals, tangents):
+  (x, w), (dx, dw) = primals, tangents
+  return small_rows_matmul_transposed(x, w), jnp.dot(dx, w.T) + jnp.dot(x, dw.T)
+
+
 def _load() -> bool:
   """Compiles (or finds in the cache), loads and registers the kernel once per process; False
   (after one warning) on failure."""
@@ -181,8 +213,10 @@ def _load() -> bool:
   with _load_lock:
     if _loaded is None:
       try:
-        handler = ctypes.cdll.LoadLibrary(_build()).SmallRowsMatmul
-        jax.ffi.register_ffi_target(TARGET_NAME, jax.ffi.pycapsule(handler), platform="cpu")
+        library = ctypes.cdll.LoadLibrary(_build())
+        for name, handler in ((TARGET_NAME, library.SmallRowsMatmul),
+                              (TRANSPOSED_TARGET_NAME, library.SmallRowsMatmulTransposed)):
+          jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler), platform="cpu")
         _loaded = True
       except Exception as error:  # pylint: disable=broad-except  (any failure: XLA's dot)
         warnings.warn(f"spec_decode: the CPU small-row matmul kernel is unavailable ({error}); "

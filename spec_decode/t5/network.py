@@ -109,6 +109,11 @@ def einsum_attention_mix(weights: Array, value: Array) -> Array:
   return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
 
 
+def transposed_dot(x: Array, embedding: Array) -> Array:
+  """x [..., E] @ embedding [V, E]^T -> [..., V] (T5X's tied-embedding `attend`)."""
+  return jnp.dot(x, embedding.T)
+
+
 @dataclasses.dataclass(frozen=True)
 class Ops:
   """The products the network computes with, injected as flax's examples inject `dot_general`:
@@ -116,12 +121,15 @@ class Ops:
   The default is plain XLA, T5X's own ops.
 
   `dense_product(x [..., K], w [K, N]) -> [..., N]`: every `Dense` layer's product.
+  `embedding_product(x [..., E], embedding [V, E]) -> [..., V]`: a tied embedding as the
+  output projection (`transposed_dot`).
   `attention_logits(query, key)`, `attention_mix(weights, value)`: the two attention products,
   with `einsum_attention_logits`' and `einsum_attention_mix`' shapes and results up to float
   rounding.
   """
 
   dense_product: Callable[[Array, Array], Array] = jnp.dot
+  embedding_product: Callable[[Array, Array], Array] = transposed_dot
   attention_logits: Callable[[Array, Array], Array] = einsum_attention_logits
   attention_mix: Callable[[Array, Array], Array] = einsum_attention_mix
 
@@ -183,11 +191,13 @@ class Dense(nn.Module):
 
 
 class Embed(nn.Module):
-  """Token embedding [V, E]; `attend` is the transposed (tied) output projection."""
+  """Token embedding [V, E]; `attend` is the transposed (tied) output projection, computed by
+  `product` (`Ops.embedding_product`)."""
 
   num_embeddings: int
   features: int
   dtype: Any = jnp.float32
+  product: Callable[[Array, Array], Array] = transposed_dot
 
   def setup(self):
     self.embedding = nn_partitioning.param_with_axes(
@@ -199,7 +209,7 @@ class Embed(nn.Module):
 
   def attend(self, x: Array) -> Array:
     """[..., E] -> float32 [..., V]."""
-    return jnp.dot(x.astype(jnp.float32), self.embedding.T)
+    return self.product(x.astype(jnp.float32), self.embedding)
 
 
 class LayerNorm(nn.Module):
@@ -490,7 +500,8 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, dtype=_activation_dtype(cfg))
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, dtype=_activation_dtype(cfg),
+                                product=self.ops.embedding_product)
     self.encoder = Encoder(cfg, self.ops)
     self.decoder = Decoder(cfg, embedder=self.token_embedder, ops=self.ops)
 

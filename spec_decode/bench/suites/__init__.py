@@ -3,6 +3,7 @@
 `bench.workspace.Workspace` and `config` the suite's gin-bound dataclass of `bench.config`.
 
   own_baseline      our speculative decoders against our baseline, beside Theorem 3.8.
+  engine_cost       the engine's own kernels and seconds per iteration, apart from the models.
   peer              the same weights decoded by Hugging Face `generate` with and without
                     `assistant_model`.
   simulated_table2  the paper's Table 2 rows at real model sizes, acceptance forced by a coin.

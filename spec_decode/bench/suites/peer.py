@@ -1,8 +1,9 @@
 """The peer suite: the pair's weights exported with `hf_checkpoints.save_hf` and decoded by Hugging
 Face `T5ForConditionalGeneration.generate` (PyTorch; on the CPU, or CUDA with
-`PeerConfig.torch_device`) without and with `assistant_model`,
-interleaved with our baseline and speculative decoders, batch 1; at temperature 0, whether each
-output is our baseline's token for token.
+`PeerConfig.torch_device`) without and with `assistant_model`, and, where T5X is installed,
+by T5X's standard sampler (`bench.t5x_sampler`: the paper's baseline), interleaved with our
+baseline and speculative decoders, batch 1; at temperature 0, whether each output is our
+baseline's token for token.
 
 Hugging Face runs in a process of its own (`bench.hf_worker`): while one framework decodes, the
 other waits on a pipe, so their thread pools never contend. torch and transformers are optional:
@@ -28,6 +29,7 @@ from spec_decode.bench.config import PeerConfig
 from spec_decode.bench.decoders import PairDecoders, RunOutput, Variant, generated_lengths
 from spec_decode.bench.machine import usable_cores
 from spec_decode.bench.pairs import Pair
+from spec_decode.bench.t5x_sampler import T5XSampler
 from spec_decode.bench.timing import interleave, summarize
 from spec_decode.bench.workspace import Workspace
 from spec_decode.t5 import hf_checkpoints
@@ -113,12 +115,12 @@ def greedy_agreement(reference: Sequence[RunOutput], other: Sequence[RunOutput],
           "first_difference_positions": first_differences}
 
 
-def _compare(hf: HuggingFaceWorker, decoders: PairDecoders, gamma: int, temperature: float,
-             repetitions: int) -> dict[str, Any]:
-  """One temperature's entry: the four decoders interleaved, their summaries and ratios, and at
-  temperature 0 the token-for-token agreement with ours baseline; an error is recorded, not
-  raised (e.g. a transformers cache that rejects unequal encoder and decoder depths must not
-  hide every other result)."""
+def _compare(hf: HuggingFaceWorker, t5x: T5XSampler | None, decoders: PairDecoders, gamma: int,
+             temperature: float, repetitions: int) -> dict[str, Any]:
+  """One temperature's entry: the decoders interleaved (T5X's sampler where `t5x` is given),
+  their summaries and ratios, and at temperature 0 the token-for-token agreement with ours
+  baseline; an error is recorded, not raised (e.g. a transformers cache that rejects unequal
+  encoder and decoder depths must not hide every other result)."""
   runs = {
       "ours baseline": functools.partial(decoders.run, Variant(temperature), batch_size=1),
       "ours speculative": functools.partial(decoders.run, Variant(temperature, gamma),
@@ -126,6 +128,8 @@ def _compare(hf: HuggingFaceWorker, decoders: PairDecoders, gamma: int, temperat
       "hf generate": functools.partial(hf.run, temperature, False),
       "hf assisted": functools.partial(hf.run, temperature, True),
   }
+  if t5x is not None:
+    runs["t5x sampler"] = functools.partial(t5x.run, temperature)
   entry: dict[str, Any] = {"temperature": temperature}
   try:
     outputs = interleave(runs, repetitions)
@@ -139,10 +143,13 @@ def _compare(hf: HuggingFaceWorker, decoders: PairDecoders, gamma: int, temperat
   entry["hf_speedup"] = rate["hf assisted"] / rate["hf generate"]
   entry["ours_speculative_over_hf_assisted"] = rate["ours speculative"] / rate["hf assisted"]
   entry["ours_baseline_over_hf_generate"] = rate["ours baseline"] / rate["hf generate"]
+  if t5x is not None:
+    entry["ours_speculative_over_t5x_sampler"] = rate["ours speculative"] / rate["t5x sampler"]
+    entry["ours_baseline_over_t5x_sampler"] = rate["ours baseline"] / rate["t5x sampler"]
   if temperature == 0:
     entry["greedy_agreement_with_ours_baseline"] = {
         label: greedy_agreement(outputs["ours baseline"], outputs[label], decoders.pair.eos_id)
-        for label in ("ours speculative", "hf generate", "hf assisted")}
+        for label in runs if label != "ours baseline"}
   return entry
 
 
@@ -168,7 +175,12 @@ def peer_suite(workspace: Workspace, config: PeerConfig, scratch_dir: str) -> di
       return result
     result.update(hf.versions)
     try:
-      result["temperatures"] = [_compare(hf, decoders, gamma, temperature, config.repetitions)
+      t5x = T5XSampler(pair)
+    except RuntimeError as e:
+      t5x, result["t5x_error"] = None, str(e)
+    try:
+      result["temperatures"] = [_compare(hf, t5x, decoders, gamma, temperature,
+                                         config.repetitions)
                                 for temperature in config.temperatures]
     finally:
       hf.close()
