@@ -247,7 +247,7 @@ def _greedy_tokens(problem: _Problem, logits: jax.Array, positions: jax.Array) -
   """The token of each point mass `_target_probs` gives at a greedy temperature: the forced
   token at a forced position, else the argmax of `logits [N, C, V]` (ties to the lowest id)."""
   forced = _gather(problem.forced, positions)
-  return jnp.where(forced > 0, forced, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+  return jnp.where(forced > 0, forced, sampling.first_argmax(logits))
 
 
 def _commit(problem: _Problem, rows: Rows, candidates: jax.Array, num_candidates: jax.Array,

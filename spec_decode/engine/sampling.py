@@ -31,12 +31,22 @@ def validate_sampling_args(temperature: float, topk: int, topp: float) -> None:
     raise ValueError(f"topp must be in [0, 1], got {topp!r}")
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+  """`jnp.argmax(x, axis=-1)` as int32 (ties to the lowest index) for rows without NaN, as a
+  max and a min: XLA:CPU's variadic argmax reduction is about twice as slow (measured at
+  [3, 8000] and [8, 32128], float32). A row holding NaN gives its last index."""
+  size = x.shape[-1]
+  is_max = x == jnp.max(x, axis=-1, keepdims=True)
+  first = jnp.min(jnp.where(is_max, jnp.arange(size, dtype=jnp.int32), size), axis=-1)
+  return jnp.minimum(first, size - 1)
+
+
 def logits_to_probs(logits: jax.Array, temperature: float = 1.0, topk: int = 0,
                     topp: float = 0.0) -> jax.Array:
   """The sampled distribution for `logits [..., V]`; the settings are static Python numbers."""
   logits = logits.astype(jnp.float32)
   if is_greedy(temperature):
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    return jax.nn.one_hot(first_argmax(logits), logits.shape[-1], dtype=jnp.float32)
   logits = logits / temperature
   if 0 < topk < logits.shape[-1]:
     kth_largest = jax.lax.top_k(logits, topk)[0][..., -1:]
@@ -67,7 +77,7 @@ def sample(rng: jax.Array, probs: jax.Array, point_masses: bool = False) -> jax.
   Otherwise `sample_from_uniform` with one uniform per row from `rng`.
   """
   if point_masses:
-    return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+    return first_argmax(probs)
   return sample_from_uniform(jax.random.uniform(rng, probs.shape[:-1]), probs)
 
 
