@@ -107,7 +107,7 @@ def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
     low, high = jnp.where(below, middle, low), jnp.where(below, high, middle)
   # A rounding tie can land on an id of probability 0; the likeliest id stands in for it.
   drawn = jnp.take_along_axis(probs, low[..., None], axis=-1)[..., 0] > 0
-  return jnp.where(drawn, low, jnp.argmax(probs, axis=-1)).astype(jnp.int32)
+  return jnp.where(drawn, low, first_argmax(probs))
 
 
 def log_softmax_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
