@@ -241,13 +241,14 @@ def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: An
   with the rng fold_in(PRNGKey(seed), i), whatever batch a run starts at.
 
   With `checkpointing`, the batches `name` already committed are read instead of decoded, the
-  new ones are committed every `period` batches, and a stop request (SIGTERM/SIGINT) ends the
-  loop after the batch in flight: its batches are committed, then `stop_signals.Stopped`.
+  new ones are committed every `period` batches (and not kept in memory: the outputs returned
+  are the committed chunks, read back), and a stop request (SIGTERM/SIGINT) ends the loop after
+  the batch in flight: its batches are committed, then `stop_signals.Stopped`.
   `progress(stage, batches done, batches)` is called when compiling starts and after each batch."""
-  first, run = 0, infer_outputs.DecodeRun([], [], 0.0, 0.0)
-  writer = None
+  run = infer_outputs.DecodeRun([], [], 0.0, 0.0)  # without checkpointing: kept in memory
+  first, writer = 0, None
   if checkpointing is not None:
-    first, run = checkpointing.store.committed(name)
+    first = checkpointing.store.committed_batches(name)
     writer = infer_chunks.ChunkWriter(checkpointing.store, name, checkpointing.period, first)
     if first:
       print(f"{name}: {first} of {infer_outputs.count(len(batches), 'batch')} committed by an "
@@ -263,34 +264,36 @@ def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: An
       progress("compiling", i, len(batches))
       start = time.perf_counter()
       compiled = layout.partition_predict(decoder, eos_id).lower(*args).compile()
-      compile_seconds = time.perf_counter() - start
-      run.compile_seconds += compile_seconds
-      if writer is not None:
-        writer.compile_seconds += compile_seconds
+      run.compile_seconds = time.perf_counter() - start
       # One untimed call: the first execution of an executable pays one-off costs.
       jax.block_until_ready(compiled(*args))
     start = time.perf_counter()
     outputs = jax.block_until_ready(compiled(*args))
     seconds = time.perf_counter() - start
-    run.seconds += seconds
     progress("decoding", i + 1, len(batches))
     batch_decodes, batch_aux = decode_layout.gather(outputs)
     decodes = [batch_decodes[row] for row in range(num_real)]
     aux = [{key: value[row].item() for key, value in batch_aux.items()}
            for row in range(num_real)]
-    run.decodes += decodes
-    run.aux += aux
-    if writer is not None:
-      writer.add(i, decodes, aux, seconds)
-  if writer is not None:
-    writer.flush()
-    if writer.first < len(batches) and checkpointing.stop.requested():
-      raise stop_signals.Stopped(
-          checkpointing.stop.signum,
-          f"stopped by {checkpointing.stop.name} after {writer.first} of "
-          f"{infer_outputs.count(len(batches), 'batch')} of the {name} (committed in "
-          f"{checkpointing.store.directory}); rerun the same command to resume")
-  return run
+    if writer is None:
+      run.decodes += decodes
+      run.aux += aux
+      run.seconds += seconds
+    else:
+      writer.add(i, decodes, aux, seconds, compile_seconds=run.compile_seconds)
+      run.compile_seconds = 0.0  # counted once, in the chunk of the batch that compiled
+  if writer is None:
+    return run
+  writer.flush()
+  if writer.first < len(batches) and checkpointing.stop.requested():
+    raise stop_signals.Stopped(
+        checkpointing.stop.signum,
+        f"stopped by {checkpointing.stop.name} after {writer.first} of "
+        f"{infer_outputs.count(len(batches), 'batch')} of the {name} (committed in "
+        f"{checkpointing.store.directory}); rerun the same command to resume")
+  # The committed chunks are the outputs: memory stays flat while decoding, and a resumed run's
+  # outputs are read exactly as an uninterrupted run's are.
+  return checkpointing.store.read(name)
 
 
 def _check_batch_size(layout: decode_layout.DecodeLayout, batch_size: int) -> None:

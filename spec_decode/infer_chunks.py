@@ -18,8 +18,8 @@ A finished run (`ChunkStore.finish`, after the final files are written) protects
 unfinished: a different run in its INFER_OUTPUT_DIR replaces it, as the final files always did.
 
 Multi-process: process 0 alone reads and writes chunks; the others learn from it how many batches
-of each decoder are committed (`ChunkStore.committed` broadcasts it), so every process resumes at
-the same batch.
+of each decoder are committed (`ChunkStore.committed_batches` broadcasts it), so every process
+resumes at the same batch.
 """
 
 from __future__ import annotations
@@ -121,26 +121,28 @@ class ChunkStore:
       next_batch = found[next_batch][1]
     return chunks
 
-  def committed(self, decoder: str) -> tuple[int, infer_outputs.DecodeRun]:
-    """(number of batches committed, their outputs) of `decoder`. Every process gets the same
-    number; the outputs are process 0's alone (empty elsewhere: only process 0 writes)."""
-    run = infer_outputs.DecodeRun([], [], 0.0, 0.0)
-    num_batches = 0
-    if self.writer:
-      for _, end, path in self._chunks(decoder):
-        try:
-          chunk = json.loads(path.read_text(encoding="utf-8"))
-          run.decodes += [np.asarray(tokens, np.int32) for tokens in chunk["decodes"]]
-          run.aux += chunk["aux"]
-          run.compile_seconds += chunk["compile_seconds"]
-          run.seconds += chunk["seconds"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-          raise UsageError(f"chunk {path} is unreadable ({type(e).__name__}): rerun with "
-                           "--restart to start over") from None
-        num_batches = end
+  def committed_batches(self, decoder: str) -> int:
+    """How many batches of `decoder` are committed: process 0's count, on every process."""
+    chunks = self._chunks(decoder) if self.writer else []
+    num_batches = chunks[-1][1] if chunks else 0
     if jax.process_count() > 1:
       num_batches = int(multihost_utils.broadcast_one_to_all(np.int32(num_batches)))
-    return num_batches, run
+    return num_batches
+
+  def read(self, decoder: str) -> infer_outputs.DecodeRun:
+    """The committed outputs of `decoder` (process 0; empty elsewhere: only process 0 writes)."""
+    run = infer_outputs.DecodeRun([], [], 0.0, 0.0)
+    for _, _, path in self._chunks(decoder) if self.writer else []:
+      try:
+        chunk = json.loads(path.read_text(encoding="utf-8"))
+        run.decodes += [np.asarray(tokens, np.int32) for tokens in chunk["decodes"]]
+        run.aux += chunk["aux"]
+        run.compile_seconds += chunk["compile_seconds"]
+        run.seconds += chunk["seconds"]
+      except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"chunk {path} is unreadable ({type(e).__name__}): rerun with "
+                         "--restart to start over") from None
+    return run
 
   def commit(self, decoder: str, first: int, end: int, decodes: Sequence[np.ndarray],
              aux: Sequence[Mapping[str, Any]], compile_seconds: float, seconds: float) -> None:
@@ -205,10 +207,13 @@ class ChunkWriter:
   end: int | None = None
 
   def add(self, batch_index: int, decodes: Sequence[np.ndarray],
-          aux: Sequence[Mapping[str, Any]], seconds: float) -> None:
+          aux: Sequence[Mapping[str, Any]], seconds: float, compile_seconds: float = 0.0
+          ) -> None:
+    """Batch `batch_index`'s outputs, the time of its compiled call and of a compile it did."""
     self.decodes += decodes
     self.aux += aux
     self.seconds += seconds
+    self.compile_seconds += compile_seconds
     self.end = batch_index + 1
     if self.end - self.first >= self.period:
       self.flush()

@@ -56,6 +56,7 @@ from t5x import models as t5x_models
 from tensorflow.io import gfile
 
 from spec_decode import core
+from spec_decode.t5 import checkpoint_faults
 from spec_decode.t5 import architecture
 from spec_decode.t5 import network
 
@@ -96,7 +97,8 @@ def draft_config_from_checkpoint(draft_checkpoint_path: str,
   msgpack index is read; `architecture.config_from_params`: what shapes cannot tell is the
   target's)."""
   path = _check_draft_path(draft_checkpoint_path)
-  params = t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=True)["target"]
+  with checkpoint_faults.reading(path):
+    params = t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=True)["target"]
   return architecture.config_from_params(params, target_config, path)
 
 
@@ -285,9 +287,18 @@ def restore_draft_params(state_dict: PyTree, target_state_dict: PyTree, *,
   checkpoint already holds them: one saved from this model). T5X then casts, shards and places
   them as declared by `get_initial_variables`. Without a draft checkpoint (an n-gram lookup
   alone, whose model declares no draft parameters; a model draft without one is refused by
-  `speculative_version`) the state is left as it is."""
+  `speculative_version`) the state is left as it is. A draft that cannot be read is a
+  ValueError naming its file; non-finite values in the draft, or in the target's arrays read by
+  now (those stored inline in its msgpack file), one naming the parameter
+  (`checkpoint_faults`)."""
   del target_state_dict, is_resuming  # the draft is added whatever is restored
+  # The target's arrays stored inline in its msgpack file are read by now (its TensorStore
+  # arrays are read by T5X after this transformation).
+  checkpoint_faults.check_finite_params(state_dict["target"], "CHECKPOINT_PATH (the target's)")
   if DRAFT_PARAMS_KEY in state_dict["target"] or not draft_checkpoint_path:
     return state_dict
-  draft = t5x_checkpoints.load_t5x_checkpoint(_check_draft_path(draft_checkpoint_path))
+  path = _check_draft_path(draft_checkpoint_path)
+  with checkpoint_faults.reading(path):
+    draft = t5x_checkpoints.load_t5x_checkpoint(path)
+  checkpoint_faults.check_finite_params(draft["target"], path)
   return {**state_dict, "target": {**state_dict["target"], DRAFT_PARAMS_KEY: draft["target"]}}
