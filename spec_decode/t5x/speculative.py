@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import posixpath
 from typing import Any, Callable, Mapping, MutableMapping
 
 import flax.core
@@ -56,8 +57,8 @@ from t5x import models as t5x_models
 from tensorflow.io import gfile
 
 from spec_decode import core
-from spec_decode.t5 import checkpoint_faults
 from spec_decode.t5 import architecture
+from spec_decode.t5 import checkpoint_faults
 from spec_decode.t5 import network
 
 PyTree = Any
@@ -89,6 +90,18 @@ def _check_draft_path(draft_checkpoint_path: str | None) -> str:
   if not gfile.exists(draft_checkpoint_path):
     raise ValueError(f"draft checkpoint not found: {draft_checkpoint_path}")
   return draft_checkpoint_path
+
+
+def check_target_checkpoint(checkpoint_path: Any) -> None:
+  """Reads the target's T5X checkpoint (T5X's CHECKPOINT_PATH) as far as its msgpack index, as
+  the draft's is read, so that a truncated or corrupt one is named (`checkpoint_faults`) before
+  T5X restores it, whose own error names no file. Paths T5X resolves itself (a list, a directory
+  of several checkpoints, an Orbax one, none) are left to T5X."""
+  if not isinstance(checkpoint_path, str) or not gfile.exists(
+      posixpath.join(checkpoint_path, "checkpoint")):
+    return
+  with checkpoint_faults.reading(checkpoint_path):
+    t5x_checkpoints.load_t5x_checkpoint(checkpoint_path, lazy_parameters=True)
 
 
 def draft_config_from_checkpoint(draft_checkpoint_path: str,
@@ -250,13 +263,16 @@ def speculative_version(model: t5x_models.EncoderDecoderModel,
                         decode_loop: str = "speculative_sample",
                         loop_settings: Mapping[str, Any] | None = None,
                         draft_source: str = "model", lookup_max_ngram: int = 4,
-                        lookup_min_ngram: int | None = None
+                        lookup_min_ngram: int | None = None,
+                        target_checkpoint_path: Any = None
                         ) -> SpeculativeEncoderDecoderModel:
   """`model` (a T5X EncoderDecoderModel over a T5X T5 network) decoding speculatively with the
   draft of `draft_checkpoint_path`: same target config, vocabularies, optimizer, losses, feature
   converter and default decoder params; the sampled distribution of its decode_fn. With
   `draft_source` 'lookup' the drafts are n-gram lookups and no draft checkpoint is read (giving
-  one is an error: it would be ignored)."""
+  one is an error: it would be ignored). `target_checkpoint_path` (T5X's CHECKPOINT_PATH) is
+  checked readable (`check_target_checkpoint`)."""
+  check_target_checkpoint(target_checkpoint_path)
   target_config = config_from_t5x(model.module.config)
   if draft_source == "lookup":
     if draft_checkpoint_path:

@@ -1,5 +1,6 @@
-"""A broken draft checkpoint through `python -m t5x.infer` with the T5X hook: one line naming the
-file (and the parameter); non-finite values found in the hook's restore transformation.
+"""A broken draft or target checkpoint through `python -m t5x.infer` with the T5X hook: one line
+naming the file (and the parameter); non-finite values found in the hook's restore
+transformation.
 
 The draft is T5X's tiny T5.1.1 checkpoint re-saved by T5X's own Checkpointer (a msgpack index
 and one TensorStore array per parameter), then truncated or given a NaN.
@@ -60,6 +61,19 @@ def test_t5x_infer_names_a_broken_draft_in_one_line(setup, fault, tmp_path):
   assert run.returncode != 0
   lines = [line for line in run.stderr.splitlines() if line.startswith(message)]
   assert lines, run.stderr[-3000:]
+
+
+def test_t5x_infer_names_a_truncated_target(setup, tmp_path):
+  target = tmp_path / "target" / "checkpoint_0"
+  target.mkdir(parents=True)
+  data = t5x_setup.SHARED_TINY_CHECKPOINT.read_bytes()
+  (target / "checkpoint").write_bytes(data[:len(data) // 2])
+  run = run_t5x(setup, "broken_target", speculative=True,
+                bindings=(f"CHECKPOINT_PATH='{target}'",))
+  assert run.returncode != 0
+  assert f"ValueError: checkpoint {target} cannot be read: truncated, corrupt or not a " \
+         "checkpoint of its format (ValueError: Unpack failed: incomplete input)" in \
+         run.stderr.splitlines(), run.stderr[-3000:]
 
 
 def test_restore_transformation_checks_the_target_arrays_it_holds(setup, tmp_path):
