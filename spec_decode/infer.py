@@ -1,13 +1,13 @@
 """`python -m spec_decode.infer`: T5X-style inference from gin, speculative and baseline.
 
 Run: `python -m spec_decode.infer --gin_file=FILE [--gin.MACRO=VALUE ...] [--gin_bindings=B ...]
-[--text "sentence" ...] [--input_file FILE] [--data_dir DIR]`. Without --gin_file it runs
+[--text "sentence" ...] [--input_file FILE] [--data_dir DIR] [--restart]`. Without --gin_file it runs
 `configs/demo/infer.gin` (the shipped demo pair on bundled English sentences). Run configs
 include `configs/runs/infer.gin`, whose macros are T5X's: MODEL (a `models.*Model`),
 CHECKPOINT_PATH (the target's: T5X checkpoint, Hugging Face folder or demo .safetensors),
 MIXTURE_OR_TASK_NAME (a seqio task of `spec_decode.tasks`), TASK_FEATURE_LENGTHS ({'inputs': Le,
-'targets': L}), BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT, NUM_EXAMPLES, INPUT_PREFIX and
-COMPARE_WITH_BASELINE. `--text` (repeatable) and `--input_file` (one input per line) replace
+'targets': L}), BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT, NUM_EXAMPLES, INPUT_PREFIX,
+COMPARE_WITH_BASELINE and CHECKPOINT_PERIOD. `--text` (repeatable) and `--input_file` (one input per line) replace
 the task by plain text, prefixed with INPUT_PREFIX.
 
 What `infer` does, in this order (every check before anything is compiled or written):
@@ -28,21 +28,29 @@ What `infer` does, in this order (every check before anything is compiled or wri
      example); with COMPARE_WITH_BASELINE, also `Decoder.baseline()` (the target alone, same
      sampling settings) on the same parameters;
   4. decodes every batch, timing the compiled calls only, and gathers the outputs from every
-     process (`decode_layout.gather`), saying what it is doing; with COMPARE_WITH_BASELINE it
-     then measures the c and v of Theorem 3.8 on this machine (`call_costs`);
-  5. writes INFER_OUTPUT_DIR/predictions.jsonl and summary.json, each whole, and prints the
-     first predictions and what the run measured and implies (`infer_outputs`).
+     process (`decode_layout.gather`), saying what it is doing; the outputs are committed to
+     INFER_OUTPUT_DIR/chunks every CHECKPOINT_PERIOD batches (`infer_chunks`): a rerun of the
+     same command resumes after the last committed chunk (a different run in an unfinished
+     output dir is refused, naming what differs; --restart starts over), and SIGTERM/SIGINT
+     commit the batches decoded and exit with status 128 + the signal (`stop_signals`); with
+     COMPARE_WITH_BASELINE it then measures the c and v of Theorem 3.8 on this machine
+     (`call_costs`);
+  5. writes INFER_OUTPUT_DIR/predictions.jsonl and summary.json from the committed chunks, each
+     whole, and prints the first predictions and what the run measured and implies
+     (`infer_outputs`).
 Multi-host: every process runs the same command with T5X's flags `--multiprocess_gpu
 --coordinator_address=HOST:PORT --process_count=N --process_index=I` (despite the name, any
 backend; or the environment `partitioning.initialize_distributed` reads), which start JAX's
 distributed system before anything touches a device. Every process reads all inputs, restores
-its own shards, decodes its rows and gathers every output; process 0 alone writes and prints
-the outputs.
+its own shards, decodes its rows and gathers every output; process 0 alone reads and writes
+chunks and writes and prints the outputs, and tells the others how many batches are committed,
+so every process resumes at the same batch.
 
 A usage error (a missing gin file, a binding that cannot take effect, an unset required macro,
-an unknown task, a missing or unreadable checkpoint, data or output place, different
-vocabularies, a bad setting) prints one line `spec_decode.infer: error: ...` on stderr and exits
-with status 2, leaving no output file behind.
+an unknown task, a missing, truncated, corrupt or non-finite checkpoint (`checkpoint_faults`
+names the file and parameter), data or output place, different vocabularies, a bad setting, a
+different run in an unfinished output dir) prints one line `spec_decode.infer: error: ...` on
+stderr and exits with status 2, leaving no output file behind.
 """
 
 from __future__ import annotations
