@@ -4,8 +4,9 @@ A tiny random target/draft pair with the demo's vocabulary decodes the demo's 30
 sentences in 15 batches of 2, committing a chunk every 3 batches. Runs are killed with SIGKILL by
 a driver that wraps the chunk writer (before the first chunk, between chunks, in the middle of a
 chunk's write) and stopped by SIGTERM; the final predictions.jsonl and summary.json of the
-resumed run must equal an uninterrupted run's, greedy and sampled. The subprocesses share a JAX
-compilation cache.
+resumed run must equal an uninterrupted run's, greedy and sampled. A different run in an
+unfinished output dir is refused in one line naming what differs, `--restart` starts over, and a
+finished run is replaced. The subprocesses share a JAX compilation cache.
 """
 
 import json
@@ -161,7 +162,8 @@ def test_sigterm_commits_and_a_sampled_run_resumes_to_the_same_outputs(
   assert _outputs(out) == uninterrupted[1.0]
 
 
-def test_a_changed_config_is_refused_in_an_unfinished_run(run_gin, cache_dir, tmp_path):
+def test_a_changed_config_is_refused_in_an_unfinished_run(run_gin, cache_dir, uninterrupted,
+                                                           tmp_path):
   out = tmp_path / "out"
   run = _infer(run_gin, cache_dir, out, 0.0, kill=("after", 1))
   assert run.returncode == -signal.SIGKILL
@@ -184,3 +186,11 @@ def test_a_changed_config_is_refused_in_an_unfinished_run(run_gin, cache_dir, tm
   assert "committed by an earlier run" not in run.stdout
   stored = json.loads((out / infer_chunks.CHUNK_DIR / infer_chunks.RUN_FILE).read_text())
   assert stored["decode_settings"]["temperature"] == 1.0
+  assert _outputs(out) == uninterrupted[1.0]
+
+  # A finished run protects nothing unfinished: another run replaces it.
+  run = _infer(run_gin, cache_dir, out, 0.0)
+  assert run.returncode == 0, run.stderr
+  assert (f"INFER_OUTPUT_DIR {out} holds a finished run with another "
+          "decode_settings.temperature: replacing it") in run.stdout
+  assert _outputs(out) == uninterrupted[0.0]
