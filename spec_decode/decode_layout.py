@@ -51,6 +51,7 @@ from spec_decode import core
 from spec_decode import models
 from spec_decode import partitioning
 from spec_decode.engine import decoding
+from spec_decode.t5 import checkpoint_faults
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import network
@@ -302,18 +303,27 @@ def restore_sharded(path: str, shardings: Params, template: Params, dtype: Any =
   its own devices hold, each distinct slice once, one at a time; see the module docstring for
   the layouts that force a whole read.
   """
+  source = os.fspath(path)
   arrays = checkpoints.open_t5x_params(path, template)
-  checkpoints.check_params(template, arrays, os.fspath(path))
+  checkpoints.check_params(template, arrays, source)
+  flat_shardings = dict(checkpoints.flatten_params(unfreeze(shardings)))
 
-  def place(array: ts.TensorStore | np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+  def place(key_path: checkpoints.KeyPath, array: ts.TensorStore | np.ndarray) -> jax.Array:
     stored = jnp.dtype(array.dtype.numpy_dtype if isinstance(array, ts.TensorStore)
                        else array.dtype)
     wanted = dtype if dtype is not None and jnp.issubdtype(stored, jnp.floating) else stored
-    return _array_from_slices(
-        tuple(array.shape), sharding,
-        lambda index: checkpoints.read_slice(array, index).astype(wanted, copy=False))
+    name = "/".join(key_path)
 
-  return jax.tree_util.tree_map(place, arrays, unfreeze(shardings))
+    def read(index: tuple[slice, ...]) -> np.ndarray:
+      with checkpoint_faults.reading(source, name):
+        data = checkpoints.read_slice(array, index)
+      checkpoint_faults.check_finite(data, name, source)  # each slice is read once anyway
+      return data.astype(wanted, copy=False)
+
+    return _array_from_slices(tuple(array.shape), flat_shardings[key_path], read)
+
+  return checkpoints.unflatten_params(
+      {key_path: place(key_path, array) for key_path, array in checkpoints.flatten_params(arrays)})
 
 
 def restore_params(module: network.Transformer, path: str, shardings: Params,

@@ -1,13 +1,13 @@
 """`python -m spec_decode.infer`: T5X-style inference from gin, speculative and baseline.
 
 Run: `python -m spec_decode.infer --gin_file=FILE [--gin.MACRO=VALUE ...] [--gin_bindings=B ...]
-[--text "sentence" ...] [--input_file FILE] [--data_dir DIR]`. Without --gin_file it runs
+[--text "sentence" ...] [--input_file FILE] [--data_dir DIR] [--restart]`. Without --gin_file it runs
 `configs/demo/infer.gin` (the shipped demo pair on bundled English sentences). Run configs
 include `configs/runs/infer.gin`, whose macros are T5X's: MODEL (a `models.*Model`),
 CHECKPOINT_PATH (the target's: T5X checkpoint, Hugging Face folder or demo .safetensors),
 MIXTURE_OR_TASK_NAME (a seqio task of `spec_decode.tasks`), TASK_FEATURE_LENGTHS ({'inputs': Le,
-'targets': L}), BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT, NUM_EXAMPLES, INPUT_PREFIX and
-COMPARE_WITH_BASELINE. `--text` (repeatable) and `--input_file` (one input per line) replace
+'targets': L}), BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT, NUM_EXAMPLES, INPUT_PREFIX,
+COMPARE_WITH_BASELINE and CHECKPOINT_PERIOD. `--text` (repeatable) and `--input_file` (one input per line) replace
 the task by plain text, prefixed with INPUT_PREFIX.
 
 What `infer` does, in this order (every check before anything is compiled or written):
@@ -28,21 +28,29 @@ What `infer` does, in this order (every check before anything is compiled or wri
      example); with COMPARE_WITH_BASELINE, also `Decoder.baseline()` (the target alone, same
      sampling settings) on the same parameters;
   4. decodes every batch, timing the compiled calls only, and gathers the outputs from every
-     process (`decode_layout.gather`), saying what it is doing; with COMPARE_WITH_BASELINE it
-     then measures the c and v of Theorem 3.8 on this machine (`call_costs`);
-  5. writes INFER_OUTPUT_DIR/predictions.jsonl and summary.json, each whole, and prints the
-     first predictions and what the run measured and implies (`infer_outputs`).
+     process (`decode_layout.gather`), saying what it is doing; the outputs are committed to
+     INFER_OUTPUT_DIR/chunks every CHECKPOINT_PERIOD batches (`infer_chunks`): a rerun of the
+     same command resumes after the last committed chunk (a different run in an unfinished
+     output dir is refused, naming what differs; --restart starts over), and SIGTERM/SIGINT
+     commit the batches decoded and exit with status 128 + the signal (`stop_signals`); with
+     COMPARE_WITH_BASELINE it then measures the c and v of Theorem 3.8 on this machine
+     (`call_costs`);
+  5. writes INFER_OUTPUT_DIR/predictions.jsonl and summary.json from the committed chunks, each
+     whole, and prints the first predictions and what the run measured and implies
+     (`infer_outputs`).
 Multi-host: every process runs the same command with T5X's flags `--multiprocess_gpu
 --coordinator_address=HOST:PORT --process_count=N --process_index=I` (despite the name, any
 backend; or the environment `partitioning.initialize_distributed` reads), which start JAX's
 distributed system before anything touches a device. Every process reads all inputs, restores
-its own shards, decodes its rows and gathers every output; process 0 alone writes and prints
-the outputs.
+its own shards, decodes its rows and gathers every output; process 0 alone reads and writes
+chunks and writes and prints the outputs, and tells the others how many batches are committed,
+so every process resumes at the same batch.
 
 A usage error (a missing gin file, a binding that cannot take effect, an unset required macro,
-an unknown task, a missing or unreadable checkpoint, data or output place, different
-vocabularies, a bad setting) prints one line `spec_decode.infer: error: ...` on stderr and exits
-with status 2, leaving no output file behind.
+an unknown task, a missing, truncated, corrupt or non-finite checkpoint (`checkpoint_faults`
+names the file and parameter), data or output place, different vocabularies, a bad setting, a
+different run in an unfinished output dir) prints one line `spec_decode.infer: error: ...` on
+stderr and exits with status 2, leaving no output file behind.
 """
 
 from __future__ import annotations
@@ -62,12 +70,14 @@ import numpy as np
 from spec_decode import call_costs
 from spec_decode import core
 from spec_decode import gin_utils
-from spec_decode import infer_outputs
 from spec_decode import decode_layout
+from spec_decode import infer_chunks
+from spec_decode import infer_outputs
 from spec_decode import models
 from spec_decode import partitioning
 from spec_decode import paths
 from spec_decode import plan
+from spec_decode import stop_signals
 from spec_decode.gin_utils import UsageError
 from spec_decode.t5 import vocab
 
@@ -219,35 +229,79 @@ def make_batches(examples: Sequence[Example], batch_size: int, input_length: int
 # --------------------------------------------------------------------------- decoding
 
 
+@dataclasses.dataclass(frozen=True)
+class Checkpointing:
+  """Where a decode commits its outputs (`infer_chunks`), every how many batches, and the
+  signals that stop it between batches."""
+  store: infer_chunks.ChunkStore
+  period: int
+  stop: stop_signals.StopRequest
+
+
 def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: Any,
                batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
                layout: decode_layout.DecodeLayout,
-               progress: Callable[[str, int, int], None] = lambda *_: None
+               progress: Callable[[str, int, int], None] = lambda *_: None,
+               checkpointing: Checkpointing | None = None, name: str = "decoder"
                ) -> infer_outputs.DecodeRun:
   """Compiles `decoder.predict` once on `layout` (`DecodeLayout.partition_predict`) and runs
-  it over `batches`; `params`/`draft_params` as `layout.restore` placed them.
+  it over `batches`; `params`/`draft_params` as `layout.restore` placed them. Batch i is decoded
+  with the rng fold_in(PRNGKey(seed), i), whatever batch a run starts at.
+
+  With `checkpointing`, the batches `name` already committed are read instead of decoded, the
+  new ones are committed every `period` batches (and not kept in memory: the outputs returned
+  are the committed chunks, read back), and a stop request (SIGTERM/SIGINT) ends the loop after
+  the batch in flight: its batches are committed, then `stop_signals.Stopped`.
   `progress(stage, batches done, batches)` is called when compiling starts and after each batch."""
+  run = infer_outputs.DecodeRun([], [], 0.0, 0.0)  # without checkpointing: kept in memory
+  first, writer = 0, None
+  if checkpointing is not None:
+    first = checkpointing.store.committed_batches(name)
+    writer = infer_chunks.ChunkWriter(checkpointing.store, name, checkpointing.period, first)
+    if first:
+      print(f"{name}: {first} of {infer_outputs.count(len(batches), 'batch')} committed by an "
+            f"earlier run, resuming after them", flush=True)
   compiled = None
-  decodes, aux, seconds = [], [], 0.0
-  for i, (batch, num_real) in enumerate(batches):
+  for i in range(first, len(batches)):
+    if checkpointing is not None and checkpointing.stop.requested():
+      break
+    batch, num_real = batches[i]
     args = (params, draft_params, layout.put_batch(batch),
             layout.put_replicated(jax.random.fold_in(jax.random.PRNGKey(seed), i)))
     if compiled is None:
-      progress("compiling", 0, len(batches))
+      progress("compiling", i, len(batches))
       start = time.perf_counter()
       compiled = layout.partition_predict(decoder, eos_id).lower(*args).compile()
-      compile_seconds = time.perf_counter() - start
+      run.compile_seconds = time.perf_counter() - start
       # One untimed call: the first execution of an executable pays one-off costs.
       jax.block_until_ready(compiled(*args))
     start = time.perf_counter()
     outputs = jax.block_until_ready(compiled(*args))
-    seconds += time.perf_counter() - start
+    seconds = time.perf_counter() - start
     progress("decoding", i + 1, len(batches))
     batch_decodes, batch_aux = decode_layout.gather(outputs)
-    for row in range(num_real):
-      decodes.append(batch_decodes[row])
-      aux.append({name: value[row].item() for name, value in batch_aux.items()})
-  return infer_outputs.DecodeRun(decodes, aux, compile_seconds, seconds)
+    decodes = [batch_decodes[row] for row in range(num_real)]
+    aux = [{key: value[row].item() for key, value in batch_aux.items()}
+           for row in range(num_real)]
+    if writer is None:
+      run.decodes += decodes
+      run.aux += aux
+      run.seconds += seconds
+    else:
+      writer.add(i, decodes, aux, seconds, compile_seconds=run.compile_seconds)
+      run.compile_seconds = 0.0  # counted once, in the chunk of the batch that compiled
+  if writer is None:
+    return run
+  writer.flush()
+  if writer.first < len(batches) and checkpointing.stop.requested():
+    raise stop_signals.Stopped(
+        checkpointing.stop.signum,
+        f"stopped by {checkpointing.stop.name} after {writer.first} of "
+        f"{infer_outputs.count(len(batches), 'batch')} of the {name} (committed in "
+        f"{checkpointing.store.directory}); rerun the same command to resume")
+  # The committed chunks are the outputs: memory stays flat while decoding, and a resumed run's
+  # outputs are read exactly as an uninterrupted run's are.
+  return checkpointing.store.read(name)
 
 
 def _check_batch_size(layout: decode_layout.DecodeLayout, batch_size: int) -> None:
@@ -288,23 +342,33 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
           output_dir: str = gin.REQUIRED, compare_with_baseline: bool = False,
           partitioner: Any = None, seed: int = 0, num_printed: int = 10,
           checkpoint_dtype: str | None = None,
-          device_memory_gib: float | None = None) -> dict[str, Any]:
+          device_memory_gib: float | None = None, checkpoint_period: int = 100,
+          restart: bool = False) -> dict[str, Any] | None:
   """Runs inference as described in the module docstring; returns the summary.
 
   `checkpoint_dtype`: the target's parameters are cast to it on restore (T5X's infer restores
   in 'bfloat16'); None keeps the checkpoint's dtype. `device_memory_gib`: the per-device
   memory budget the run's plan must fit (None: the device's own memory where its runtime
-  reports it, else unchecked).
+  reports it, else unchecked). `checkpoint_period`: batches per committed chunk
+  (`infer_chunks`); `restart`: start over in an output dir that holds another run's chunks.
+  Returns the summary on process 0, None on the others.
   """
   if not isinstance(model, models.EncoderDecoderModel):
     raise UsageError(f"MODEL must be a models.EncoderDecoderModel, got {type(model).__name__}")
   if compare_with_baseline and not model.is_speculative:
     raise UsageError("COMPARE_WITH_BASELINE needs a decode loop with a draft (DECODE_LOOP, "
                      "e.g. 'speculative_sample')")
+  if isinstance(checkpoint_period, bool) or not isinstance(checkpoint_period, int) or (
+      checkpoint_period < 1):
+    raise UsageError(f"CHECKPOINT_PERIOD must be an integer >= 1, got {checkpoint_period!r}")
   infer_outputs.check_output_dir(output_dir)
   start = time.perf_counter()
   examples = read_examples(dataset_cfg, model)
   input_length, target_length = _check_dataset_config(dataset_cfg)
+  source = dataset_cfg.mixture_or_task_name or dataset_cfg.input_file or "--text"
+  store = infer_chunks.ChunkStore.open(output_dir, _run_identity(
+      model, dataset_cfg, source, examples, checkpoint_path, checkpoint_dtype, seed,
+      compare_with_baseline), restart)
   if partitioner is None:  # one device, the same path
     partitioner = partitioning.PjitPartitioner(mesh_shape=(1, 1))
   draft_module = model.draft_module if model.is_speculative else None  # None: a lookup alone
@@ -324,26 +388,48 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   name = (f"speculative decoder (target + {model.decoder.draft_description})"
           if model.is_speculative else "target")
   eos_id = model.output_vocabulary.eos_id
-  run = decode_all(model.decoder, eos_id, params, draft_params, batches, seed, layout,
-                   progress=infer_outputs.progress(name))
-  baseline = costs = None
-  if compare_with_baseline:
-    baseline = decode_all(model.decoder.baseline(), eos_id, params, None, batches, seed, layout,
-                          progress=infer_outputs.progress("baseline (target alone)"))
-  if compare_with_baseline and draft_module is not None:  # a lookup's calls cost ~nothing
-    print("measuring one target call of 1 and of gamma + 1 tokens, and one draft call")
-    costs = call_costs.verification_costs(
-        (model.module, params), (model.draft_module, draft_params),
-        model.decode_settings["gamma"], dataset_cfg.batch_size, input_length, target_length)
-  source = dataset_cfg.mixture_or_task_name or dataset_cfg.input_file or "--text"
+  stop = stop_signals.StopRequest()
+  with stop.handling():
+    checkpointing = Checkpointing(store, checkpoint_period, stop)
+    run = decode_all(model.decoder, eos_id, params, draft_params, batches, seed, layout,
+                     infer_outputs.progress(name), checkpointing, "decoder")
+    baseline = costs = None
+    if compare_with_baseline:
+      baseline = decode_all(model.decoder.baseline(), eos_id, params, None, batches, seed,
+                            layout, infer_outputs.progress("baseline (target alone)"),
+                            checkpointing, "baseline")
+    if compare_with_baseline and draft_module is not None:  # a lookup's calls cost ~nothing
+      print("measuring one target call of 1 and of gamma + 1 tokens, and one draft call")
+      costs = call_costs.verification_costs(
+          (model.module, params), (model.draft_module, draft_params),
+          model.decode_settings["gamma"], dataset_cfg.batch_size, input_length, target_length)
+  if jax.process_index() != 0:  # process 0 alone holds the committed outputs
+    return None
   summary, records = infer_outputs.summarize(model, source, dataset_cfg, examples, run, baseline,
                                              costs, model.output_vocabulary.eos_id)
-  summary["run_seconds"] = time.perf_counter() - start  # inputs, restore, compile and decode
-
-  if jax.process_index() == 0:  # every process holds the same gathered outputs
-    out = infer_outputs.write(output_dir, summary, records)
-    infer_outputs.print_report(summary, records, num_printed, out)
+  summary["run_seconds"] = time.perf_counter() - start  # this run's inputs, restore, decode
+  out = infer_outputs.write(output_dir, summary, records)
+  store.finish()
+  infer_outputs.print_report(summary, records, num_printed, out)
   return summary
+
+
+def _run_identity(model: models.EncoderDecoderModel, cfg: DatasetConfig, source: str,
+                  examples: Sequence[Example], checkpoint_path: str,
+                  checkpoint_dtype: str | None, seed: int, compare_with_baseline: bool
+                  ) -> dict[str, Any]:
+  """What fixes a run's outputs, compared by `infer_chunks.ChunkStore` when a run resumes."""
+  speculative = model.is_speculative
+  return {
+      "target": dataclasses.asdict(model.module.config), "checkpoint_path": checkpoint_path,
+      "checkpoint_dtype": checkpoint_dtype,
+      "draft": model.decoder.draft_description if speculative else None,
+      "draft_checkpoint_path": getattr(model, "draft_checkpoint_path", None),
+      "decode_loop": model.decoder.loop_name, "decode_settings": model.decode_settings,
+      "compare_with_baseline": compare_with_baseline, "seed": seed,
+      "batch_size": cfg.batch_size, "task_feature_lengths": dict(cfg.task_feature_lengths),
+      "source": source, "split": cfg.split if cfg.mixture_or_task_name else None,
+      "num_examples": len(examples), "inputs": infer_chunks.inputs_digest(examples)}
 
 
 # --------------------------------------------------------------------------- command line
@@ -370,7 +456,7 @@ def _initialize_distributed(args: argparse.Namespace) -> None:
                      f"{gin_utils.first_line(error)}") from error
 
 
-def _run(args: argparse.Namespace, bindings: list[str]) -> None:
+def _run(args: argparse.Namespace, bindings: list[str]) -> int:
   if args.text is not None and args.input_file is not None:
     raise UsageError("give --text or --input_file, not both")
   _initialize_distributed(args)
@@ -390,9 +476,13 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
   infer_fn = importlib.import_module("spec_decode.infer").infer
   gin_utils.check_bindings_take_effect([infer_fn])
   try:
-    gin.get_configurable(infer_fn)()
+    gin.get_configurable(infer_fn)(restart=args.restart)
   except (ValueError, FileNotFoundError) as e:  # a model, checkpoint or input the config names
     raise UsageError(gin_utils.first_line(e)) from None
+  except stop_signals.Stopped as e:
+    print(f"spec_decode.infer: {gin_utils.first_line(e)}", file=sys.stderr)
+    return e.status
+  return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -406,6 +496,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="decode this file's lines instead of the config's inputs")
   parser.add_argument("--data_dir", default=None,
                       help="data root of the seqio tasks (binds tasks.data_dir.path)")
+  parser.add_argument("--restart", action="store_true",
+                      help="start over in an INFER_OUTPUT_DIR holding another run's chunks "
+                           "(without it a rerun resumes there, or is refused if it differs)")
   parser.add_argument("--multiprocess_gpu", action="store_true",
                       help="start JAX's distributed system (T5X's flag; any backend), from "
                            "the three flags below")

@@ -47,6 +47,8 @@ def write_atomically(path: pathlib.Path, text: str) -> None:
   with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False,
                                    prefix=f".{path.name}.") as f:
     f.write(text)
+    f.flush()
+    os.fsync(f.fileno())  # on disk before it is renamed into place: whole after a crash too
   # A temporary file is private (0600); the output gets the usual mode (0644 under umask 022).
   umask = os.umask(0)
   os.umask(umask)
@@ -59,6 +61,9 @@ def write(output_dir: str, summary: Mapping[str, Any],
   """Writes predictions.jsonl and summary.json into output_dir (made if needed); returns it."""
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
+  for name in (PREDICTIONS_FILE, SUMMARY_FILE):
+    for stale in out.glob(f".{name}.*"):  # the temporary file of a write that was killed
+      stale.unlink()
   write_atomically(out / PREDICTIONS_FILE, "".join(
       json.dumps(record, ensure_ascii=False) + "\n" for record in records))
   write_atomically(out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")

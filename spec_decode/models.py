@@ -51,10 +51,10 @@ import jax.numpy as jnp
 from flax.core import unfreeze
 
 from spec_decode import core
-from spec_decode import gin_utils
 from spec_decode import losses
 from spec_decode import paths
 from spec_decode.t5 import architecture
+from spec_decode.t5 import checkpoint_faults
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import demo_pair
@@ -112,7 +112,7 @@ def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Pa
   demo format (`spec_decode.t5.demo_pair`). The configs of the last two must match the module's.
   """
   kind, resolved = checkpoint_format(path)
-  try:
+  with checkpoint_faults.reading(path):
     if kind == "hf":
       found, params = hf_checkpoints.load_hf(resolved)
       _check_same_architecture(module.config, found, path)
@@ -121,12 +121,8 @@ def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Pa
       _check_same_architecture(module.config, found, path)
     else:
       params = checkpoints.load_t5x(resolved)
-  except (ValueError, FileNotFoundError):  # already name the file
-    raise
-  except Exception as e:  # pylint: disable=broad-except: a reader's own error (truncated file...)
-    raise ValueError(f"checkpoint {path} could not be read: {type(e).__name__}: "
-                     f"{gin_utils.first_line(e)}") from e
   checkpoints.check_params(checkpoints.expected_param_shapes(module.config), params, path)
+  checkpoint_faults.check_finite_params(params, path)
   return params if dtype is None else checkpoints.cast_floats(params, dtype)
 
 
@@ -139,18 +135,13 @@ def checkpoint_config(path: str, like: network.T5Config) -> network.T5Config:
   parameter shapes (`architecture.config_from_params`, what shapes cannot tell from `like`).
   The activation dtype is always `like`'s."""
   kind, resolved = checkpoint_format(path)
-  try:
+  with checkpoint_faults.reading(path):
     if kind == "hf":
       found = hf_checkpoints.read_hf_config(resolved)
     elif kind == "demo":
       found = demo_pair.read_config(resolved)
     else:
       return architecture.config_from_params(architecture.t5x_param_shapes(resolved), like, path)
-  except (ValueError, FileNotFoundError):  # already name the file
-    raise
-  except Exception as e:  # pylint: disable=broad-except: a reader's own error (truncated file...)
-    raise ValueError(f"checkpoint {path} could not be read: {type(e).__name__}: "
-                     f"{gin_utils.first_line(e)}") from e
   return dataclasses.replace(found, dtype=like.dtype)
 
 

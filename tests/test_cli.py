@@ -180,8 +180,8 @@ def test_truncated_safetensors_checkpoint(which, run_cli, tmp_path):
   out = tmp_path / "out"
   _assert_error(run_cli("spec_decode.infer", [f"--gin.{macro}='{truncated}'",
                                               f"--gin.INFER_OUTPUT_DIR='{out}'"]),
-                "spec_decode.infer", f"checkpoint {truncated} could not be read: "
-                "SafetensorError", out)
+                "spec_decode.infer", f"checkpoint {truncated} cannot be read: truncated, corrupt "
+                "or not a checkpoint of its format (SafetensorError", out)
 
 
 def test_train_names_a_missing_corpus(run_cli, tmp_path):

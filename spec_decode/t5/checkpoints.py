@@ -50,6 +50,7 @@ import tensorstore as ts
 from flax import serialization
 from flax.core import unfreeze
 
+from spec_decode.t5 import checkpoint_faults
 from spec_decode.t5.network import T5Config, Transformer
 
 Params = dict[str, Any]
@@ -376,7 +377,8 @@ def _restore(path: str, template: Mapping[str, Any] | None, only_target: bool,
     except Exception as e:  # msgpack raises a zoo of exception types on garbage
       raise ValueError(f"{where}: not a msgpack T5X checkpoint ({e})") from e
   else:
-    contents = _orbax_metadata_tree(metadata_bytes, directory)
+    with checkpoint_faults.reading(posixpath.join(directory, "_METADATA")):
+      contents = _orbax_metadata_tree(metadata_bytes, directory)
   if not isinstance(contents, Mapping):
     raise ValueError(f"{where}: not a T5X checkpoint")
   state = _optimizer_state(contents, where)
@@ -392,16 +394,17 @@ def _restore(path: str, template: Mapping[str, Any] | None, only_target: bool,
     if isinstance(leaf, str) and leaf.startswith(_ORBAX_PLACEHOLDER):
       spec = {"driver": "zarr", "metadata": {},
               "kvstore": _kvstore(directory, leaf[len(_ORBAX_PLACEHOLDER):])}
-      return zarr_array(spec, where_leaf, leaf_template)
-    if _is_tensorstore_spec(leaf):
+    elif _is_tensorstore_spec(leaf):
       if "value_type" in leaf:  # from an Orbax _METADATA tree
         spec = {k: v for k, v in leaf.items() if k != "value_type"}
       else:
         spec = _legacy_array_spec(leaf, directory, where_leaf)
-      return zarr_array(spec, where_leaf, leaf_template)
-    if isinstance(leaf, (np.ndarray, np.generic)):
+    elif isinstance(leaf, (np.ndarray, np.generic)):
       return np.asarray(leaf)
-    return leaf
+    else:
+      return leaf
+    with checkpoint_faults.reading(where, _name(leaf_path[1:] if only_target else leaf_path)):
+      return zarr_array(spec, where_leaf, leaf_template)
 
   return unflatten_params({p: read(p, leaf) for p, leaf in flatten_params(state)})
 

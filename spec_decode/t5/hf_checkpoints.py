@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from spec_decode.t5 import checkpoint_faults
 from spec_decode.t5 import checkpoints
 from spec_decode.t5.network import T5Config
 
@@ -113,16 +114,18 @@ def _read_hf_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
     single = os.path.join(directory, filename)
     index = single + ".index.json"
     if os.path.isfile(single):
-      return loader(single), single
+      with checkpoint_faults.reading(single):
+        return loader(single), single
     if os.path.isfile(index):
-      with open(index) as f:
+      with open(index) as f, checkpoint_faults.reading(index):
         shards = sorted(set(json.load(f)["weight_map"].values()))
       weights = {}
       for shard in shards:
         shard_path = os.path.join(directory, shard)
         if not os.path.isfile(shard_path):
           raise FileNotFoundError(f"shard {shard_path} listed in {index} is missing")
-        weights.update(loader(shard_path))
+        with checkpoint_faults.reading(shard_path):
+          weights.update(loader(shard_path))
       return weights, index
   raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin (or sharded index) in "
                           f"{directory}")
@@ -135,7 +138,7 @@ def read_hf_config(path: str) -> T5Config:
   config_path = os.path.join(directory, "config.json")
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"no Hugging Face config.json at {config_path}")
-  with open(config_path) as f:
+  with open(config_path) as f, checkpoint_faults.reading(config_path):
     hf = json.load(f)
   if hf.get("model_type") != "t5":
     raise ValueError(f"{config_path}: model_type is {hf.get('model_type')!r}, not 't5'")

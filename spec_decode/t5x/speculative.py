@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import posixpath
 from typing import Any, Callable, Mapping, MutableMapping
 
 import flax.core
@@ -57,6 +58,7 @@ from tensorflow.io import gfile
 
 from spec_decode import core
 from spec_decode.t5 import architecture
+from spec_decode.t5 import checkpoint_faults
 from spec_decode.t5 import network
 
 PyTree = Any
@@ -90,13 +92,26 @@ def _check_draft_path(draft_checkpoint_path: str | None) -> str:
   return draft_checkpoint_path
 
 
+def check_target_checkpoint(checkpoint_path: Any) -> None:
+  """Reads the target's T5X checkpoint (T5X's CHECKPOINT_PATH) as far as its msgpack index, as
+  the draft's is read, so that a truncated or corrupt one is named (`checkpoint_faults`) before
+  T5X restores it, whose own error names no file. Paths T5X resolves itself (a list, a directory
+  of several checkpoints, an Orbax one, none) are left to T5X."""
+  if not isinstance(checkpoint_path, str) or not gfile.exists(
+      posixpath.join(checkpoint_path, "checkpoint")):
+    return
+  with checkpoint_faults.reading(checkpoint_path):
+    t5x_checkpoints.load_t5x_checkpoint(checkpoint_path, lazy_parameters=True)
+
+
 def draft_config_from_checkpoint(draft_checkpoint_path: str,
                                  target_config: network.T5Config) -> network.T5Config:
   """The draft's config, read from the parameter shapes of its T5X checkpoint (only the
   msgpack index is read; `architecture.config_from_params`: what shapes cannot tell is the
   target's)."""
   path = _check_draft_path(draft_checkpoint_path)
-  params = t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=True)["target"]
+  with checkpoint_faults.reading(path):
+    params = t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=True)["target"]
   return architecture.config_from_params(params, target_config, path)
 
 
@@ -248,13 +263,16 @@ def speculative_version(model: t5x_models.EncoderDecoderModel,
                         decode_loop: str = "speculative_sample",
                         loop_settings: Mapping[str, Any] | None = None,
                         draft_source: str = "model", lookup_max_ngram: int = 4,
-                        lookup_min_ngram: int | None = None
+                        lookup_min_ngram: int | None = None,
+                        target_checkpoint_path: Any = None
                         ) -> SpeculativeEncoderDecoderModel:
   """`model` (a T5X EncoderDecoderModel over a T5X T5 network) decoding speculatively with the
   draft of `draft_checkpoint_path`: same target config, vocabularies, optimizer, losses, feature
   converter and default decoder params; the sampled distribution of its decode_fn. With
   `draft_source` 'lookup' the drafts are n-gram lookups and no draft checkpoint is read (giving
-  one is an error: it would be ignored)."""
+  one is an error: it would be ignored). `target_checkpoint_path` (T5X's CHECKPOINT_PATH) is
+  checked readable (`check_target_checkpoint`)."""
+  check_target_checkpoint(target_checkpoint_path)
   target_config = config_from_t5x(model.module.config)
   if draft_source == "lookup":
     if draft_checkpoint_path:
@@ -285,9 +303,18 @@ def restore_draft_params(state_dict: PyTree, target_state_dict: PyTree, *,
   checkpoint already holds them: one saved from this model). T5X then casts, shards and places
   them as declared by `get_initial_variables`. Without a draft checkpoint (an n-gram lookup
   alone, whose model declares no draft parameters; a model draft without one is refused by
-  `speculative_version`) the state is left as it is."""
+  `speculative_version`) the state is left as it is. A draft that cannot be read is a
+  ValueError naming its file; non-finite values in the draft, or in the target's arrays read by
+  now (those stored inline in its msgpack file), one naming the parameter
+  (`checkpoint_faults`)."""
   del target_state_dict, is_resuming  # the draft is added whatever is restored
+  # The target's arrays stored inline in its msgpack file are read by now (its TensorStore
+  # arrays are read by T5X after this transformation).
+  checkpoint_faults.check_finite_params(state_dict["target"], "CHECKPOINT_PATH (the target's)")
   if DRAFT_PARAMS_KEY in state_dict["target"] or not draft_checkpoint_path:
     return state_dict
-  draft = t5x_checkpoints.load_t5x_checkpoint(_check_draft_path(draft_checkpoint_path))
+  path = _check_draft_path(draft_checkpoint_path)
+  with checkpoint_faults.reading(path):
+    draft = t5x_checkpoints.load_t5x_checkpoint(path)
+  checkpoint_faults.check_finite_params(draft["target"], path)
   return {**state_dict, "target": {**state_dict["target"], DRAFT_PARAMS_KEY: draft["target"]}}

@@ -1,0 +1,52 @@
+"""Whether a long run stays steady: what it compiles, and its host memory (RSS), batch by batch.
+
+`CompileCounter` counts XLA backend compilations by function name while it is active (JAX's
+monitoring event `/jax/core/compile/backend_compile_duration`; a persistent-cache hit compiles
+nothing and is not counted). `rss_bytes()` is the process's resident memory now (Linux
+`/proc/self/statm`). `scripts/long_run_steadiness.py` and tests/test_infer_steady.py use both
+on `spec_decode.infer`'s decode loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Any
+
+from jax import monitoring
+
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+STATM = "/proc/self/statm"
+
+
+def rss_bytes() -> int:
+  """Resident set size of this process now, in bytes (Linux only: OSError elsewhere)."""
+  with open(STATM) as f:
+    resident_pages = int(f.read().split()[1])
+  return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+class CompileCounter:
+  """`with CompileCounter() as counter:` ... `counter.total`, `counter.by_name[name]`."""
+
+  def __init__(self):
+    self.by_name: collections.Counter[str] = collections.Counter()
+    self._lock = threading.Lock()
+
+  @property
+  def total(self) -> int:
+    return sum(self.by_name.values())
+
+  def _listen(self, event: str, duration: float, **kwargs: Any) -> None:
+    del duration
+    if event == BACKEND_COMPILE_EVENT:
+      with self._lock:
+        self.by_name[str(kwargs.get("fun_name", "?"))] += 1
+
+  def __enter__(self) -> "CompileCounter":
+    monitoring.register_event_duration_secs_listener(self._listen)
+    return self
+
+  def __exit__(self, *exc_info: Any) -> None:
+    monitoring.unregister_event_duration_listener(self._listen)

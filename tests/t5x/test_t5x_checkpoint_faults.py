@@ -1,0 +1,94 @@
+"""A broken draft or target checkpoint through `python -m t5x.infer` with the T5X hook: one line
+naming the file (and the parameter); non-finite values found in the hook's restore
+transformation.
+
+The draft is T5X's tiny T5.1.1 checkpoint re-saved by T5X's own Checkpointer (a msgpack index
+and one TensorStore array per parameter), then truncated or given a NaN.
+"""
+
+import copy
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("t5x.infer", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
+                                        "and its dependencies (../shared/README.md)")
+
+import t5x_setup  # pylint: disable=g-import-not-at-top
+from test_t5x_runs import run_t5x  # pylint: disable=g-import-not-at-top
+from test_t5x_runs import setup  # pylint: disable=g-import-not-at-top,unused-import (a fixture)
+from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
+
+PARAMETER = "decoder/layers_0/mlp/wo/kernel"
+ARRAY_DIR = "target.decoder.layers_0.mlp.wo.kernel"  # where T5X's Checkpointer stores PARAMETER
+
+
+def _truncate(path: pathlib.Path) -> None:
+  data = path.read_bytes()
+  path.write_bytes(data[:len(data) // 2])
+
+
+def _draft_with_nan(directory: pathlib.Path) -> str:
+  params = copy.deepcopy(t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT)))
+  params["decoder"]["layers_0"]["mlp"]["wo"]["kernel"][2, 0] = np.nan
+  return t5x_setup.save_checkpoint(directory, t5x_setup.TINY, params)
+
+
+def _broken_draft(setup, fault: str, directory: pathlib.Path) -> tuple[str, str]:
+  """(the draft's path, the message expected) for a `fault` of a copy of the runs' draft."""
+  if fault == "nan":
+    path = _draft_with_nan(directory)
+    return path, (f"ValueError: checkpoint {path}: parameter {PARAMETER} has 1 non-finite value "
+                  "(NaN or infinity), the first at index (2, 0)")
+  path = directory / "checkpoint_0"
+  shutil.copytree(setup["draft"], path)
+  if fault == "truncated_index":
+    _truncate(path / "checkpoint")
+    return str(path), (f"ValueError: checkpoint {path} cannot be read: truncated, corrupt or not "
+                       "a checkpoint of its format (")
+  chunk, = [f for f in (path / ARRAY_DIR).iterdir() if not f.name.startswith(".")]
+  _truncate(chunk)
+  return str(path), f"ValueError: checkpoint {path} cannot be read: truncated, corrupt"
+
+
+@pytest.mark.parametrize("fault", ["truncated_index", "truncated_array", "nan"])
+def test_t5x_infer_names_a_broken_draft_in_one_line(setup, fault, tmp_path):
+  path, message = _broken_draft(setup, fault, tmp_path / "draft")
+  run = run_t5x(setup, f"broken_{fault}", speculative=True,
+                bindings=(f"DRAFT_CHECKPOINT_PATH='{path}'",))
+  assert run.returncode != 0
+  lines = [line for line in run.stderr.splitlines() if line.startswith(message)]
+  assert lines, run.stderr[-3000:]
+
+
+def test_t5x_infer_names_a_truncated_target(setup, tmp_path):
+  target = tmp_path / "target" / "checkpoint_0"
+  target.mkdir(parents=True)
+  data = t5x_setup.SHARED_TINY_CHECKPOINT.read_bytes()
+  (target / "checkpoint").write_bytes(data[:len(data) // 2])
+  run = run_t5x(setup, "broken_target", speculative=True,
+                bindings=(f"CHECKPOINT_PATH='{target}'",))
+  assert run.returncode != 0
+  assert f"ValueError: checkpoint {target} cannot be read: truncated, corrupt or not a " \
+         "checkpoint of its format (ValueError: Unpack failed: incomplete input)" in \
+         run.stderr.splitlines(), run.stderr[-3000:]
+
+
+def test_restore_transformation_checks_the_target_arrays_it_holds(setup, tmp_path):
+  """The target's arrays stored inline (read before the transformation) are checked; the draft's
+  non-finite values are named with the draft's path."""
+  state = {"target": {"decoder": {"layers_0": {"mlp": {"wo": {
+      "kernel": np.array([[0.5, np.inf]], np.float32)}}}},
+      "encoder": {"spec": {"driver": "zarr", "metadata": {"shape": [2]}}}}, "state": {}}
+  with pytest.raises(ValueError, match=rf"^checkpoint CHECKPOINT_PATH \(the target's\): parameter "
+                                       rf"{PARAMETER} has 1 non-finite value"):
+    speculative.restore_draft_params(state, None, draft_checkpoint_path=str(setup["draft"]))
+  path = _draft_with_nan(tmp_path / "nan_draft")
+  state["target"]["decoder"]["layers_0"]["mlp"]["wo"]["kernel"][0, 1] = 1.0
+  with pytest.raises(ValueError, match=f"^checkpoint {path}: parameter {PARAMETER} has 1"):
+    speculative.restore_draft_params(state, None, draft_checkpoint_path=path)
+  restored = speculative.restore_draft_params(state, None,
+                                              draft_checkpoint_path=str(setup["draft"]))
+  assert speculative.DRAFT_PARAMS_KEY in restored["target"]
