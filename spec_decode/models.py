@@ -43,6 +43,7 @@ import copy
 import dataclasses
 import functools
 import os
+import posixpath
 import sys
 from typing import Any, Callable, Mapping
 
@@ -89,11 +90,24 @@ def _check_same_architecture(expected: network.T5Config, found: network.T5Config
                      + ", ".join(differences))
 
 
+# The Orbax item in which T5X's Orbax checkpoint manager keeps a step's train state
+# (`checkpoint_N/state`: an Orbax `_METADATA` tree, parameters under 'target').
+T5X_ORBAX_STATE_ITEM = "state"
+
+
+def t5x_orbax_state_item(path: str) -> str:
+  """`path`/state when `path` is a step directory T5X's Orbax checkpoint manager wrote, else
+  `path`: the folder `checkpoints.load_t5x` reads a T5X checkpoint from."""
+  item = posixpath.join(path.rstrip("/"), T5X_ORBAX_STATE_ITEM)
+  return item if checkpoints.read_file(posixpath.join(item, "_METADATA")) is not None else path
+
+
 def checkpoint_format(path: str) -> tuple[str, str]:
   """(format, resolved path) of a checkpoint `load_params` reads: format 'hf' (a Hugging Face
   folder with config.json, or a Hub id `hf://ORG/NAME[@REVISION]` resolved to its folder in the
   Hub's cache: `hf_hub`), 'demo' (a .safetensors file) or 't5x' (anything else: a T5X
-  checkpoint). FileNotFoundError when a local path or a Hub model does not exist."""
+  checkpoint, legacy or Orbax; for a step directory T5X's Orbax checkpoint manager wrote, its
+  `state` item). FileNotFoundError when a local path or a Hub model does not exist."""
   if hf_hub.is_hub_id(path):
     return "hf", hf_hub.hub_folder(path)
   resolved = paths.resolve(path)
@@ -103,7 +117,7 @@ def checkpoint_format(path: str) -> tuple[str, str]:
     return "hf", resolved
   if resolved.endswith(".safetensors"):
     return "demo", resolved
-  return "t5x", resolved
+  return "t5x", t5x_orbax_state_item(resolved)
 
 
 def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Params:

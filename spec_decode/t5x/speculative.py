@@ -56,7 +56,9 @@ from t5x import models as t5x_models
 from tensorflow.io import gfile
 
 from spec_decode import core
+from spec_decode import models
 from spec_decode.t5 import architecture
+from spec_decode.t5 import checkpoints
 from spec_decode.t5 import network
 
 PyTree = Any
@@ -90,14 +92,25 @@ def _check_draft_path(draft_checkpoint_path: str | None) -> str:
   return draft_checkpoint_path
 
 
+def read_draft_params(path: str, shapes_only: bool = False) -> PyTree:
+  """The parameters of the T5X checkpoint `path` as numpy arrays, read by T5X for its legacy
+  format and by `spec_decode.t5.checkpoints` for the Orbax one T5X writes by default (T5X reads
+  Orbax checkpoints only into a train state); with `shapes_only`, leaves that only carry
+  `.shape` (nothing but the index or the metadata is read)."""
+  item = models.t5x_orbax_state_item(path)
+  if item == path:
+    return t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=shapes_only)["target"]
+  return architecture.t5x_param_shapes(item) if shapes_only else checkpoints.load_t5x(item)
+
+
 def draft_config_from_checkpoint(draft_checkpoint_path: str,
                                  target_config: network.T5Config) -> network.T5Config:
   """The draft's config, read from the parameter shapes of its T5X checkpoint (only the
-  msgpack index is read; `architecture.config_from_params`: what shapes cannot tell is the
-  target's)."""
+  msgpack index or the Orbax metadata is read; `architecture.config_from_params`: what shapes
+  cannot tell is the target's)."""
   path = _check_draft_path(draft_checkpoint_path)
-  params = t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=True)["target"]
-  return architecture.config_from_params(params, target_config, path)
+  return architecture.config_from_params(read_draft_params(path, shapes_only=True),
+                                         target_config, path)
 
 
 def sampling_settings(decode_fn: Callable[..., Any]) -> dict[str, Any]:
@@ -289,5 +302,5 @@ def restore_draft_params(state_dict: PyTree, target_state_dict: PyTree, *,
   del target_state_dict, is_resuming  # the draft is added whatever is restored
   if DRAFT_PARAMS_KEY in state_dict["target"] or not draft_checkpoint_path:
     return state_dict
-  draft = t5x_checkpoints.load_t5x_checkpoint(_check_draft_path(draft_checkpoint_path))
-  return {**state_dict, "target": {**state_dict["target"], DRAFT_PARAMS_KEY: draft["target"]}}
+  draft = read_draft_params(_check_draft_path(draft_checkpoint_path))
+  return {**state_dict, "target": {**state_dict["target"], DRAFT_PARAMS_KEY: draft}}
