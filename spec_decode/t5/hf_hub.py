@@ -14,8 +14,6 @@ from __future__ import annotations
 import glob
 import os
 
-from spec_decode import gin_utils
-
 SCHEME = "hf://"
 CONFIG_FILE = "config.json"
 # The weights `hf_checkpoints` reads, in the order it prefers them: each entry the files of one
@@ -57,16 +55,18 @@ def _find_or_download(path: str, repo_id: str, revision: str | None) -> str:
         if _has_any(folder, patterns):
           return folder
     return folder  # config.json alone: the caller names what is missing
-  except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as e:
-    raise FileNotFoundError(f"Hugging Face model {path} not found on the Hub: "
-                            f"{gin_utils.first_line(e)}") from None
+  except errors.RevisionNotFoundError:
+    raise FileNotFoundError(f"Hugging Face model {path}: no such revision on the Hub") from None
+  except errors.RepositoryNotFoundError:
+    raise FileNotFoundError(f"Hugging Face model {path} not found on the Hub (or not "
+                            "accessible with this machine's token)") from None
   except errors.LocalEntryNotFoundError:
     raise FileNotFoundError(f"Hugging Face model {path} is not in the Hub cache "
                             f"({_cache_dir()}) and could not be downloaded (offline, or "
                             "HF_HUB_OFFLINE is set)") from None
-  except (errors.HfHubHTTPError, OSError) as e:
-    raise FileNotFoundError(f"Hugging Face model {path} could not be downloaded: "
-                            f"{type(e).__name__}: {gin_utils.first_line(e)}") from None
+  except (errors.HfHubHTTPError, OSError) as e:  # the Hub's reasons span several lines
+    raise FileNotFoundError(f"Hugging Face model {path} could not be downloaded "
+                            f"({type(e).__name__})") from None
 
 
 def _cache_dir() -> str:
