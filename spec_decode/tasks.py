@@ -147,25 +147,30 @@ DEMO_VOCABULARY = LazyPathSentencePieceVocabulary(lambda: str(DEMO_VOCABULARY_FI
 
 class TfdsTask(NamedTuple):
   """A task of a TFDS dataset: its `tfds_name` (name/config:version), the features that become
-  'inputs' and 'targets' (`key_map`), and the input `prefix`."""
+  'inputs' and 'targets' (`key_map`), the input `prefix`, and the task reading the same text from
+  local files (`files_task`)."""
   tfds_name: str
   key_map: Mapping[str, str]
   prefix: str
+  files_task: str
 
 
 # T5's own tasks of these datasets (t5.data's wmt_t2t_ende_v003 and cnn_dailymail_v002).
 TFDS_TASKS = {
     "wmt_ende": TfdsTask("wmt_t2t_translate/de-en:1.0.0", {"inputs": "en", "targets": "de"},
-                         corpora.TRANSLATE_PREFIX),
+                         corpora.TRANSLATE_PREFIX, "wmt_ende_files"),
     "cnn_dailymail": TfdsTask("cnn_dailymail:3.4.0",
-                              {"inputs": "article", "targets": "highlights"}, SUMMARIZE_PREFIX),
+                              {"inputs": "article", "targets": "highlights"}, SUMMARIZE_PREFIX,
+                              "cnn_dailymail_files"),
 }
 TFDS_SPLITS = ("train", "validation", "test")
 
-# File task: (its demo-vocabulary twin or None, the corpus prefix under the data root by split).
+# File task: (its twin with the demo pair's vocabulary, the corpus prefix under the data root by
+# split).
 _TRANSLATION_CORPORA = {
-    "wmt_ende_files": ("wmt_ende_demo", {"train": "wmt_ende/train", "validation": "wmt_ende/dev",
-                                         "test": "wmt_ende/test"}),
+    TFDS_TASKS["wmt_ende"].files_task: ("wmt_ende_demo", {"train": "wmt_ende/train",
+                                                          "validation": "wmt_ende/dev",
+                                                          "test": "wmt_ende/test"}),
     "multi30k_ende": ("multi30k_ende_demo", {"train": "multi30k/train",
                                              "validation": "multi30k/val",
                                              "test": "multi30k/test"}),
@@ -183,13 +188,13 @@ for _name, (_demo_name, _corpora) in _TRANSLATION_CORPORA.items():
                                      splits=list(_corpora))
   _register(_name, _source, corpora.TRANSLATE_PREFIX, T5_VOCABULARY)
   _register(_demo_name, _source, corpora.TRANSLATE_PREFIX, DEMO_VOCABULARY)
-_register("cnn_dailymail_files",
+_register(TFDS_TASKS["cnn_dailymail"].files_task,
           seqio.FunctionDataSource(_cnn_dailymail_file, splits=["validation"]),
           SUMMARIZE_PREFIX, T5_VOCABULARY)
 
 TASK_NAMES = tuple(sorted([*TFDS_TASKS, *_TRANSLATION_CORPORA,
                            *(demo for demo, _ in _TRANSLATION_CORPORA.values()),
-                           "cnn_dailymail_files"]))
+                           TFDS_TASKS["cnn_dailymail"].files_task]))
 
 
 def get_task(name: str) -> seqio.Task | seqio.Mixture:
@@ -240,7 +245,7 @@ def _get_dataset(task: seqio.Task | seqio.Mixture, split: str,
     raise FileNotFoundError(
         f"TFDS dataset {name} (task {task.name!r}) is not prepared in {where}: prepare it with "
         f"`tfds build {name}{to}`, or give --tfds_data_dir where it is prepared (task "
-        f"'{task.name}_files' reads local text files instead)") from None
+        f"'{TFDS_TASKS[task.name].files_task}' reads local text files instead)") from None
 
 
 def settings_read_by(name: str) -> list[Callable[..., Any]]:
