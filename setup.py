@@ -7,7 +7,7 @@ T5X_DEPENDENCIES = ["absl-py", "cached_property", "chex", "clu", "fiddle", "gin-
 # What the tests import on every supported Python; the Hugging Face parity tests add torch and
 # transformers ("test").
 TEST_CORE_DEPENDENCIES = ["matplotlib", "pytest", "pytest-xdist", "scipy", "seqio==0.0.20",
-                          *T5X_DEPENDENCIES]
+                          "huggingface_hub", *T5X_DEPENDENCIES]
 
 setuptools.setup(
     name="spec_decode",
@@ -41,6 +41,8 @@ setuptools.setup(
     extras_require={
         # seqio tasks (they pull in TensorFlow); the engine, network and models do not need them.
         "tasks": ["seqio==0.0.20"],
+        # Checkpoints named by Hugging Face Hub ids (hf://ORG/NAME), through the Hub's cache.
+        "hub": ["huggingface_hub"],
         # scripts/reproduce_table2.py's plot.
         "plot": ["matplotlib"],
         # What `t5x` (not on the registry; scripts/test.sh installs it from ../shared/wheels)

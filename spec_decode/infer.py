@@ -1,13 +1,15 @@
 """`python -m spec_decode.infer`: T5X-style inference from gin, speculative and baseline.
 
 Run: `python -m spec_decode.infer --gin_file=FILE [--gin.MACRO=VALUE ...] [--gin_bindings=B ...]
-[--text "sentence" ...] [--input_file FILE] [--data_dir DIR] [--restart]`. Without --gin_file it runs
-`configs/demo/infer.gin` (the shipped demo pair on bundled English sentences). Run configs
-include `configs/runs/infer.gin`, whose macros are T5X's: MODEL (a `models.*Model`),
-CHECKPOINT_PATH (the target's: T5X checkpoint, Hugging Face folder or demo .safetensors),
-MIXTURE_OR_TASK_NAME (a seqio task of `spec_decode.tasks`), TASK_FEATURE_LENGTHS ({'inputs': Le,
-'targets': L}), BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT, NUM_EXAMPLES, INPUT_PREFIX,
-COMPARE_WITH_BASELINE and CHECKPOINT_PERIOD. `--text` (repeatable) and `--input_file` (one input per line) replace
+[--text "sentence" ...] [--input_file FILE] [--data_dir DIR] [--tfds_data_dir DIR] [--restart]`.
+Without --gin_file it runs `configs/demo/infer.gin` (the shipped demo pair on bundled English
+sentences). Run configs include `configs/runs/infer.gin`, whose macros are T5X's: MODEL (a
+`models.*Model`), CHECKPOINT_PATH (the target's: T5X checkpoint, Hugging Face folder or Hub id
+hf://ORG/NAME, or demo .safetensors), MIXTURE_OR_TASK_NAME (a seqio task of
+`spec_decode.tasks`; --data_dir is the file tasks' data root, --tfds_data_dir where the TFDS
+tasks' datasets are prepared), TASK_FEATURE_LENGTHS ({'inputs': Le, 'targets': L}),
+BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT, NUM_EXAMPLES, INPUT_PREFIX, COMPARE_WITH_BASELINE
+and CHECKPOINT_PERIOD. `--text` (repeatable) and `--input_file` (one input per line) replace
 the task by plain text, prefixed with INPUT_PREFIX.
 
 What `infer` does, in this order (every check before anything is compiled or written):
@@ -456,6 +458,25 @@ def _initialize_distributed(args: argparse.Namespace) -> None:
                      f"{gin_utils.first_line(error)}") from error
 
 
+def _task_directory_bindings(args: argparse.Namespace) -> list[str]:
+  """--data_dir and --tfds_data_dir as the bindings of `spec_decode.tasks` they stand for."""
+  bindings = [f"tasks.{name}.path = {value!r}" for name, value in (
+      ("data_dir", args.data_dir), ("tfds_data_dir", args.tfds_data_dir)) if value is not None]
+  if not bindings:
+    return []
+  return ["from __gin__ import dynamic_registration", "from spec_decode import tasks", *bindings]
+
+
+def _task_settings(dataset_config_cls: type[DatasetConfig]) -> list[Callable[..., Any]]:
+  """The `spec_decode.tasks` functions whose bindings the config's task reads (none without a
+  task): they take effect although `infer` reaches them through no gin reference."""
+  cfg = gin_utils.configured(dataset_config_cls)()
+  if cfg.mixture_or_task_name is None:
+    return []
+  from spec_decode import tasks  # pylint: disable=g-import-not-at-top (TensorFlow: only for tasks)
+  return tasks.settings_read_by(cfg.mixture_or_task_name)
+
+
 def _run(args: argparse.Namespace, bindings: list[str]) -> int:
   if args.text is not None and args.input_file is not None:
     raise UsageError("give --text or --input_file, not both")
@@ -467,16 +488,14 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
   if args.input_file is not None:
     bindings += ["MIXTURE_OR_TASK_NAME = None", "infer.DatasetConfig.texts = None",
                  f"infer.DatasetConfig.input_file = {args.input_file!r}"]
-  if args.data_dir is not None:
-    bindings += ["from __gin__ import dynamic_registration", "from spec_decode import tasks",
-                 f"tasks.data_dir.path = {args.data_dir!r}"]
+  bindings += _task_directory_bindings(args)
   gin_utils.parse_config(args.gin_file or [DEFAULT_GIN_FILE], bindings, args.gin_search_paths)
   # The function the configs bind: they import `spec_decode.infer`, which is not this module
   # when it runs as `python -m spec_decode.infer` (__main__).
-  infer_fn = importlib.import_module("spec_decode.infer").infer
-  gin_utils.check_bindings_take_effect([infer_fn])
+  module = importlib.import_module("spec_decode.infer")
   try:
-    gin.get_configurable(infer_fn)(restart=args.restart)
+    gin_utils.check_bindings_take_effect([module.infer, *_task_settings(module.DatasetConfig)])
+    gin.get_configurable(module.infer)(restart=args.restart)
   except (ValueError, FileNotFoundError) as e:  # a model, checkpoint or input the config names
     raise UsageError(gin_utils.first_line(e)) from None
   except stop_signals.Stopped as e:
@@ -495,7 +514,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--input_file", default=None,
                       help="decode this file's lines instead of the config's inputs")
   parser.add_argument("--data_dir", default=None,
-                      help="data root of the seqio tasks (binds tasks.data_dir.path)")
+                      help="data root of the file tasks (binds tasks.data_dir.path)")
+  parser.add_argument("--tfds_data_dir", default=None,
+                      help="where the TFDS tasks' datasets are prepared (T5X's flag; binds "
+                           "tasks.tfds_data_dir.path)")
   parser.add_argument("--restart", action="store_true",
                       help="start over in an INFER_OUTPUT_DIR holding another run's chunks "
                            "(without it a rerun resumes there, or is refused if it differs)")

@@ -43,6 +43,7 @@ import copy
 import dataclasses
 import functools
 import os
+import posixpath
 import sys
 from typing import Any, Callable, Mapping
 
@@ -57,6 +58,7 @@ from spec_decode.t5 import architecture
 from spec_decode.t5 import checkpoint_faults
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
+from spec_decode.t5 import hf_hub
 from spec_decode.t5 import demo_pair
 from spec_decode.engine import loops
 from spec_decode.t5 import network
@@ -88,10 +90,26 @@ def _check_same_architecture(expected: network.T5Config, found: network.T5Config
                      + ", ".join(differences))
 
 
+# The Orbax item in which T5X's Orbax checkpoint manager keeps a step's train state
+# (`checkpoint_N/state`: an Orbax `_METADATA` tree, parameters under 'target').
+T5X_ORBAX_STATE_ITEM = "state"
+
+
+def t5x_orbax_state_item(path: str) -> str:
+  """`path`/state when `path` is a step directory T5X's Orbax checkpoint manager wrote, else
+  `path`: the folder `checkpoints.load_t5x` reads a T5X checkpoint from."""
+  item = posixpath.join(path.rstrip("/"), T5X_ORBAX_STATE_ITEM)
+  return item if checkpoints.read_file(posixpath.join(item, "_METADATA")) is not None else path
+
+
 def checkpoint_format(path: str) -> tuple[str, str]:
   """(format, resolved path) of a checkpoint `load_params` reads: format 'hf' (a Hugging Face
-  folder with config.json), 'demo' (a .safetensors file) or 't5x' (anything else: a T5X
-  checkpoint). FileNotFoundError when a local path does not exist."""
+  folder with config.json, or a Hub id `hf://ORG/NAME[@REVISION]` resolved to its folder in the
+  Hub's cache: `hf_hub`), 'demo' (a .safetensors file) or 't5x' (anything else: a T5X
+  checkpoint, legacy or Orbax; for a step directory T5X's Orbax checkpoint manager wrote, its
+  `state` item). FileNotFoundError when a local path or a Hub model does not exist."""
+  if hf_hub.is_hub_id(path):
+    return "hf", hf_hub.hub_folder(path)
   resolved = paths.resolve(path)
   if not resolved.startswith("gs://") and not os.path.exists(resolved):
     raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -99,7 +117,7 @@ def checkpoint_format(path: str) -> tuple[str, str]:
     return "hf", resolved
   if resolved.endswith(".safetensors"):
     return "demo", resolved
-  return "t5x", resolved
+  return "t5x", t5x_orbax_state_item(resolved)
 
 
 def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Params:
@@ -108,8 +126,9 @@ def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Pa
   `decode_layout.restore_params` for a restore straight into a mesh's shards).
 
   `path`: a T5X checkpoint (directory, its `checkpoint` file, or a msgpack file; local or
-  gs://), a Hugging Face T5 folder (with config.json), or a `.safetensors` file of the shipped
-  demo format (`spec_decode.t5.demo_pair`). The configs of the last two must match the module's.
+  gs://), a Hugging Face T5 folder (with config.json) or Hub id (`hf://ORG/NAME`), or a
+  `.safetensors` file of the shipped demo format (`spec_decode.t5.demo_pair`). The configs of
+  the last two must match the module's.
   """
   kind, resolved = checkpoint_format(path)
   with checkpoint_faults.reading(path):

@@ -3,22 +3,29 @@
 This is the only module that imports seqio (and so TensorFlow); nothing else needs it.
 
 Tasks (features 'inputs' and 'targets', each tokenized, EOS appended, trimmed to the requested
-sequence lengths with EOS kept; the untokenized text stays in '*_pretokenized'):
-  wmt_ende        'translate English to German: ' + English -> German; splits train, validation,
-                  test from {data_dir}/wmt_ende/{train,dev,test}.{en,de} (test: newstest2014)
-  multi30k_ende   the same from multi30k/{train,val,test}.{en,de}
-  tatoeba_ende    the same, split test, from tatoeba_ende/tatoeba.{en,de}
-  cnn_dailymail   'summarize: ' + article -> highlights (newline-separated), split validation,
-                  from cnn_dailymail/validation_1000.jsonl
-use the T5 vocabulary (SentencePiece cc_all.32000 with 100 extra ids, as T5.1.1 checkpoints);
-`<name>_demo` variants of the three translation tasks use the demo pair's vocabulary
-(spec_decode/assets/demo/spm_ende_8k.model, no extra ids).
+sequence lengths with EOS kept; the untokenized text stays in '*_pretokenized'). The paper's
+two read the TFDS datasets T5 itself used, with T5's prefixes:
+  wmt_ende             'translate English to German: ' + English -> German, TFDS
+                       wmt_t2t_translate/de-en:1.0.0; splits train, validation (newstest2013),
+                       test (newstest2014)
+  cnn_dailymail        'summarize: ' + article -> highlights (newline-separated), TFDS
+                       cnn_dailymail:3.4.0; splits train, validation, test
+The same from local text files under the data root {data_dir}:
+  wmt_ende_files       from wmt_ende/{train,dev,test}.{en,de} (test: newstest2014)
+  cnn_dailymail_files  split validation, from cnn_dailymail/validation_1000.jsonl
+  multi30k_ende        translation from multi30k/{train,val,test}.{en,de}
+  tatoeba_ende         translation, split test, from tatoeba_ende/tatoeba.{en,de}
+use the T5 vocabulary (SentencePiece cc_all.32000 with 100 extra ids, as T5 1.0 and T5.1.1
+checkpoints); `wmt_ende_demo`, `multi30k_ende_demo` and `tatoeba_ende_demo` are the three
+translation file tasks with the demo pair's vocabulary (spec_decode/assets/demo/spm_ende_8k.model,
+no extra ids).
 
 Paths are read when a dataset is built, not at import, so the bindings of a config that
 imports `spec_decode.tasks` apply: `tasks.data_dir.path` (default: `paths.data_root()`, from the
-environment), `tasks.t5_vocabulary_file.path` (default: `paths.t5_vocabulary()`, T5X's copy
-unless the environment names another). A missing data directory or file is a FileNotFoundError
-naming it.
+environment), `tasks.tfds_data_dir.path` (default: TFDS's own, $TFDS_DATA_DIR or
+~/tensorflow_datasets), `tasks.t5_vocabulary_file.path` (default: `paths.t5_vocabulary()`,
+T5X's copy unless the environment names another). A missing data directory or file, or a TFDS
+dataset not prepared, is a FileNotFoundError naming it (and, for TFDS, how to prepare it).
 
 `load_examples(name, split, task_feature_lengths, num_examples)` reads a task (or mixture) in
 order as plain Python: a list of dicts with 'inputs'/'targets' (lists of ids) and
@@ -30,7 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import pathlib
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import seqio
 import tensorflow as tf
@@ -47,6 +54,11 @@ DEMO_VOCABULARY_FILE = paths.DEMO_ASSETS / "spm_ende_8k.model"
 def data_dir(path: str | None = None) -> pathlib.Path:
   """The data root: `path`, else `paths.data_root()`."""
   return paths.data_root(path)
+
+
+def tfds_data_dir(path: str | None = None) -> str | None:
+  """Where the TFDS datasets are prepared: `path`, else None (TFDS's own default)."""
+  return path
 
 
 def t5_vocabulary_file(path: str | None = None) -> str:
@@ -99,7 +111,7 @@ def _parallel_text(prefix_by_split: Mapping[str, str], split: str, shuffle_files
   return tf.data.Dataset.from_tensor_slices({"inputs": sources, "targets": targets})
 
 
-def _cnn_dailymail(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
+def _cnn_dailymail_file(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
   del split, shuffle_files, seed  # one split
   path = gin_utils.configured(data_dir)() / "cnn_dailymail" / "validation_1000.jsonl"
   if not path.is_file():
@@ -115,13 +127,16 @@ def _prefix_inputs(dataset: tf.data.Dataset, prefix: str) -> tf.data.Dataset:
                      num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _register(name: str, source: seqio.DataSource, prefix: str,
-              vocabulary: seqio.Vocabulary) -> None:
+def _register(name: str, source: seqio.DataSource, prefix: str, vocabulary: seqio.Vocabulary,
+              key_map: Mapping[str, str] | None = None) -> None:
+  """Registers a task reading `source`; `key_map` names the source's features that become
+  'inputs' and 'targets' (a TFDS dataset's own names)."""
   if name in seqio.TaskRegistry.names():  # a re-import (e.g. importlib.reload) replaces it
     seqio.TaskRegistry.remove(name)
+  rekey = [functools.partial(seqio.preprocessors.rekey, key_map=dict(key_map))] if key_map else []
   seqio.TaskRegistry.add(
       name, source=source, output_features=_output_features(vocabulary),
-      preprocessors=[functools.partial(_prefix_inputs, prefix=prefix),
+      preprocessors=[*rekey, functools.partial(_prefix_inputs, prefix=prefix),
                      seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
                      seqio.preprocessors.append_eos_after_trim])
 
@@ -130,24 +145,56 @@ T5_VOCABULARY = LazyPathSentencePieceVocabulary(
     lambda: gin_utils.configured(t5_vocabulary_file)(), extra_ids=T5_EXTRA_IDS)
 DEMO_VOCABULARY = LazyPathSentencePieceVocabulary(lambda: str(DEMO_VOCABULARY_FILE))
 
+class TfdsTask(NamedTuple):
+  """A task of a TFDS dataset: its `tfds_name` (name/config:version), the features that become
+  'inputs' and 'targets' (`key_map`), the input `prefix`, and the task reading the same text from
+  local files (`files_task`)."""
+  tfds_name: str
+  key_map: Mapping[str, str]
+  prefix: str
+  files_task: str
+
+
+# T5's own tasks of these datasets (t5.data's wmt_t2t_ende_v003 and cnn_dailymail_v002).
+TFDS_TASKS = {
+    "wmt_ende": TfdsTask("wmt_t2t_translate/de-en:1.0.0", {"inputs": "en", "targets": "de"},
+                         corpora.TRANSLATE_PREFIX, "wmt_ende_files"),
+    "cnn_dailymail": TfdsTask("cnn_dailymail:3.4.0",
+                              {"inputs": "article", "targets": "highlights"}, SUMMARIZE_PREFIX,
+                              "cnn_dailymail_files"),
+}
+TFDS_SPLITS = ("train", "validation", "test")
+
+# File task: (its twin with the demo pair's vocabulary, the corpus prefix under the data root by
+# split).
 _TRANSLATION_CORPORA = {
-    "wmt_ende": {"train": "wmt_ende/train", "validation": "wmt_ende/dev",
-                 "test": "wmt_ende/test"},
-    "multi30k_ende": {"train": "multi30k/train", "validation": "multi30k/val",
-                      "test": "multi30k/test"},
-    "tatoeba_ende": {"test": "tatoeba_ende/tatoeba"},
+    TFDS_TASKS["wmt_ende"].files_task: ("wmt_ende_demo", {"train": "wmt_ende/train",
+                                                          "validation": "wmt_ende/dev",
+                                                          "test": "wmt_ende/test"}),
+    "multi30k_ende": ("multi30k_ende_demo", {"train": "multi30k/train",
+                                             "validation": "multi30k/val",
+                                             "test": "multi30k/test"}),
+    "tatoeba_ende": ("tatoeba_ende_demo", {"test": "tatoeba_ende/tatoeba"}),
 }
 
-for _name, _corpora in _TRANSLATION_CORPORA.items():
+for _name, _task in TFDS_TASKS.items():
+  # read_only: a dataset not prepared is an error saying how to prepare it (`load_examples`),
+  # never a download of the whole corpus in the middle of a run.
+  _register(_name, seqio.TfdsDataSource(tfds_name=_task.tfds_name, splits=TFDS_SPLITS,
+                                        read_only=True),
+            _task.prefix, T5_VOCABULARY, key_map=_task.key_map)
+for _name, (_demo_name, _corpora) in _TRANSLATION_CORPORA.items():
   _source = seqio.FunctionDataSource(functools.partial(_parallel_text, _corpora),
                                      splits=list(_corpora))
   _register(_name, _source, corpora.TRANSLATE_PREFIX, T5_VOCABULARY)
-  _register(f"{_name}_demo", _source, corpora.TRANSLATE_PREFIX, DEMO_VOCABULARY)
-_register("cnn_dailymail", seqio.FunctionDataSource(_cnn_dailymail, splits=["validation"]),
+  _register(_demo_name, _source, corpora.TRANSLATE_PREFIX, DEMO_VOCABULARY)
+_register(TFDS_TASKS["cnn_dailymail"].files_task,
+          seqio.FunctionDataSource(_cnn_dailymail_file, splits=["validation"]),
           SUMMARIZE_PREFIX, T5_VOCABULARY)
 
-TASK_NAMES = tuple(sorted([*_TRANSLATION_CORPORA, *(f"{n}_demo" for n in _TRANSLATION_CORPORA),
-                           "cnn_dailymail"]))
+TASK_NAMES = tuple(sorted([*TFDS_TASKS, *_TRANSLATION_CORPORA,
+                           *(demo for demo, _ in _TRANSLATION_CORPORA.values()),
+                           TFDS_TASKS["cnn_dailymail"].files_task]))
 
 
 def get_task(name: str) -> seqio.Task | seqio.Mixture:
@@ -164,8 +211,7 @@ def load_examples(name: str, split: str, task_feature_lengths: Mapping[str, int]
   task = get_task(name)
   if split not in task.splits:
     raise ValueError(f"task {name!r} has no split {split!r} (splits: {', '.join(task.splits)})")
-  dataset = task.get_dataset(sequence_length=dict(task_feature_lengths), split=split,
-                             shuffle=False, use_cached=False, num_epochs=1, seed=0)
+  dataset = _get_dataset(task, split, task_feature_lengths)
   if num_examples is not None:
     dataset = dataset.take(num_examples)
   examples = []
@@ -175,6 +221,46 @@ def load_examples(name: str, split: str, task_feature_lengths: Mapping[str, int]
         for key, value in example.items()
         if key in ("inputs", "targets", "inputs_pretokenized", "targets_pretokenized")})
   return examples
+
+
+def _get_dataset(task: seqio.Task | seqio.Mixture, split: str,
+                 task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
+  """The split, in order, read once (nothing cached); for a TFDS task, from `tfds_data_dir`
+  where one is bound."""
+  source = getattr(task, "source", None)
+  reads_tfds = isinstance(source, seqio.TfdsDataSource)
+  directory = gin_utils.configured(tfds_data_dir)()
+  if reads_tfds and directory is not None:
+    seqio.set_tfds_data_dir_override(directory)
+  try:
+    return task.get_dataset(sequence_length=dict(task_feature_lengths), split=split,
+                            shuffle=False, use_cached=False, num_epochs=1, seed=0,
+                            try_in_mem_cache=False)
+  except AssertionError:  # TFDS's "could not find data" for a dataset not prepared
+    if not reads_tfds:
+      raise
+    name = source.tfds_dataset.name
+    where = directory or "TFDS's data directory ($TFDS_DATA_DIR, default ~/tensorflow_datasets)"
+    to = f" --data_dir={directory}" if directory else ""
+    raise FileNotFoundError(
+        f"TFDS dataset {name} (task {task.name!r}) is not prepared in {where}: prepare it with "
+        f"`tfds build {name}{to}`, or give --tfds_data_dir where it is prepared (task "
+        f"'{TFDS_TASKS[task.name].files_task}' reads local text files instead)") from None
+
+
+def settings_read_by(name: str) -> list[Callable[..., Any]]:
+  """The functions of this module whose gin bindings reading the task or mixture `name` uses
+  (what a run reading it reaches, for `gin_utils.check_bindings_take_effect`): where its data is
+  (`tfds_data_dir` for a TFDS task, `data_dir` for a file task) and `t5_vocabulary_file` where
+  it uses the T5 vocabulary."""
+  task = get_task(name)
+  settings = []
+  for member in getattr(task, "tasks", [task]):
+    reads_tfds = isinstance(member.source, seqio.TfdsDataSource)
+    settings.append(tfds_data_dir if reads_tfds else data_dir)
+    if member.output_features["inputs"].vocabulary is T5_VOCABULARY:
+      settings.append(t5_vocabulary_file)
+  return list(dict.fromkeys(settings))
 
 
 def output_vocabularies(name: str) -> dict[str, seqio.Vocabulary]:

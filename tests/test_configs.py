@@ -4,12 +4,15 @@ Run configs (those defining MODEL: the demo, and each Table 2 row after spec_dec
 harness configs/table2/spec_decode.gin) are bound for real: their network configs are shrunk by
 gin bindings added after parsing, their checkpoint paths are pointed at tiny random checkpoints
 of those shrunk configs, and `infer.infer`'s arguments are built (the model, its vocabularies
-and draft, the dataset config), the checkpoints restored. Model files build their
-network.T5Config, training files their `train` arguments, and run fragments (included by the
-others) parse. The T5X runner's files (configs/t5x/, configs/table2/t5x.gin) need T5X:
-tests/t5x parses them, the Table 2 rows through T5X's harness among them.
+and draft, the dataset config), the checkpoints restored. The Table 2 rows come twice: the
+T5.1.1 rows (configs/table2/) and their T5 1.0 variants (configs/table2/t5_1_0/, after that
+folder's harness). Model files build their network.T5Config, training files their `train`
+arguments, and run fragments (included by the others) parse. The T5X runner's files
+(configs/t5x/, the Table 2 t5x.gin harnesses) need T5X: tests/t5x parses them, the Table 2 rows
+through T5X's harnesses among them.
 """
 
+import dataclasses
 import importlib
 import re
 
@@ -29,16 +32,37 @@ importlib.import_module("spec_decode.training.train")  # registers `train` for t
 CONFIGS = paths.CONFIGS
 ALL = sorted(str(p.relative_to(tiny_t5.REPO_ROOT)) for p in CONFIGS.glob("**/*.gin"))
 TABLE2 = [f for f in ALL if re.fullmatch(r"configs/table2/\w+_t[01]\.gin", f)]
-RUNS = ["configs/demo/infer.gin"] + TABLE2
+TABLE2_T5_1_0 = [f for f in ALL if re.fullmatch(r"configs/table2/t5_1_0/\w+_t[01]\.gin", f)]
+RUNS = ["configs/demo/infer.gin"] + TABLE2 + TABLE2_T5_1_0
 MODEL_FILES = [f for f in ALL if f.startswith("configs/models/")
                or f in ("configs/demo/target.gin", "configs/demo/draft.gin")]
 TRAIN_FILES = [f for f in ALL if f.startswith("configs/train/")]
-T5X_FILES = [f for f in ALL if f.startswith("configs/t5x/") or f == "configs/table2/t5x.gin"]
+T5X_FILES = [f for f in ALL if f.startswith("configs/t5x/")
+             or (f.startswith("configs/table2/") and f.endswith("/t5x.gin"))]
 FRAGMENTS = [f for f in ALL if f not in RUNS + MODEL_FILES + TRAIN_FILES + T5X_FILES]
-HARNESS = "configs/table2/spec_decode.gin"
 
-DRAFT_FILES = {"small": "configs/models/t5_1_1/small.gin", "base": "configs/models/t5_1_1/base.gin",
-               "large": "configs/models/t5_1_1/large.gin"}
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """What a Table 2 row runs with, by T5 generation: its harness, the path pieces naming the
+  public checkpoints of the XXL/11B target and of each draft size (the draft's `size` group),
+  the folder of model gin files, and the architecture the generation is known by (T5 1.0: relu
+  MLP, logits through the tied embedding; T5.1.1: gated gelu, untied logits)."""
+  harness: str
+  target: str
+  draft: str
+  models: str
+  mlp_activations: tuple[str, ...]
+  logits_via_embedding: bool
+
+
+T5_1_1 = Generation("configs/table2/spec_decode.gin", "/t5_1_1_xxl/checkpoint_",
+                    r"/t5_1_1_(?P<size>small|base|large)/checkpoint_", "configs/models/t5_1_1",
+                    ("gelu", "linear"), False)
+T5_1_0 = Generation("configs/table2/t5_1_0/spec_decode.gin", "/t5_11B/checkpoint_",
+                    r"/t5_(?P<size>small|base|large)/checkpoint_", "configs/models/t5_1_0",
+                    ("relu",), True)
+ROW_GENERATION = {**{f: T5_1_1 for f in TABLE2}, **{f: T5_1_0 for f in TABLE2_T5_1_0}}
 
 
 @pytest.fixture(autouse=True)
@@ -50,8 +74,9 @@ def clean_gin():
 
 
 def test_every_config_is_tested():
-  assert len(TABLE2) == 12
-  assert {f.rsplit("/", 1)[1].removesuffix(".gin") for f in TABLE2} == set(paper.TABLE2)
+  for rows in (TABLE2, TABLE2_T5_1_0):
+    assert len(rows) == 12
+    assert {f.rsplit("/", 1)[1].removesuffix(".gin") for f in rows} == set(paper.TABLE2)
   assert set(RUNS + MODEL_FILES + TRAIN_FILES + T5X_FILES + FRAGMENTS) == set(ALL)
 
 
@@ -95,19 +120,26 @@ def checkpoint_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("gin_file", RUNS)
 def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
-  if "table2" in gin_file and not tiny_t5.T5_VOCAB_FILE.is_file():
+  generation = ROW_GENERATION.get(gin_file)
+  if generation and not tiny_t5.T5_VOCAB_FILE.is_file():
     pytest.skip("../shared is absent")
   shrink = [f"network.T5Config.{name} = {value!r}" for name, value in tiny_t5.SHRINK.items()]
-  if gin_file in TABLE2:  # their default is T5X's gs:// copy
+  if generation:  # their default is T5X's gs:// copy
     shrink.append(f"T5_VOCABULARY_FILE = '{tiny_t5.T5_VOCAB_FILE}'")
-  gin.parse_config_files_and_bindings([HARNESS, gin_file] if gin_file in TABLE2 else [gin_file],
+  gin.parse_config_files_and_bindings([generation.harness, gin_file] if generation else [gin_file],
                                       shrink, finalize_config=False)
   target_config = gin.get_configurable(network.T5Config)()
   draft_path = gin.query_parameter("%DRAFT_CHECKPOINT_PATH")
-  if gin_file in TABLE2:  # the row's draft size, shrunk, in the gs:// checkpoint's place
-    size = re.search(r"/t5_1_1_(small|base|large)/", draft_path).group(1)
+  default_output_dir = gin.query_parameter("%INFER_OUTPUT_DIR")
+  if generation:  # the row's draft size, shrunk, in the gs:// checkpoint's place
+    assert generation.target in gin.query_parameter("%CHECKPOINT_PATH")
+    size = re.search(generation.draft, draft_path).group("size")
     draft_config = gin_utils.read_model_config(
-        DRAFT_FILES[size], {**tiny_t5.DRAFT_SHRINK, "dtype": target_config.dtype})
+        f"{generation.models}/{size}.gin", {**tiny_t5.DRAFT_SHRINK, "dtype": target_config.dtype})
+    assert (target_config.mlp_activations, target_config.logits_via_embedding) == (
+        generation.mlp_activations, generation.logits_via_embedding)
+    assert (draft_config.mlp_activations, draft_config.logits_via_embedding) == (
+        generation.mlp_activations, generation.logits_via_embedding)
     draft_path = checkpoint_dir(draft_config)
   else:  # the shipped draft
     draft_config = models.checkpoint_config(draft_path, target_config)
@@ -129,8 +161,8 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
   assert dataset_cfg.batch_size >= 1 and set(dataset_cfg.task_feature_lengths) == {
       "inputs", "targets"}
 
-  if gin_file in TABLE2:
-    row_name = re.fullmatch(r"configs/table2/(\w+)\.gin", gin_file).group(1)
+  if generation:
+    row_name = re.fullmatch(r"configs/table2/(t5_1_0/)?(\w+)\.gin", gin_file).group(2)
     task, draft = row_name.split("_")[:2]
     row = paper.TABLE2[row_name]  # the paper's row: the config decodes with its settings
     assert (row.task.lower(), row.draft) == (task, f"T5-{draft}")
@@ -141,10 +173,16 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
     assert dataset_cfg.batch_size == 1
     assert dataset_cfg.mixture_or_task_name == {"ende": "wmt_ende", "cnndm": "cnn_dailymail"}[task]
     assert size == draft  # the row's draft checkpoint is the paper's draft size
-    text = (tiny_t5.REPO_ROOT / gin_file).read_text()
-    assert f"TABLE2['{row_name}']" in text  # the comment points at the paper's numbers
     assert model.input_vocabulary.vocab_size == 32100
+    # Each row writes to its own folder, the T5 1.0 variants beside the T5.1.1 rows.
+    assert default_output_dir == gin_file.replace("configs/", "out/").removesuffix(".gin")
   else:
     assert dataset_cfg.input_file is not None and dataset_cfg.mixture_or_task_name is None
     assert model.decode_settings["temperature"] == 0.0
     assert len(infer.read_examples(dataset_cfg, model)) >= 20
+
+
+@pytest.mark.parametrize("gin_file", TABLE2 + TABLE2_T5_1_0)
+def test_table2_row_points_at_the_papers_numbers(gin_file):
+  row_name = gin_file.rsplit("/", 1)[1].removesuffix(".gin")
+  assert f"TABLE2['{row_name}']" in (tiny_t5.REPO_ROOT / gin_file).read_text()

@@ -62,7 +62,7 @@ def end_to_end(setup, tmp_path_factory):
   outputs = {}
   common = [f"--gin_file={run_gin}", f"--gin.NUM_EXAMPLES={NUM_EXAMPLES}"]
   task_run = _subprocess(common + [
-      "--gin.MIXTURE_OR_TASK_NAME='wmt_ende'", f"--gin.INFER_OUTPUT_DIR='{directory / 'task'}'"],
+      "--gin.MIXTURE_OR_TASK_NAME='wmt_ende_files'", f"--gin.INFER_OUTPUT_DIR='{directory / 'task'}'"],
       cache)
   text_file = directory / "test20.en"
   with open(f"{WMT_TEST}.en", encoding="utf-8") as f:
@@ -216,13 +216,13 @@ def test_missing_checkpoint_exits_nonzero(setup, tmp_path):
 
 
 SOURCES = {  # task -> (split, source file, target file or jsonl key)
-    "wmt_ende": ("test", "wmt_ende/test.en", "wmt_ende/test.de"),
+    "wmt_ende_files": ("test", "wmt_ende/test.en", "wmt_ende/test.de"),
     "wmt_ende_demo": ("validation", "wmt_ende/dev.en", "wmt_ende/dev.de"),
     "multi30k_ende": ("train", "multi30k/train.en", "multi30k/train.de"),
     "multi30k_ende_demo": ("test", "multi30k/test.en", "multi30k/test.de"),
     "tatoeba_ende": ("test", "tatoeba_ende/tatoeba.en", "tatoeba_ende/tatoeba.de"),
     "tatoeba_ende_demo": ("test", "tatoeba_ende/tatoeba.en", "tatoeba_ende/tatoeba.de"),
-    "cnn_dailymail": ("validation", "cnn_dailymail/validation_1000.jsonl", None),
+    "cnn_dailymail_files": ("validation", "cnn_dailymail/validation_1000.jsonl", None),
 }
 
 
@@ -258,6 +258,6 @@ def test_task_errors_name_the_problem(tmp_path):
     gin.parse_config(["from __gin__ import dynamic_registration", "from spec_decode import tasks",
                       f"tasks.data_dir.path = '{tmp_path / 'missing'}'"])
     with pytest.raises(FileNotFoundError, match="data directory not found: .*missing"):
-      tasks.load_examples("wmt_ende", "test", {"inputs": 8, "targets": 8}, num_examples=1)
+      tasks.load_examples("wmt_ende_files", "test", {"inputs": 8, "targets": 8}, num_examples=1)
   finally:
     gin.clear_config()

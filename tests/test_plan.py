@@ -151,13 +151,21 @@ def test_command_line_errors_are_one_line(config_files, capsys):
   assert "batch size must be a positive integer" in capsys.readouterr().err
 
 
-def test_table2_xxl_verification_fits_a_tpu_v4_slice():
-  """T5-XXL's 11.1B parameters: 20.7 GiB in bfloat16 fit one 32 GiB TPU-v4 chip with the caches
-  and the draft; in float32 (41.5 GiB) they need num_partitions >= 2."""
-  config = plan.read_config(["configs/table2/spec_decode.gin", "configs/table2/ende_small_t0.gin"],
-                            draft_gin_file="configs/models/t5_1_1/small.gin")
-  assert (config.target.emb_dim, config.target.num_decoder_layers) == (4096, 24)
-  assert config.draft.emb_dim == 512  # T5.1.1 small
+@pytest.mark.parametrize("harness, row, draft_gin_file, emb_dim, draft_emb_dim, kv_dim", [
+    # T5.1.1-XXL: 11.1B parameters, 64 heads x 64; its small draft.
+    ("configs/table2/spec_decode.gin", "configs/table2/ende_small_t0.gin",
+     "configs/models/t5_1_1/small.gin", 4096, 512, 64 * 64),
+    # T5 1.0 11B: 11.3B parameters, 128 heads x 128; its large draft.
+    ("configs/table2/t5_1_0/spec_decode.gin", "configs/table2/t5_1_0/cnndm_large_t0.gin",
+     "configs/models/t5_1_0/large.gin", 1024, 1024, 128 * 128),
+])
+def test_table2_target_verification_fits_a_tpu_v4_slice(harness, row, draft_gin_file, emb_dim,
+                                                        draft_emb_dim, kv_dim):
+  """Either Table 2 target (about 21 GiB in bfloat16) fits one 32 GiB TPU-v4 chip with the
+  caches and the draft; in float32 (about 42 GiB) it needs num_partitions >= 2."""
+  config = plan.read_config([harness, row], draft_gin_file=draft_gin_file)
+  assert (config.target.emb_dim, config.target.num_decoder_layers) == (emb_dim, 24)
+  assert config.draft.emb_dim == draft_emb_dim
   target = plan.model_shapes(config.target, config.batch_size, config.input_length,
                              config.target_length)
   draft = plan.model_shapes(config.draft, config.batch_size, config.input_length,
@@ -168,5 +176,5 @@ def test_table2_xxl_verification_fits_a_tpu_v4_slice():
     fitting = [row.num_partitions for row in rows
                if row.target.total + row.draft.total <= capacity]
     assert fitting == [p for p in plan.NUM_PARTITIONS if p >= smallest_fitting], dtype
-    # Parameters dominate; the batch-1 caches of 512 + 128 positions are a few hundred MiB.
-    assert rows[0].target.cache == 24 * 2 * (512 + 128) * 64 * 64 * 2 + 512 + 4
+    # Parameters dominate; the batch-1 caches of 512 + 128 positions are under a GiB.
+    assert rows[0].target.cache == 24 * 2 * (512 + 128) * kv_dim * 2 + 512 + 4

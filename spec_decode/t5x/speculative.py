@@ -57,8 +57,10 @@ from t5x import models as t5x_models
 from tensorflow.io import gfile
 
 from spec_decode import core
+from spec_decode import models
 from spec_decode.t5 import architecture
 from spec_decode.t5 import checkpoint_faults
+from spec_decode.t5 import checkpoints
 from spec_decode.t5 import network
 
 PyTree = Any
@@ -104,15 +106,27 @@ def check_target_checkpoint(checkpoint_path: Any) -> None:
     t5x_checkpoints.load_t5x_checkpoint(checkpoint_path, lazy_parameters=True)
 
 
+def read_draft_params(path: str, shapes_only: bool = False) -> PyTree:
+  """The parameters of the T5X checkpoint `path` as numpy arrays, read by T5X for its legacy
+  format and by `spec_decode.t5.checkpoints` for the Orbax one T5X writes by default (T5X reads
+  Orbax checkpoints only into a train state); with `shapes_only`, leaves that only carry
+  `.shape` (nothing but the index or the metadata is read). A checkpoint that cannot be read is
+  a ValueError naming its file (`checkpoint_faults`)."""
+  item = models.t5x_orbax_state_item(path)
+  with checkpoint_faults.reading(path):
+    if item == path:
+      return t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=shapes_only)["target"]
+    return architecture.t5x_param_shapes(item) if shapes_only else checkpoints.load_t5x(item)
+
+
 def draft_config_from_checkpoint(draft_checkpoint_path: str,
                                  target_config: network.T5Config) -> network.T5Config:
   """The draft's config, read from the parameter shapes of its T5X checkpoint (only the
-  msgpack index is read; `architecture.config_from_params`: what shapes cannot tell is the
-  target's)."""
+  msgpack index or the Orbax metadata is read; `architecture.config_from_params`: what shapes
+  cannot tell is the target's)."""
   path = _check_draft_path(draft_checkpoint_path)
-  with checkpoint_faults.reading(path):
-    params = t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=True)["target"]
-  return architecture.config_from_params(params, target_config, path)
+  return architecture.config_from_params(read_draft_params(path, shapes_only=True),
+                                         target_config, path)
 
 
 def sampling_settings(decode_fn: Callable[..., Any]) -> dict[str, Any]:
@@ -314,7 +328,6 @@ def restore_draft_params(state_dict: PyTree, target_state_dict: PyTree, *,
   if DRAFT_PARAMS_KEY in state_dict["target"] or not draft_checkpoint_path:
     return state_dict
   path = _check_draft_path(draft_checkpoint_path)
-  with checkpoint_faults.reading(path):
-    draft = t5x_checkpoints.load_t5x_checkpoint(path)
-  checkpoint_faults.check_finite_params(draft["target"], path)
-  return {**state_dict, "target": {**state_dict["target"], DRAFT_PARAMS_KEY: draft["target"]}}
+  draft = read_draft_params(path)
+  checkpoint_faults.check_finite_params(draft, path)
+  return {**state_dict, "target": {**state_dict["target"], DRAFT_PARAMS_KEY: draft}}

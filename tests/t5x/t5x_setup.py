@@ -71,15 +71,33 @@ def perturbed(params: dict, relative_noise: float, seed: int) -> dict:
       for leaf in map(np.asarray, leaves)])
 
 
-def save_checkpoint(directory: pathlib.Path, config: t5x_network.T5Config,
-                    params: dict) -> str:
-  """Saves `params` of a T5X network of `config` with T5X's Checkpointer; returns the
-  checkpoint's directory."""
+def _inference_state(config: t5x_network.T5Config, params: dict
+                     ) -> t5x_train_state.InferenceState:
   axes = jax.eval_shape(lambda: initial_variables(config, 0))["params_axes"]
   variables = {"params": params, "params_axes": axes}
-  state = t5x_train_state.InferenceState.create(flax.core.freeze(variables))
+  return t5x_train_state.InferenceState.create(flax.core.freeze(variables))
+
+
+def save_checkpoint(directory: pathlib.Path, config: t5x_network.T5Config,
+                    params: dict) -> str:
+  """Saves `params` of a T5X network of `config` with T5X's Checkpointer (the legacy format);
+  returns the checkpoint's directory."""
+  state = _inference_state(config, params)
   partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
   t5x_checkpoints.Checkpointer(state, partitioner, str(directory)).save(state)
+  return str(directory / "checkpoint_0")
+
+
+def save_orbax_checkpoint(directory: pathlib.Path, config: t5x_network.T5Config,
+                          params: dict) -> str:
+  """Saves `params` of a T5X network of `config` with T5X's Orbax checkpoint manager (what T5X
+  writes by default); returns the checkpoint's directory."""
+  state = _inference_state(config, params)
+  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
+  directory.mkdir(parents=True)  # else the manager writes beside it
+  manager = t5x_checkpoints.OrbaxCheckpointManagerInterface(str(directory), state, partitioner)
+  manager.save(state)
+  manager.wait_until_finished()
   return str(directory / "checkpoint_0")
 
 

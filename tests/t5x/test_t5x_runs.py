@@ -2,8 +2,8 @@
 (T5X's tiny T5.1.1 checkpoint, greedy `t5x.decoding.temperature_sample`, a seqio task over
 ../shared's Tatoeba) made speculative by adding configs/t5x/speculative_infer.gin (or, for
 t5x.eval, speculative.gin) and a draft checkpoint predicts what the same run predicts with T5X's
-own sampler, with the speculative counters in t5x.infer's outputs, in float32 and in bfloat16;
-so it does on 8 simulated
+own sampler, with the speculative counters in t5x.infer's outputs, in float32 and in bfloat16,
+and with target and draft in the Orbax format T5X writes by default; so it does on 8 simulated
 CPU devices with T5X's partitioner at num_partitions 2 and 4 (the target's parameters
 model-sharded, the draft's replicated, or sharded with SHARD_DRAFT); bad settings fail in one
 line before anything is restored or compiled.
@@ -22,6 +22,8 @@ import re
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 pytest.importorskip("t5x.infer", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
@@ -135,6 +137,12 @@ def setup(tmp_path_factory) -> dict[str, pathlib.Path]:
   draft_params = t5x_setup.perturbed(
       t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT)), relative_noise=0.3, seed=1)
   draft = t5x_setup.save_checkpoint(directory / "draft", t5x_setup.TINY, draft_params)
+  # The same target and draft as T5X's Orbax checkpoint manager writes them.
+  target_orbax = t5x_setup.save_orbax_checkpoint(
+      directory / "target_orbax", t5x_setup.TINY,
+      t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT)))
+  draft_orbax = t5x_setup.save_orbax_checkpoint(directory / "draft_orbax", t5x_setup.TINY,
+                                                draft_params)
   other_vocabulary = dataclasses.replace(t5x_setup.TINY_DRAFT, vocab_size=32000)
   draft_32000 = t5x_setup.save_checkpoint(
       directory / "draft_32000", other_vocabulary,
@@ -143,7 +151,8 @@ def setup(tmp_path_factory) -> dict[str, pathlib.Path]:
     (directory / f"sharded_{num_partitions}.gin").write_text(
         SHARDED_RUN_GIN.format(num_partitions=num_partitions))
   return {"directory": directory, "target": target, "draft": pathlib.Path(draft),
-          "draft_32000": pathlib.Path(draft_32000)}
+          "draft_32000": pathlib.Path(draft_32000), "target_orbax": pathlib.Path(target_orbax),
+          "draft_orbax": pathlib.Path(draft_orbax), "draft_params": draft_params}
 
 
 def run_t5x(setup: dict[str, pathlib.Path], name: str, *, speculative: bool,
@@ -196,6 +205,9 @@ def runs(setup) -> dict[str, subprocess.CompletedProcess]:
                     bindings=tuple(b.format(draft_32000=setup["draft_32000"]) for b in bindings))
          for name, (bindings, _) in BAD_RUNS.items()},
       **{name: dict(speculative=True, bindings=bindings) for name, bindings in LOOKUP_RUNS.items()},
+      "orbax": dict(speculative=True,
+                    bindings=(f"CHECKPOINT_PATH='{setup['target_orbax']}'",
+                              f"DRAFT_CHECKPOINT_PATH='{setup['draft_orbax']}'")),
   }
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
     futures = {name: pool.submit(run_t5x, setup, name, **kwargs)
@@ -221,6 +233,47 @@ def test_speculative_run_predicts_what_t5x_predicts(baseline, speculative):
           == [example["prediction_tokens"] for example in baseline])
   assert ([example["prediction"] for example in speculative]
           == [example["prediction"] for example in baseline])
+
+
+def _assert_same_params(read, expected) -> None:
+  read = jax.tree_util.tree_leaves_with_path(read)
+  expected = jax.tree_util.tree_leaves_with_path(expected)
+  assert [key for key, _ in read] == [key for key, _ in expected]
+  for (key, value), (_, want) in zip(read, expected):
+    np.testing.assert_array_equal(np.asarray(value), np.asarray(want), err_msg=str(key))
+
+
+def test_orbax_draft_reads_what_t5x_wrote(setup):
+  """The hook reads a draft T5X's Orbax checkpoint manager wrote: its shapes (for its config)
+  and its parameters, as T5X was given them."""
+  from spec_decode.t5x import speculative as hook  # pylint: disable=g-import-not-at-top
+  path = str(setup["draft_orbax"])
+  _assert_same_params(hook.read_draft_params(path), setup["draft_params"])
+  shapes = jax.tree_util.tree_leaves_with_path(hook.read_draft_params(path, shapes_only=True))
+  assert [(key, tuple(leaf.shape)) for key, leaf in shapes] == [
+      (key, np.shape(want)) for key, want in jax.tree_util.tree_leaves_with_path(
+          setup["draft_params"])]
+
+
+def test_standalone_runner_reads_what_t5x_wrote_with_orbax(setup):
+  """spec_decode.infer's reader takes the same Orbax step directory (`models.load_params`)."""
+  from spec_decode import models  # pylint: disable=g-import-not-at-top
+  from spec_decode.t5 import network  # pylint: disable=g-import-not-at-top
+  from spec_decode.t5x import speculative as hook  # pylint: disable=g-import-not-at-top
+  config = hook.config_from_t5x(t5x_setup.TINY)
+  _assert_same_params(models.load_params(network.Transformer(config), str(setup["draft_orbax"])),
+                      setup["draft_params"])
+  assert models.checkpoint_config(str(setup["draft_orbax"]), config) == config
+
+
+def test_orbax_target_and_draft_predict_what_t5x_predicts(setup, runs, baseline):
+  """t5x.infer restores the Orbax target with T5X's Orbax checkpoint manager, the hook adds the
+  Orbax draft; greedy, the outputs are T5X's own sampler's on the legacy checkpoint."""
+  _succeeded(runs["orbax"])
+  orbax = outputs(setup, "orbax")
+  assert ([example["prediction_tokens"] for example in orbax]
+          == [example["prediction_tokens"] for example in baseline])
+  assert sum(example["aux"]["accepted_tokens"] for example in orbax) > 0
 
 
 @pytest.fixture(scope="module")
