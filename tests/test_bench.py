@@ -1,4 +1,4 @@
-"""`spec_decode.bench`: the smoke run of every suite, the report's fields, the goals' bookkeeping
+"""`spec_decode.bench`: the smoke run of every suite, the report's fields, the thresholds' bookkeeping
 and the SIMULATED coin rule (its law, and that no decoding config can reach it)."""
 
 import dataclasses
@@ -119,11 +119,11 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
     assert row["roofline_v"] >= 1 and row["serial_v"] >= 1  # more rows never cost less
   assert model["rows"][0]["v"] == model["rows"][0]["xla_v"] == 1.0
   assert model["rows"][0]["roofline_v"] == model["rows"][0]["serial_v"] == 1.0
-  # The tiny model is under the goals' size: recorded as not measured, never asserted.
-  cost_goals = [g for g in report["goals"] if g["goal"].startswith("verify_cost")]
+  # The tiny model is under the thresholds' size: recorded as not measured, never asserted.
+  cost_goals = [g for g in report["thresholds"] if g["goal"].startswith("verify_cost")]
   assert len(cost_goals) == 3 and all(g["met"] is None for g in cost_goals)
 
-  assert report["goals"] and all("status" in goal for goal in report["goals"])
+  assert report["thresholds"] and all("status" in goal for goal in report["thresholds"])
   assert "PairConfig" in report["gin_config"]
   for heading in ("own_baseline", "peer", "simulated_table2 (SIMULATED)", "physical_limit",
                   "verify_cost", "Goals"):
@@ -161,7 +161,7 @@ def test_demo_pair_decodes_the_bundled_sentences(tmp_path, monkeypatch):
   np.testing.assert_array_equal(pair.batch(1, 3)[:, 0], pair.inputs[[1, 0, 1], 0])
 
 
-def test_goals_say_by_how_much_they_are_missed():
+def test_thresholds_say_by_how_much_they_are_missed():
   suites = {
       "own_baseline": {"pair": {"name": "demo"}, "groups": [
           {"temperature": 0.0, "batch_size": 1, "speculative": {"measured_over_predicted": 0.45,
@@ -173,20 +173,20 @@ def test_goals_say_by_how_much_they_are_missed():
                                 {"temperature": 1.0, "error": "RuntimeError: cache"}]},
       "physical_limit": {"targets": [{"model": "small", "num_params": 10}]},
   }
-  by_status = [(goal["met"], goal["status"]) for goal in bench.goals(suites)]
+  by_status = [(goal["met"], goal["status"]) for goal in bench.thresholds(suites)]
   assert by_status == [(False, "missed by 0.45 (50% of the target)"), (True, "met"), (True, "met"),
                        (False, "missed by 0 (100% of the target)"),  # must be strictly faster
                        (True, "met"), (None, "not measured (RuntimeError: cache)"),
                        (None, "not measured (no target of that size was measured in this run)")]
 
 
-def test_verify_cost_goals_are_upper_bounds_on_the_largest_model():
+def test_verify_cost_thresholds_are_upper_bounds_on_the_largest_model():
   rows = [{"k": 1, "v": 1.0}, {"k": 4, "v": 1.8}, {"k": 8, "v": 2.0}]
   suites = {"verify_cost": {"models": [
       {"model": "small", "num_params": 10, "rows": [{"k": 4, "v": 9.0}]},
       {"model": "large", "num_params": 800_000_000, "rows": rows,
        "read_bandwidth_fraction": 0.6}]}}
-  by_goal = {g["goal"]: (g["met"], g["status"]) for g in bench.goals(suites)}
+  by_goal = {g["goal"]: (g["met"], g["status"]) for g in bench.thresholds(suites)}
   assert by_goal == {
       "verify_cost: v(4) <= 1.5 (large)": (False, "missed by 0.3 (120% of the target)"),
       "verify_cost: v(8) <= 2.0 (large)": (True, "met"),
@@ -341,14 +341,14 @@ def _peer_entry(ours_base, ours_spec, hf_base, hf_assisted):
               "hf assisted": {"identical": 3, "compared": 4}}}
 
 
-def test_peer_report_and_goals_at_a_real_size():
+def test_peer_report_and_thresholds_at_a_real_size():
   suite = {"pair": "near-bigram t5_1_1/large", "pair_description": "a stated construction",
            "target_params": 780_000_000, "draft_params": 90_000_000, "gamma": 3,
            "max_decode_len": 64, "torch_num_threads": 2, "torch_version": "t",
            "transformers_version": "x",
            "temperatures": [_peer_entry(ours_base=4.0, ours_spec=6.0, hf_base=3.0,
                                         hf_assisted=5.0)]}
-  by_status = [(g["goal"], g["met"], g["status"]) for g in bench.goals({"peer": suite})]
+  by_status = [(g["goal"], g["met"], g["status"]) for g in bench.thresholds({"peer": suite})]
   assert by_status == [
       ("peer (near-bigram t5_1_1/large) batch 1 greedy gamma=3: ours speculative tokens/s >= "
        "1.5x HF assisted generation", False, "missed by 0.3 (80% of the target)"),
@@ -360,7 +360,7 @@ def test_peer_report_and_goals_at_a_real_size():
                                             "jax_backend": "cpu"},
                                 "compiler_options": {}, "mesh": {"data": 1, "model": 1},
                                 "suites": {"peer": suite},
-                                "goals": []})
+                                "thresholds": []})
   assert "a stated construction" in markdown
   assert ("| near-bigram t5_1_1/large | 0 | 4.0 [4.0-4.0] | 6.0 [6.0-6.0] | 1.5 | "
           "3.0 [3.0-3.0] | 5.0 [5.0-5.0] | 1.67 | 1.2 | 0.85 | hf assisted 3/4 |") in markdown

@@ -23,7 +23,7 @@ Modules, one job each:
               apart.
   suites/     own_baseline, engine_cost, peer (Hugging Face), simulated_table2,
               physical_limit, verify_cost (v(k) for k = 1..8 beside the roofline).
-  goals       the speed goals, recorded and never asserted.
+  thresholds  the levels measured ratios are compared with, recorded and never asserted.
   report      bench.json and the markdown tables.
   cli         the command line and `run_suites`.
 
@@ -39,7 +39,7 @@ The public API (what scripts/reproduce_table2.py and the tests use), re-exported
                   read_bandwidth, matmul_throughput
   theory          predicted_speedup, realized_speedup, compare_with_theory, model_call_share
   SIMULATED       simulated_acceptance_rule, SIMULATED
-  the run         describe_machine, goals, run_suites, main, to_markdown, write_report,
+  the run         describe_machine, thresholds, run_suites, main, to_markdown, write_report,
                   JSON_FILE, MARKDOWN_FILE
 """
 
@@ -50,7 +50,7 @@ from spec_decode.bench.config import (SUITES, BenchConfig, EngineCostConfig,
                                       PhysicalLimitConfig, SimulatedTable2Config,
                                       VerifyCostConfig)
 from spec_decode.bench.decoders import PairDecoders, RunOutput, Variant, generated_lengths
-from spec_decode.bench.goals import goals
+from spec_decode.bench.thresholds import thresholds
 from spec_decode.bench.machine import describe_machine
 from spec_decode.bench.pairs import (Model, Pair, build_pair, demo_files_exist,
                                      near_bigram_pair, random_model, random_pair, shipped_pair)
@@ -71,6 +71,6 @@ __all__ = [
     "call_sequence_seconds", "copy_bandwidth", "read_bandwidth", "matmul_throughput",
     "predicted_speedup", "realized_speedup",
     "compare_with_theory", "model_call_share", "simulated_acceptance_rule", "SIMULATED",
-    "describe_machine", "goals", "run_suites", "main", "to_markdown", "write_report",
+    "describe_machine", "thresholds", "run_suites", "main", "to_markdown", "write_report",
     "JSON_FILE", "MARKDOWN_FILE",
 ]

@@ -9,7 +9,7 @@ writes `DIR/bench.json` (every number, the machine and the operative gin config)
 `DIR/bench.md` (the same as markdown tables), and prints the tables.
 
 `run_suites(BenchConfig)` runs the selected suites (`bench.suites`) on one shared `Workspace`
-with the gin-bound configs and returns the report (`bench.report`), goals included.
+with the gin-bound configs and returns the report (`bench.report`), thresholds included.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from spec_decode.bench.config import (SUITES, BenchConfig, EngineCostConfig,
                                       OwnBaselineConfig, PairConfig, PeerConfig,
                                       PhysicalLimitConfig, SimulatedTable2Config,
                                       VerifyCostConfig)
-from spec_decode.bench.goals import goals
+from spec_decode.bench.thresholds import thresholds
 from spec_decode.bench.machine import describe_machine
 from spec_decode.bench.report import JSON_FILE, MARKDOWN_FILE, plain, write_report
 from spec_decode.bench.suites.engine_cost import engine_cost_suite
@@ -76,7 +76,7 @@ def run_suites(bench_config: BenchConfig) -> dict[str, Any]:
       start = time.perf_counter()
       report["suites"][suite] = plain(runners[suite]())
       report["timings_s"][suite] = time.perf_counter() - start
-  report["goals"] = goals(report["suites"])
+  report["thresholds"] = thresholds(report["suites"])
   report["gin_config"] = gin.config_str()
   return report
 

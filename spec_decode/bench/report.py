@@ -1,9 +1,9 @@
 """The report of a run: `write_report(report, output_dir)` writes `bench.json` (every number,
 the machine and the operative gin config, via `plain`) and `bench.md` (`to_markdown`: one section
-of tables per suite that ran, then the goals).
+of tables per suite that ran, then the thresholds).
 
 A report is `{"machine": describe_machine(), "compiler_options": {...}, "mesh": {"data": 1,
-"model": num_partitions}, "suites": {name: result}, "timings_s": {name: seconds}, "goals":
+"model": num_partitions}, "suites": {name: result}, "timings_s": {name: seconds}, "thresholds":
 [...], "gin_config": str}`.
 """
 
@@ -228,7 +228,7 @@ _SECTIONS = (("own_baseline", _own_baseline_section), ("engine_cost", _engine_co
 
 
 def to_markdown(report: Mapping[str, Any]) -> str:
-  """The report's tables: one section per suite that ran, then the goals."""
+  """The report's tables: one section per suite that ran, then the thresholds."""
   machine = report["machine"]
   load = machine["load_average_at_start"]
   load = "unknown" if load is None else " ".join(f"{value:.1f}" for value in load)
@@ -243,10 +243,10 @@ def to_markdown(report: Mapping[str, Any]) -> str:
   for suite, section in _SECTIONS:
     if report["suites"].get(suite):
       lines += section(report["suites"][suite])
-  lines += ["## Goals (recorded, not asserted)", ""]
+  lines += ["## Thresholds (recorded, not asserted)", ""]
   lines += _table(["goal", "measured", "target", "status"],
                   [[g["goal"], g["measured"], g["target"], g["status"]]
-                   for g in report["goals"]])
+                   for g in report["thresholds"]])
   return "\n".join(lines)
 
 

@@ -121,7 +121,7 @@ def verify_cost_suite(workspace: Workspace, config: VerifyCostConfig) -> dict[st
 
 
 def largest(suite: dict[str, Any]) -> dict[str, Any] | None:
-  """The suite's model with the most parameters (the goals' subject)."""
+  """The suite's model with the most parameters (the thresholds' subject)."""
   return max(suite["models"], key=lambda m: m["num_params"], default=None)
 
 
