@@ -14,6 +14,7 @@ import tiny_t5
 import toy_setup
 from spec_decode import core
 from spec_decode.engine import beam_search
+from spec_decode.engine import decoding
 from spec_decode.engine import loops
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import network
@@ -30,8 +31,9 @@ def t5x_tokens_to_logits(tokens_to_logits):
 
   def call(state):
     num_rows = state.cur_token.shape[0]
-    logits, cache = tokens_to_logits(state.replace(
-        cur_index=jnp.broadcast_to(state.cur_index, (num_rows,))))
+    logits, cache = tokens_to_logits(decoding.DecodingState(
+        cur_index=jnp.broadcast_to(state.cur_index, (num_rows,)), cur_token=state.cur_token,
+        sequences=state.sequences, cache=state.cache))
     return logits[:, 0], cache
 
   return call
