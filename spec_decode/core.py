@@ -51,7 +51,7 @@ Params = Any
 Batch = Mapping[str, jax.Array]
 TokensToLogits = Callable[[decoding.DecodingState], tuple[jax.Array, Any]]
 
-# The settings that fix the sampled distribution: a speculative decoder's baseline shares them.
+# The settings that fix the sampled distribution (T5X temperature_sample's arguments).
 SAMPLING_SETTINGS = ("temperature", "topk", "topp", "max_decode_steps")
 # Where a speculative decode's drafts come from (a runner's `draft_source` setting).
 DRAFT_SOURCES = ("model", "lookup", "lookup+model")
@@ -244,10 +244,12 @@ class Decoder:
     return {**self.loop.defaults(), **dict(self.settings)}
 
   def baseline(self) -> "Decoder":
-    """The target alone, autoregressively, with this decoder's sampling settings (the same
-    distribution): what a speculative decoder is compared with."""
-    sampling = {name: value for name, value in self.settings if name in SAMPLING_SETTINGS}
-    return Decoder.create("temperature_sample", self.target, None, **sampling)
+    """The target alone, one call per step, with this decoder's settings that its loop's
+    baseline takes (the same distribution, or the same beam search): what a speculative
+    decoder is compared with."""
+    baseline = loops.get(self.loop.baseline)
+    shared = {name: value for name, value in self.settings if name in baseline.setting_names}
+    return Decoder.create(baseline.name, self.target, None, **shared)
 
   def prefill(self, params: Params, draft_params: Params | None,
               encoder_input_tokens: jax.Array, max_decode_len: int,

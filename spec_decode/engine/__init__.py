@@ -19,4 +19,5 @@ Pure JAX (no gin, no T5, no checkpoints): models enter only through the model co
 # Importing them registers the built-in loops with `loops`.
 from spec_decode.engine import beam_search
 from spec_decode.engine import decoding
+from spec_decode.engine import speculative_beam_search
 

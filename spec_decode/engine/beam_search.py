@@ -210,6 +210,7 @@ def beam_search(inputs: jax.Array, cache: Any, tokens_to_logits: decoding.Tokens
                                log_probs.reshape(state.live_log_probs.shape + (-1,)), active)
     return state, gather_cache(cache, parents)
 
+  cache = decoding._expand(cache, num_decodes)  # pylint: disable=protected-access
   state, _ = jax.lax.while_loop(lambda carry: jnp.any(continues(problem, carry[0])), step,
-                                (state, decoding._expand(cache, num_decodes)))  # pylint: disable=protected-access
+                                (state, cache))
   return results(problem, state)
