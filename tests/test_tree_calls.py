@@ -32,8 +32,7 @@ def _ancestors() -> np.ndarray:
 
 
 def _depths() -> np.ndarray:
-  mask = _ancestors()
-  return mask.sum(axis=1) - 1
+  return _ancestors().sum(axis=1) - 1
 
 
 class Toy:
@@ -84,12 +83,18 @@ def _prefilled(model):
   return cache
 
 
+def _tree_call(model, cache):
+  """The tree call of TOKENS at START over `cache` -> (logits, new cache)."""
+  mask = _ancestors()
+  positions = START[:, None] + _depths()[None]
+  return model.call(model.params, _state(
+      START, TOKENS, cache, positions, np.broadcast_to(mask, (len(START),) + mask.shape)))
+
+
 def test_each_fed_token_gets_the_logits_of_its_path_alone(model):
   cache = _prefilled(model)
   mask = _ancestors()
-  positions = START[:, None] + _depths()[None]
-  tree_logits, _ = model.call(model.params, _state(
-      START, TOKENS, cache, positions, np.broadcast_to(mask, (len(START),) + mask.shape)))
+  tree_logits, _ = _tree_call(model, cache)
   for j in range(len(PARENT)):
     path = TOKENS[:, mask[j]]  # its ancestors and itself, in position order
     alone, _ = model.call(model.params, _state(START, path, cache))
@@ -100,10 +105,7 @@ def test_each_fed_token_gets_the_logits_of_its_path_alone(model):
 
 def test_the_pending_chain_it_writes_continues_like_a_chain_call(model):
   cache = _prefilled(model)
-  mask = _ancestors()
-  positions = START[:, None] + _depths()[None]
-  _, tree_cache = model.call(model.params, _state(
-      START, TOKENS, cache, positions, np.broadcast_to(mask, (len(START),) + mask.shape)))
+  _, tree_cache = _tree_call(model, cache)
   _, chain_cache = model.call(model.params, _state(START, TOKENS[:, :NUM_PENDING], cache))
   after = START + NUM_PENDING
   nxt = np.array([[14], [15]], np.int32)
