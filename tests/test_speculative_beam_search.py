@@ -24,10 +24,12 @@ LENGTH = 9
 # arguments): decodes that finish early, and decodes that run to the length limit.
 CASES = [(0.6, 3), (0.0, 1)]
 EOS_SHIFTS = (1.5, -4.0)
-# Every gamma with every draft and every beam size, each pair once (a Latin square): each
-# compiles the loop twice (~10 s each on this project's 2-core CPU).
-GRID = [(1, "same", 4), (1, "near", 2), (1, "far", 1), (3, "same", 2), (3, "near", 1),
-        (3, "far", 4), (5, "same", 1), (5, "near", 4), (5, "far", 2)]
+# Every gamma with every draft and every beam size, each pair once (a Latin square), then node
+# budgets smaller than the tree (None: the whole tree): each compiles the loop twice (~10 s
+# each on this project's 2-core CPU).
+GRID = [(1, "same", 4, None), (1, "near", 2, None), (1, "far", 1, None), (3, "same", 2, None),
+        (3, "near", 1, None), (3, "far", 4, None), (5, "same", 1, None), (5, "near", 4, None),
+        (5, "far", 2, None), (3, "same", 4, 2), (5, "near", 2, 1)]
 
 
 @functools.partial(jax.jit, static_argnames=("num_beams", "alpha"))
@@ -37,14 +39,15 @@ def _baseline(target, inputs, num_beams, alpha):
                                  alpha=alpha)
 
 
-def _speculative(target, draft, inputs, gamma, num_beams, alpha):
+def _speculative(target, draft, inputs, gamma, num_beams, alpha, nodes_per_beam=None):
   return sbs.speculative_beam_search(
       inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, toy_setup.EOS,
       draft_cache=draft.init_cache(*inputs.shape), draft_tokens_to_logits=draft.tokens_to_logits,
-      gamma=gamma, num_decodes=num_beams, alpha=alpha)
+      gamma=gamma, num_decodes=num_beams, alpha=alpha, nodes_per_beam=nodes_per_beam)
 
 
-_jitted_speculative = jax.jit(_speculative, static_argnames=("gamma", "num_beams", "alpha"))
+STATIC = ("gamma", "num_beams", "alpha", "nodes_per_beam")
+_jitted_speculative = jax.jit(_speculative, static_argnames=STATIC)
 
 
 def _inputs(batch_size: int, seed: int) -> list[jax.Array]:
@@ -53,27 +56,30 @@ def _inputs(batch_size: int, seed: int) -> list[jax.Array]:
           for prompt_len in (0, 0, 3)]
 
 
-def _compare(draft_kind, gamma, num_beams, speculative=_jitted_speculative):
+def _compare(draft_kind, gamma, num_beams, nodes_per_beam=None,
+             speculative=_jitted_speculative):
   """Yields (want, got, stats) over CASES and a few inputs each."""
   for (alpha, batch_size), eos_shift in itertools.product(CASES, EOS_SHIFTS):
     target, draft = toy_setup.make_pair(VOCAB, draft_kind, seed=num_beams + gamma,
                                         eos_shift=eos_shift)
     for inputs in _inputs(batch_size, gamma):
       want = _baseline(target, inputs, num_beams, alpha)
-      got = speculative(target, draft, inputs, gamma=gamma, num_beams=num_beams, alpha=alpha)
+      got = speculative(target, draft, inputs, gamma=gamma, num_beams=num_beams, alpha=alpha,
+                        nodes_per_beam=nodes_per_beam)
       yield want, got
 
 
-@pytest.mark.parametrize("gamma,draft_kind,num_beams", GRID)
-def test_equals_beam_search(gamma, draft_kind, num_beams):
+@pytest.mark.parametrize("gamma,draft_kind,num_beams,nodes_per_beam", GRID)
+def test_equals_beam_search(gamma, draft_kind, num_beams, nodes_per_beam):
   target_calls = beam_steps = 0
-  for (want, want_scores), (got, got_scores, stats) in _compare(draft_kind, gamma, num_beams):
+  for (want, want_scores), (got, got_scores, stats) in _compare(draft_kind, gamma, num_beams,
+                                                                nodes_per_beam):
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-6)
     target_calls += int(np.asarray(stats.target_calls)[:, 0].sum())
     beam_steps += int(np.asarray(stats.beam_steps)[:, 0].sum())
   assert target_calls <= beam_steps
-  if draft_kind == "same" and gamma > 1:
+  if draft_kind == "same" and gamma > 1 and nodes_per_beam is None:
     assert target_calls < beam_steps / 1.5  # a draft that always agrees covers many steps
 
 
@@ -99,7 +105,7 @@ def test_a_replay_past_coverage_fails(monkeypatch):
   monkeypatch.setattr(sbs, "_coverage", everything_covered)
   # A function of its own: jax.jit would reuse a trace of `_speculative` made before the patch.
   wrong = jax.jit(lambda *args, **kwargs: _speculative(*args, **kwargs),
-                  static_argnames=("gamma", "num_beams", "alpha"))
+                  static_argnames=STATIC)
   mismatches = 0
   for (want, _), (got, _, _) in _compare("far", 3, 2, speculative=wrong):
     mismatches += int(np.any(np.asarray(got) != np.asarray(want)))
@@ -108,8 +114,10 @@ def test_a_replay_past_coverage_fails(monkeypatch):
 
 def test_it_is_a_registered_loop_with_checked_settings():
   loop = loops.get("speculative_beam_search")
-  assert loop.uses_draft and loop.setting_names == ("gamma", "alpha")
+  assert loop.uses_draft and loop.setting_names == ("gamma", "alpha", "nodes_per_beam")
   with pytest.raises(ValueError, match="gamma must be an integer >= 1, got 0"):
     loop.check({"gamma": 0})
   with pytest.raises(ValueError, match="alpha .* must be a number >= 0"):
     loop.check({"gamma": 2, "alpha": -0.5})
+  with pytest.raises(ValueError, match="nodes_per_beam must be an integer >= 1 or None, got 0"):
+    loop.check({"gamma": 2, "nodes_per_beam": 0})
