@@ -24,8 +24,10 @@ so the draft reaches the compiled function as an argument, never as a compiled-i
 Shapes (B batch, n num_decodes, L decoder length) are T5X's: `predict_batch_with_aux(params,
 batch, rng, decoder_params, return_all_decodes, num_decodes, prompt_with_targets)` returns
 decodes [B, L] and aux values [B] (with return_all_decodes: [B, n, L] and [B, n], sorted by score,
-best last). aux holds 'scores' (log-probability of the decode) and the loop's stats per example
-(`decoding.SpeculativeStats.aux()`: its counters, 'alpha' and 'tokens_per_target_call');
+best last). aux holds 'scores' (log-probability of the decode; beam search: T5X's beam score)
+and the loop's stats per example (`decoding.SpeculativeStats.aux()`: its counters, 'alpha' and
+'tokens_per_target_call'; `speculative_beam_search.BeamSearchStats.aux()`: target and draft
+calls, beam steps and beam steps per target call);
 `t5x.infer` writes them to its outputs in mode 'predict_with_aux'
 (speculative_infer.gin sets it). Scoring and losses use the target alone.
 
