@@ -107,6 +107,7 @@ cd "$repo"
 "$venv_python" -m pytest -q -rs -n 2 --dist loadfile "$@" \
   tests/test_sampling.py tests/test_verify.py tests/test_exactness.py tests/test_decoding.py \
   tests/test_network.py tests/test_cpu_kernels.py tests/test_t5_decoding.py tests/test_models.py \
-  tests/test_infer.py tests/test_cli.py tests/t5x
+  tests/test_infer.py tests/test_cli.py tests/test_tree_calls.py tests/test_beam_search.py \
+  tests/t5x
 XLA_FLAGS=--xla_force_host_platform_device_count=8 "$venv_python" -m pytest -q -rs "$@" \
   tests/sharding

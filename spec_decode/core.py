@@ -19,8 +19,9 @@ Decoding with T5X's semantics (B batch, n num_decodes, L decoder length, Le inpu
   predict(params, draft_params, batch, eos_id, rng, decoder_params, return_all_decodes,
           num_decodes, prompt_with_targets) -> (decodes [B, L], aux {name: [B]}), or with
           return_all_decodes (decodes [B, n, L], aux {name: [B, n]}), sorted by score, best last;
-  aux: 'scores' (the decode's log-probability) and the loop's stats (`SpeculativeStats.aux`:
-  the counters, 'alpha', 'tokens_per_target_call'); `rng` becomes the loop's decode_rng;
+  aux: 'scores' (the decode's log-probability, or beam score) and the loop's stats (`.aux()`
+  of its stats, e.g. `SpeculativeStats`: the counters, 'alpha', 'tokens_per_target_call');
+  `rng` becomes the loop's decode_rng;
   `decoder_params` are further loop arguments (T5X's), `eos_id` there overrides the argument;
   `prompt_with_targets` forces decoder_input_tokens, without their EOS (T5X's convention), as a
   prompt. Its halves, which the benchmark times apart:
@@ -51,7 +52,7 @@ Params = Any
 Batch = Mapping[str, jax.Array]
 TokensToLogits = Callable[[decoding.DecodingState], tuple[jax.Array, Any]]
 
-# The settings that fix the sampled distribution: a speculative decoder's baseline shares them.
+# The settings that fix the sampled distribution (T5X temperature_sample's arguments).
 SAMPLING_SETTINGS = ("temperature", "topk", "topp", "max_decode_steps")
 # Where a speculative decode's drafts come from (a runner's `draft_source` setting).
 DRAFT_SOURCES = ("model", "lookup", "lookup+model")
@@ -244,10 +245,12 @@ class Decoder:
     return {**self.loop.defaults(), **dict(self.settings)}
 
   def baseline(self) -> "Decoder":
-    """The target alone, autoregressively, with this decoder's sampling settings (the same
-    distribution): what a speculative decoder is compared with."""
-    sampling = {name: value for name, value in self.settings if name in SAMPLING_SETTINGS}
-    return Decoder.create("temperature_sample", self.target, None, **sampling)
+    """The target alone, one call per step, with this decoder's settings that its loop's
+    baseline takes (the same distribution, or the same beam search): what a speculative
+    decoder is compared with."""
+    baseline = loops.get(self.loop.baseline)
+    shared = {name: value for name, value in self.settings if name in baseline.setting_names}
+    return Decoder.create(baseline.name, self.target, None, **shared)
 
   def prefill(self, params: Params, draft_params: Params | None,
               encoder_input_tokens: jax.Array, max_decode_len: int,

@@ -7,6 +7,8 @@ Pure JAX (no gin, no T5, no checkpoints): models enter only through the model co
   verify     verification rules as exact laws ('token', 'block', lossy 'lenient'); a registry
   drafting   drafting policies ('fixed', 'expected_speedup', 'confidence'); a registry
   decoding   `temperature_sample` (baseline) and `speculative_sample`, each one jitted loop
+  beam_search, speculative_beam_search
+             T5X's beam search (one shared step) and its exact speculative form
   loops      the registry of decode loops by name: what every runner (infer, the T5X hook,
              the benchmark) can run; a new loop is one `loops.register`
   lookup     n-gram lookup drafts from the input and the output so far (no draft model),
@@ -14,5 +16,8 @@ Pure JAX (no gin, no T5, no checkpoints): models enter only through the model co
   toy        prefix-hash toy models honoring the contract with a real cache (for tests)
 """
 
-from spec_decode.engine import decoding  # registers the built-in loops with `loops`
+# Importing them registers the built-in loops with `loops`.
+from spec_decode.engine import beam_search
+from spec_decode.engine import decoding
+from spec_decode.engine import speculative_beam_search
 

@@ -21,6 +21,17 @@ A draft's logits may hold -inf: a row whose logits are all -inf proposes NOTHING
 (`lookup.NGramLookup` where no n-gram matches), and a row with exactly one finite logit is a
 deterministic proposal (q is the point mass there), which the stats count as a lookup draft.
 
+A tree call gives two more fields, both or neither (`speculative_beam_search` gives them to
+its target; `network.Transformer` and `toy.PrefixHashModel` take them):
+  state.token_positions [B, k] int32  the decoder position of each fed token;
+  state.token_mask      [B, k, k] bool which fed tokens each fed token attends to;
+fed token j is written to the cache at token_positions[:, j] (dropped past its length) and
+attends to the cache positions < cur_index and to the fed tokens i with token_mask[:, j, i]
+(itself included), with relative positions taken from token_positions, never to cache
+entries at positions >= cur_index. So one call scores several continuations of a row (a tree
+of tokens: each attends to its ancestors) while entries >= cur_index stay stale as above. A
+chain call is the tree call with token_positions cur_index + j and a causal token_mask.
+
 ## Conventions (T5X's `t5x/decoding.py`)
 `inputs [B, L]` are decoder inputs: position 0 is BOS (0); a non-zero token at position t >= 1 is
 forced (a prompt), zero means "sample". The output `decodes [B, num_decodes, L]` holds the
@@ -79,6 +90,8 @@ class DecodingState:
   cur_token: jax.Array  # [B, k] int32
   sequences: jax.Array  # [B, S] int32
   cache: Any
+  token_positions: jax.Array | None = None  # [B, k] int32: a tree call (see the contract)
+  token_mask: jax.Array | None = None  # [B, k, k] bool
 
 
 TokensToLogits = Callable[[DecodingState], tuple[jax.Array, Any]]

@@ -32,12 +32,14 @@ RUNNER_ARGUMENTS = ("inputs", "cache", "tokens_to_logits", "eos_id", "decode_rng
 
 @dataclasses.dataclass(frozen=True)
 class DecodeLoop:
-  """A registered decode loop: its function, whether it needs a draft model, and the check of
-  its settings (ValueError naming the setting) run before anything is traced."""
+  """A registered decode loop: its function, whether it needs a draft model, the check of
+  its settings (ValueError naming the setting) run before anything is traced, and the loop of
+  the target alone whose output a speculative loop reproduces (its baseline)."""
   name: str
   fn: Callable[..., Any]
   uses_draft: bool
   check_settings: Callable[..., None] | None = None
+  baseline: str = "temperature_sample"
 
   @property
   def setting_names(self) -> tuple[str, ...]:
@@ -70,14 +72,16 @@ _LOOPS: dict[str, DecodeLoop] = {}
 
 
 def register(name: str, *, uses_draft: bool,
-             check_settings: Callable[..., None] | None = None) -> Callable:
+             check_settings: Callable[..., None] | None = None,
+             baseline: str = "temperature_sample") -> Callable:
   """Decorator registering a decode loop under `name` (see the module docstring).
-  `check_settings(**settings)` receives every setting (defaults filled in)."""
+  `check_settings(**settings)` receives every setting (defaults filled in); `baseline` names
+  the loop of the target alone that it is compared with (given the settings both take)."""
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
     if name in _LOOPS and _LOOPS[name].fn is not fn:
       raise ValueError(f"a different decode loop is already registered as {name!r}")
-    _LOOPS[name] = DecodeLoop(name, fn, uses_draft, check_settings)
+    _LOOPS[name] = DecodeLoop(name, fn, uses_draft, check_settings, baseline)
     return fn
 
   return add

@@ -6,6 +6,10 @@ on the whole prefix — but the model only reads the cache entry of position t-1
 rolls a cache back wrongly, reads a stale entry, or feeds tokens at the wrong position gets
 different logits, which is what makes these models good engine tests without a transformer.
 
+It takes tree calls (the contract's token_positions and token_mask; each fed token's parent
+is the fed token it attends to with the highest position, fed before it), so a loop that
+scores a tree is tested against decoding each path alone.
+
 Shapes: cache {'prefix_hash': [B, max_len] uint32}; logits [B, k, V] float32.
 """
 
@@ -52,15 +56,23 @@ class PrefixHashModel:
     hashes = state.cache["prefix_hash"]
     max_len = hashes.shape[1]
     rows = jnp.arange(hashes.shape[0])
-    previous = jnp.where(state.cur_index > 0,
-                         hashes[rows, jnp.clip(state.cur_index - 1, 0, max_len - 1)],
-                         jnp.uint32(0x12345678))
-    chunk = []
-    for j in range(state.cur_token.shape[1]):
+    cached = jnp.where(state.cur_index > 0,
+                       hashes[rows, jnp.clip(state.cur_index - 1, 0, max_len - 1)],
+                       jnp.uint32(0x12345678))
+    num_fed = state.cur_token.shape[1]
+    tree = state.token_positions is not None
+    positions = (state.token_positions if tree
+                 else state.cur_index[:, None] + jnp.arange(num_fed))
+    chunk, previous = [], cached
+    for j in range(num_fed):
+      if tree and j:  # continue the parent's hash: the attended fed token with the highest position
+        parents = state.token_mask[:, j, :j]
+        parent = jnp.argmax(jnp.where(parents, positions[:, :j], -1), axis=1)
+        previous = jnp.where(jnp.any(parents, axis=1), jnp.stack(chunk, axis=1)[rows, parent],
+                             cached)
       previous = _mix(previous, state.cur_token[:, j])
       chunk.append(previous)
     chunk = jnp.stack(chunk, axis=1)  # [B, k]
-    positions = state.cur_index[:, None] + jnp.arange(chunk.shape[1])
     hashes = hashes.at[rows[:, None], positions].set(chunk, mode="drop")
     logits = self.table[(chunk % jnp.uint32(self.table.shape[0])).astype(jnp.int32)]
     return logits, {"prefix_hash": hashes}

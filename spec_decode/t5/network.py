@@ -418,21 +418,27 @@ class DecoderLayer(nn.Module):
 
   def __call__(self, x: Array, self_bias: Array, cross_key_value: tuple[Array, Array],
                cross_bias: Array, self_cache: tuple[Array, Array] | None,
-               write_positions: Array | None, deterministic: bool
+               write_positions: Array | None, deterministic: bool, attend_to_fed: bool = False
                ) -> tuple[Array, tuple[Array, Array] | None]:
     """x [B,q,E] -> (x [B,q,E], updated self-attention (keys, values) or None).
 
     Without `self_cache`, x's own keys/values are attended to (teacher forcing). With a
     cache (keys, values [B,L,H,D]), x's keys/values overwrite the slots
     `write_positions` [B,q] first (out-of-range slots are dropped) and the whole cache
-    is attended to; `self_bias` must then mask every slot the queries may not see.
+    is attended to, followed, with `attend_to_fed`, by x's own q keys/values (a tree call:
+    tokens sharing a position must not read each other's slot); `self_bias` [.., L (+ q)]
+    must then mask every slot the queries may not see.
     """
     h = self.pre_self_attention_layer_norm(x)
     key, value = self.self_attention.project_key_value(h)
     if self_cache is not None:
+      fed_key, fed_value = key, value
       key = _overwrite(self_cache[0], key, write_positions)
       value = _overwrite(self_cache[1], value, write_positions)
       self_cache = (key, value)
+      if attend_to_fed:
+        key = jnp.concatenate([key, fed_key.astype(key.dtype)], axis=1)
+        value = jnp.concatenate([value, fed_value.astype(value.dtype)], axis=1)
     h = self.self_attention.attend(self.self_attention.project_query(h), key, value, self_bias,
                                    deterministic)
     x = x + self.residual_dropout(h, deterministic=deterministic)
@@ -472,16 +478,17 @@ class Decoder(nn.Module):
 
   def __call__(self, tokens: Array, self_bias: Array, cross_key_values: list[tuple[Array, Array]],
                cross_bias: Array, self_caches: list[tuple[Array, Array]] | None = None,
-               write_positions: Array | None = None, deterministic: bool = True
-               ) -> tuple[Array, list]:
-    """tokens [B,q] -> (float32 logits [B,q,V], per-layer updated self caches or Nones)."""
+               write_positions: Array | None = None, deterministic: bool = True,
+               attend_to_fed: bool = False) -> tuple[Array, list]:
+    """tokens [B,q] -> (float32 logits [B,q,V], per-layer updated self caches or Nones);
+    `attend_to_fed` as in `DecoderLayer`."""
     cfg = self.config
     x = self.residual_dropout(self.embedder(tokens), deterministic=deterministic)
     new_caches = []
     for i, layer in enumerate(self.layers):
       x, new_cache = layer(x, self_bias, cross_key_values[i], cross_bias,
                            None if self_caches is None else self_caches[i], write_positions,
-                           deterministic)
+                           deterministic, attend_to_fed)
       new_caches.append(new_cache)
     x = self.residual_dropout(self.decoder_norm(x), deterministic=deterministic)
     if cfg.logits_via_embedding:
@@ -555,19 +562,32 @@ class Transformer(nn.Module):
       }
     return cache
 
-  def decode_chunk(self, cache: DecodeCache, cur_index: Array, tokens: Array
+  def decode_chunk(self, cache: DecodeCache, cur_index: Array, tokens: Array,
+                   token_positions: Array | None = None, token_mask: Array | None = None
                    ) -> tuple[Array, DecodeCache]:
-    """Feeds tokens [B,k] at positions cur_index[b] + j -> (float32 logits [B,k,V], new cache)."""
+    """Feeds tokens [B,k] at positions cur_index[b] + j -> (float32 logits [B,k,V], new cache);
+    with token_positions [B,k] and token_mask [B,k,k], a tree call (the engine's contract)."""
     cfg = self.config
     num_layers = cfg.num_decoder_layers
     cache_len = cache["layers_0"]["self_attention"]["cached_key"].shape[1]
-    query_positions = cur_index[:, None] + jnp.arange(tokens.shape[1])[None]
     key_positions = jnp.arange(cache_len)[None]
-    # Slots after a query's own position hold future or stale (rolled-back) entries.
-    visible = key_positions[:, None, :] <= query_positions[:, :, None]
     dtype = _activation_dtype(cfg)
-    self_bias = self.decoder.relpos_bias(query_positions, key_positions) + _mask_to_bias(
-        visible[:, None], dtype)
+    tree = token_positions is not None
+    if tree:
+      query_positions = token_positions
+      # The cache below cur_index, then the fed tokens themselves, as token_mask says.
+      cached = key_positions[:, None, :] < cur_index[:, None, None]
+      self_bias = jnp.concatenate([
+          self.decoder.relpos_bias(query_positions, key_positions) + _mask_to_bias(
+              jnp.broadcast_to(cached, token_mask.shape[:2] + (cache_len,))[:, None], dtype),
+          self.decoder.relpos_bias(query_positions, token_positions) + _mask_to_bias(
+              token_mask[:, None], dtype)], axis=-1)
+    else:
+      query_positions = cur_index[:, None] + jnp.arange(tokens.shape[1])[None]
+      # Slots after a query's own position hold future or stale (rolled-back) entries.
+      visible = key_positions[:, None, :] <= query_positions[:, :, None]
+      self_bias = self.decoder.relpos_bias(query_positions, key_positions) + _mask_to_bias(
+          visible[:, None], dtype)
     cross_bias = _mask_to_bias(cache["encoder_mask"][:, None, None, :], dtype)
     layer_caches = [cache[f"layers_{i}"] for i in range(num_layers)]
     logits, new_self = self.decoder(
@@ -577,7 +597,7 @@ class Transformer(nn.Module):
         cross_bias,
         [(c["self_attention"]["cached_key"], c["self_attention"]["cached_value"])
          for c in layer_caches],
-        write_positions=query_positions)
+        write_positions=query_positions, attend_to_fed=tree)
     new_cache = dict(cache, cache_index=(cur_index + tokens.shape[1]).astype(jnp.int32))
     for i, (key, value) in enumerate(new_self):
       new_cache[f"layers_{i}"] = dict(
@@ -608,14 +628,15 @@ def make_tokens_to_logits(config_or_module: T5Config | Transformer, params: Any
                           ) -> Callable[[Any], tuple[Array, DecodeCache]]:
   """Returns the engine's `tokens_to_logits(state) -> (logits [B,k,V] float32, new_cache)`.
 
-  Reads `state.cur_index` [B], `state.cur_token` [B,k] and `state.cache`; jit- and
-  while_loop-safe for a static k.
+  Reads `state.cur_index` [B], `state.cur_token` [B,k], `state.cache` and, in a tree call,
+  `state.token_positions` and `state.token_mask`; jit- and while_loop-safe for a static k.
   """
   module = _as_module(config_or_module)
 
   def tokens_to_logits(state: Any) -> tuple[Array, DecodeCache]:
     return module.apply({"params": params}, state.cache, state.cur_index.astype(jnp.int32),
-                        state.cur_token, method=Transformer.decode_chunk)
+                        state.cur_token, state.token_positions, state.token_mask,
+                        method=Transformer.decode_chunk)
 
   return tokens_to_logits
 

@@ -5,9 +5,10 @@ drive it unchanged, with T5X's own partitioner and checkpointer.
 spec_decode's `network.Transformer`, which has T5X's parameter tree (the user's T5X checkpoint
 restores through T5X's checkpointer unchanged) and decodes k tokens per call, which speculative
 decoding needs (the target verifies gamma + 1 tokens in one call). Decoding is `core.Decoder`'s,
-the core every runner shares: a loop of `spec_decode.engine.loops` ('speculative_sample' by
-default) with the model's constructor arguments (gin: DECODE_LOOP, GAMMA, VERIFIER, DRAFT_POLICY
-in speculative.gin, nowhere else).
+the core every runner shares: a loop of `spec_decode.engine.loops` (by default the speculative
+form of the user's decode_fn: 'speculative_sample' for `temperature_sample`,
+'speculative_beam_search' for `beam_search`) with the model's constructor arguments (gin:
+DECODE_LOOP, GAMMA, VERIFIER, DRAFT_POLICY in speculative.gin, nowhere else).
 
 Parameters. `params` (what T5X restores, partitions and passes to every compiled step) is the
 target's tree plus one subtree `params[DRAFT_PARAMS_KEY]` holding the draft's:
@@ -23,15 +24,19 @@ so the draft reaches the compiled function as an argument, never as a compiled-i
 Shapes (B batch, n num_decodes, L decoder length) are T5X's: `predict_batch_with_aux(params,
 batch, rng, decoder_params, return_all_decodes, num_decodes, prompt_with_targets)` returns
 decodes [B, L] and aux values [B] (with return_all_decodes: [B, n, L] and [B, n], sorted by score,
-best last). aux holds 'scores' (log-probability of the decode) and the loop's stats per example
-(`decoding.SpeculativeStats.aux()`: its counters, 'alpha' and 'tokens_per_target_call');
+best last). aux holds 'scores' (log-probability of the decode; beam search: T5X's beam score)
+and the loop's stats per example (`decoding.SpeculativeStats.aux()`: its counters, 'alpha' and
+'tokens_per_target_call'; `speculative_beam_search.BeamSearchStats.aux()`: target and draft
+calls, beam steps and beam steps per target call);
 `t5x.infer` writes them to its outputs in mode 'predict_with_aux'
 (speculative_infer.gin sets it). Scoring and losses use the target alone.
 
 `speculative_version(model, ...)` turns a user's configured T5X `EncoderDecoderModel` (a T5X
 T5 network, vocabularies, optimizer, losses, decode_fn) into its speculative version: the
 target's config is the T5X network's, the draft's is read from its checkpoint's parameter shapes,
-and the sampled distribution is the T5X decode_fn's (see `sampling_settings`). Bad settings
+and the decode is the T5X decode_fn's speculative form (see `decode_fn_settings`:
+`temperature_sample`'s distribution, or `beam_search` with its alpha and T5X's num_decodes
+beams). Bad settings
 (gamma < 1, a missing draft checkpoint, a draft whose vocabulary differs from the target's, an
 unknown verifier or drafting policy) raise a one-line ValueError when the model is built, before
 anything is restored or compiled.
@@ -129,28 +134,21 @@ def draft_config_from_checkpoint(draft_checkpoint_path: str,
                                          target_config, path)
 
 
-def sampling_settings(decode_fn: Callable[..., Any]) -> dict[str, Any]:
-  """The engine's temperature/topk/topp/max_decode_steps for the distribution a T5X decode_fn
-  samples from.
+# The arguments of `t5x.decoding.beam_search` the model fills in itself, and the ones this
+# model keeps at T5X's defaults (binding another value is refused: it could not take effect).
+_BEAM_SEARCH_GIVEN = ("inputs", "cache", "tokens_to_logits", "eos_id", "num_decodes",
+                      "max_decode_len", "decode_rng", "initial_index")
+_BEAM_SEARCH_FIXED = ("max_decode_step", "min_log_prob", "cache_offset")
 
-  `t5x.decoding.temperature_sample` (plain, gin-bound or a functools.partial): its arguments,
-  where T5X's topk=1 (its default) or temperature 0 is greedy and topk=0 means no truncation.
-  `t5x.decoding.beam_search` (T5X's default): greedy, logged, since beam search has no
-  speculative form; greedy decoding is what a beam of one approximates. Any other decode_fn:
-  ValueError.
-  """
+
+def _bound_arguments(decode_fn: Callable[..., Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
+  """(the T5X function under gin and functools.partial, every argument it runs with that has
+  a default: its defaults, then gin bindings, then partial keywords)."""
   fn, partial_keywords = decode_fn, {}
   while isinstance(fn, functools.partial):
     partial_keywords = {**fn.keywords, **partial_keywords}
     fn = fn.func
   original = inspect.unwrap(fn)
-  greedy = {"temperature": 0.0, "topk": 0, "topp": 0.0, "max_decode_steps": None}
-  if original is t5x_decoding.beam_search:
-    logging.warning("speculative decoding replaces T5X's beam_search by greedy decoding")
-    return greedy
-  if original is not t5x_decoding.temperature_sample:
-    raise ValueError(f"speculative decoding reproduces t5x.decoding.temperature_sample or "
-                     f"beam_search, not {getattr(original, '__name__', original)!r}")
   arguments = {name: parameter.default
                for name, parameter in inspect.signature(original).parameters.items()
                if parameter.default is not inspect.Parameter.empty}
@@ -158,11 +156,37 @@ def sampling_settings(decode_fn: Callable[..., Any]) -> dict[str, Any]:
     arguments.update(gin.get_bindings(fn))
   except ValueError:  # not gin-configured
     pass
-  arguments.update(partial_keywords)
-  settings = {name: arguments[name] for name in greedy}
+  return original, {**arguments, **partial_keywords}
+
+
+def decode_fn_settings(decode_fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
+  """(the decode loop that reproduces a T5X decode_fn speculatively, its settings).
+
+  `t5x.decoding.temperature_sample` (plain, gin-bound or a functools.partial):
+  'speculative_sample' with the engine's temperature/topk/topp/max_decode_steps for the
+  distribution it samples, where T5X's topk=1 (its default) or temperature 0 is greedy and
+  topk=0 means no truncation. `t5x.decoding.beam_search` (T5X's default): 'speculative_beam_search'
+  with its alpha (the beam size is T5X's num_decodes); a max_decode_step, min_log_prob or
+  cache_offset other than T5X's default is refused. Any other decode_fn: ValueError.
+  """
+  original, arguments = _bound_arguments(decode_fn)
+  if original is t5x_decoding.beam_search:
+    defaults = {name: parameter.default
+                for name, parameter in inspect.signature(original).parameters.items()}
+    for name in _BEAM_SEARCH_FIXED:
+      if arguments[name] != defaults[name]:
+        raise ValueError(f"t5x.decoding.beam_search.{name} = {arguments[name]!r} cannot take "
+                         f"effect: speculative beam search keeps T5X's default "
+                         f"{defaults[name]!r}")
+    return "speculative_beam_search", {"alpha": arguments["alpha"]}
+  if original is not t5x_decoding.temperature_sample:
+    raise ValueError(f"speculative decoding reproduces t5x.decoding.temperature_sample or "
+                     f"beam_search, not {getattr(original, '__name__', original)!r}")
+  settings = {name: arguments[name]
+              for name in ("temperature", "topk", "topp", "max_decode_steps")}
   if settings["topk"] == 1 or settings["temperature"] == 0:
     settings.update(temperature=0.0, topk=0)
-  return settings
+  return "speculative_sample", settings
 
 
 def _replicated(axes: PyTree) -> PyTree:
@@ -272,9 +296,9 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
 
 def speculative_version(model: t5x_models.EncoderDecoderModel,
                         draft_checkpoint_path: str | None, gamma: int | None,
-                        verifier: str | None = "token",
-                        draft_policy: str | None = "fixed", shard_draft: bool = False,
-                        decode_loop: str = "speculative_sample",
+                        verifier: str | None = None,
+                        draft_policy: str | None = None, shard_draft: bool = False,
+                        decode_loop: str | None = None,
                         loop_settings: Mapping[str, Any] | None = None,
                         draft_source: str = "model", lookup_max_ngram: int = 4,
                         lookup_min_ngram: int | None = None,
@@ -282,12 +306,16 @@ def speculative_version(model: t5x_models.EncoderDecoderModel,
                         ) -> SpeculativeEncoderDecoderModel:
   """`model` (a T5X EncoderDecoderModel over a T5X T5 network) decoding speculatively with the
   draft of `draft_checkpoint_path`: same target config, vocabularies, optimizer, losses, feature
-  converter and default decoder params; the sampled distribution of its decode_fn. With
+  converter and default decoder params; its decode_fn's speculative form (`decode_fn_settings`:
+  the decode loop, unless `decode_loop` names one, and its settings). With
   `draft_source` 'lookup' the drafts are n-gram lookups and no draft checkpoint is read (giving
   one is an error: it would be ignored). `target_checkpoint_path` (T5X's CHECKPOINT_PATH) is
   checked readable (`check_target_checkpoint`)."""
   check_target_checkpoint(target_checkpoint_path)
   target_config = config_from_t5x(model.module.config)
+  loop_for_decode_fn, decode_settings = decode_fn_settings(model.decode_fn)
+  sampling = {name: decode_settings.pop(name) for name in core.SAMPLING_SETTINGS
+              if name in decode_settings}
   if draft_source == "lookup":
     if draft_checkpoint_path:
       raise ValueError("DRAFT_SOURCE 'lookup' uses no draft model: unset DRAFT_CHECKPOINT_PATH "
@@ -301,12 +329,13 @@ def speculative_version(model: t5x_models.EncoderDecoderModel,
       model.optimizer_def, draft_module=draft_module, draft_source=draft_source,
       lookup_max_ngram=lookup_max_ngram, lookup_min_ngram=lookup_min_ngram, gamma=gamma,
       verifier=verifier, draft_policy=draft_policy, shard_draft=shard_draft,
-      decode_loop=decode_loop, loop_settings=loop_settings,
+      decode_loop=decode_loop or loop_for_decode_fn,
+      loop_settings={**decode_settings, **dict(loop_settings or {})},
       feature_converter_cls=model.FEATURE_CONVERTER_CLS,
       label_smoothing=model._label_smoothing, z_loss=model._z_loss,  # pylint: disable=protected-access
       loss_normalizing_factor=model._loss_normalizing_factor,  # pylint: disable=protected-access
       default_decoder_params=model._default_decoder_params,  # pylint: disable=protected-access
-      **sampling_settings(model.decode_fn))
+      **sampling)
 
 
 def restore_draft_params(state_dict: PyTree, target_state_dict: PyTree, *,

@@ -43,15 +43,15 @@ def vocabulary() -> seqio.SentencePieceVocabulary:
   return seqio.SentencePieceVocabulary(str(VOCAB_FILE), extra_ids=T5_EXTRA_IDS)
 
 
-def t5x_model(config: t5x_network.T5Config,
-              temperature: float = 0.0) -> t5x_models.EncoderDecoderModel:
+def t5x_model(config: t5x_network.T5Config, temperature: float = 0.0,
+              decode_fn=None) -> t5x_models.EncoderDecoderModel:
   """T5X's model and network, decoding with T5X's temperature_sample (greedy by default; else
-  from the whole distribution at `temperature`)."""
+  from the whole distribution at `temperature`), or with `decode_fn`."""
   vocab = vocabulary()
   return t5x_models.EncoderDecoderModel(
       t5x_network.Transformer(config), vocab, vocab, optimizer_def=None,
-      decode_fn=functools.partial(t5x_decoding.temperature_sample, temperature=temperature,
-                                  topk=0))
+      decode_fn=decode_fn or functools.partial(t5x_decoding.temperature_sample,
+                                               temperature=temperature, topk=0))
 
 
 def initial_variables(config: t5x_network.T5Config, seed: int) -> dict:

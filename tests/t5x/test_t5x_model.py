@@ -80,6 +80,29 @@ def test_greedy_speculative_decodes_equal_t5x(pairs, target):
     assert accepted > 0, "no draft was accepted"
 
 
+# (beam size, alpha, batch size, gamma): each compiles T5X's and the hook's decode once.
+BEAM_CASES = [(4, 0.6, 3, 3), (2, 0.0, 1, 1), (1, 0.6, 3, 5)]
+
+
+@pytest.mark.parametrize("num_beams,alpha,batch_size,gamma", BEAM_CASES)
+def test_beam_search_equals_t5x(pairs, num_beams, alpha, batch_size, gamma):
+  """T5X's model with its own network and `beam_search` (its default decode_fn) against the
+  hook's speculative beam search: every beam, token for token, and its score."""
+  target_path, draft_path = pairs["t5x_tiny"]
+  t5x_model = t5x_setup.t5x_model(
+      t5x_setup.TINY, decode_fn=functools.partial(t5x_decoding.beam_search, alpha=alpha))
+  predict = lambda model, params: jax.jit(functools.partial(
+      model.predict_batch_with_aux, num_decodes=num_beams, return_all_decodes=True))(
+          params, _batch(batch_size))
+  want, want_aux = predict(t5x_model, t5x_setup.load_params(target_path))
+  model = speculative.speculative_version(t5x_model, draft_path, gamma=gamma)
+  assert model.decoder.loop_name == "speculative_beam_search"
+  got, aux = predict(model, _both_params(target_path, draft_path))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  np.testing.assert_allclose(aux["scores"], want_aux["scores"], rtol=1e-5, atol=1e-5)
+  assert np.all(aux["target_calls"] <= aux["beam_steps"])
+
+
 def test_scores_use_the_target_alone(pairs):
   """T5X's score_batch, through the overridden _compute_logits, ignores the draft subtree."""
   target_path, draft_path = pairs["t5x_tiny"]
@@ -145,19 +168,29 @@ def test_draft_config_is_read_from_its_checkpoint(pairs):
           == speculative.config_from_t5x(t5x_setup.TINY_DRAFT))
 
 
-GREEDY = {"temperature": 0.0, "topk": 0, "topp": 0.0, "max_decode_steps": None}
+GREEDY = ("speculative_sample",
+          {"temperature": 0.0, "topk": 0, "topp": 0.0, "max_decode_steps": None})
 
 
 @pytest.mark.parametrize("decode_fn, settings", [
-    (t5x_decoding.beam_search, GREEDY),
+    (t5x_decoding.beam_search, ("speculative_beam_search", {"alpha": 0.6})),
+    (functools.partial(t5x_decoding.beam_search, alpha=0.0),
+     ("speculative_beam_search", {"alpha": 0.0})),
     (t5x_decoding.temperature_sample, GREEDY),  # T5X's default topk=1
     (functools.partial(t5x_decoding.temperature_sample, temperature=0.0, topk=0), GREEDY),
     (functools.partial(t5x_decoding.temperature_sample, temperature=0.7, topk=0, topp=0.9,
                        max_decode_steps=5),
-     {"temperature": 0.7, "topk": 0, "topp": 0.9, "max_decode_steps": 5}),
+     ("speculative_sample", {"temperature": 0.7, "topk": 0, "topp": 0.9, "max_decode_steps": 5})),
 ])
-def test_sampling_settings_follow_the_t5x_decode_fn(decode_fn, settings):
-  assert speculative.sampling_settings(decode_fn) == settings
+def test_decode_settings_follow_the_t5x_decode_fn(decode_fn, settings):
+  assert speculative.decode_fn_settings(decode_fn) == settings
+
+
+def test_beam_search_arguments_that_cannot_take_effect_are_refused():
+  with pytest.raises(ValueError, match="t5x.decoding.beam_search.min_log_prob = -5.0 cannot "
+                                       "take effect"):
+    speculative.decode_fn_settings(functools.partial(t5x_decoding.beam_search,
+                                                     min_log_prob=-5.0))
 
 
 def test_sampling_settings_read_gin_bindings():
@@ -171,15 +204,15 @@ def test_sampling_settings_read_gin_bindings():
     """)
   try:
     decode_fn = gin.query_parameter("%DECODE_FN").scoped_configurable_fn
-    assert speculative.sampling_settings(decode_fn) == {
-        "temperature": 1.0, "topk": 40, "topp": 0.0, "max_decode_steps": None}
+    assert speculative.decode_fn_settings(decode_fn) == ("speculative_sample", {
+        "temperature": 1.0, "topk": 40, "topp": 0.0, "max_decode_steps": None})
   finally:
     gin.clear_config()
 
 
 def test_other_decode_fns_are_refused():
   with pytest.raises(ValueError, match="reproduces t5x.decoding.temperature_sample or beam_search"):
-    speculative.sampling_settings(lambda **kwargs: None)
+    speculative.decode_fn_settings(lambda **kwargs: None)
 
 
 def test_prompt_with_targets_decodes_alike_in_every_runner(pairs):

@@ -3,7 +3,8 @@
 ../shared's Tatoeba) made speculative by adding configs/t5x/speculative_infer.gin (or, for
 t5x.eval, speculative.gin) and a draft checkpoint predicts what the same run predicts with T5X's
 own sampler, with the speculative counters in t5x.infer's outputs, in float32 and in bfloat16,
-and with target and draft in the Orbax format T5X writes by default; so it does on 8 simulated
+and with target and draft in the Orbax format T5X writes by default; with T5X's beam_search (4
+beams, alpha 0.6) it predicts what T5X's beam search predicts; so it does on 8 simulated
 CPU devices with T5X's partitioner at num_partitions 2 and 4 (the target's parameters
 model-sharded, the draft's replicated, or sharded with SHARD_DRAFT); bad settings fail in one
 line before anything is restored or compiled.
@@ -93,6 +94,18 @@ t5x_cpu_mesh.CpuMeshPartitioner:
   num_partitions = {num_partitions}
   logical_axis_rules = @partitioning.standard_logical_axis_rules()
 """
+# The same model evaluated as T5 usually is: T5X's beam_search (its default decode_fn), brevity
+# alpha 0.6, 4 beams.
+BEAM_SEARCH_GIN = """
+from __gin__ import dynamic_registration
+from t5x import decoding
+from t5x import models
+
+models.EncoderDecoderModel.decode_fn = @decoding.beam_search
+decoding.beam_search.alpha = 0.6
+models.EncoderDecoderModel.default_decoder_params = @models.DecoderParams()
+models.DecoderParams.num_decodes = 4
+"""
 # Sharded runs: name -> num_partitions (on 8 devices); the second also shards the draft.
 SHARDED_RUNS = {"sharded_2": 2, "sharded_4_shard_draft": 4}
 # Runs that must fail: name -> (bindings, the one line expected on stderr).
@@ -131,6 +144,7 @@ def setup(tmp_path_factory) -> dict[str, pathlib.Path]:
   (directory / "tiny_model.gin").write_text(TINY_MODEL_GIN)
   (directory / "tiny_infer.gin").write_text(TINY_INFER_GIN.format(directory=directory))
   (directory / "tiny_eval.gin").write_text(TINY_EVAL_GIN.format(directory=directory))
+  (directory / "beam_search.gin").write_text(BEAM_SEARCH_GIN)
   target = directory / "target" / "checkpoint_0"
   target.mkdir(parents=True)
   (target / "checkpoint").symlink_to(t5x_setup.SHARED_TINY_CHECKPOINT)
@@ -276,18 +290,27 @@ def test_orbax_target_and_draft_predict_what_t5x_predicts(setup, runs, baseline)
   assert sum(example["aux"]["accepted_tokens"] for example in orbax) > 0
 
 
-@pytest.fixture(scope="module")
-def bfloat16_runs(setup) -> dict[str, list[dict]]:
-  """The baseline and the speculative run in bfloat16 (run apart from `runs`, so these tests
-  can run alone): name -> outputs."""
+def baseline_and_speculative(setup, suffix: str, bindings: tuple[str, ...] = (),
+                             speculative_bindings: tuple[str, ...] = (),
+                             **kwargs) -> dict[str, list[dict]]:
+  """The baseline and the speculative run with `bindings` and `kwargs` (of `run_t5x`), side by
+  side, output in <name>_<suffix>: name -> outputs."""
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    futures = {name: pool.submit(run_t5x, setup, f"{name}_bfloat16", speculative=speculative,
-                                 bindings=BFLOAT16)
+    futures = {name: pool.submit(run_t5x, setup, f"{name}_{suffix}", speculative=speculative,
+                                 bindings=bindings + (speculative_bindings if speculative else ()),
+                                 **kwargs)
                for name, speculative in (("baseline", False), ("speculative", True))}
     done = {name: future.result() for name, future in futures.items()}
   for run in done.values():
     _succeeded(run)
-  return {name: outputs(setup, f"{name}_bfloat16") for name in done}
+  return {name: outputs(setup, f"{name}_{suffix}") for name in done}
+
+
+@pytest.fixture(scope="module")
+def bfloat16_runs(setup) -> dict[str, list[dict]]:
+  """The baseline and the speculative run in bfloat16 (run apart from `runs`, so these tests
+  can run alone): name -> outputs."""
+  return baseline_and_speculative(setup, "bfloat16", bindings=BFLOAT16)
 
 
 def test_bfloat16_speculative_run_predicts_what_t5x_predicts(setup, bfloat16_runs):
@@ -302,6 +325,32 @@ def test_bfloat16_speculative_run_predicts_what_t5x_predicts(setup, bfloat16_run
     config = (setup["directory"] / f"{name}_bfloat16" / "config.gin").read_text()
     assert "network.T5Config.dtype = 'bfloat16'" in config, config
     assert "utils.RestoreCheckpointConfig.dtype = 'bfloat16'" in config, config
+
+
+@pytest.fixture(scope="module")
+def beam_search_runs(setup) -> dict[str, list[dict]]:
+  """T5X's beam-search run and the same run with the speculative gin file added (run apart
+  from `runs`, so these tests can run alone): name -> outputs. The draft is the target itself,
+  whose trees always hold the target's beams (the noisy-copy draft rarely covers all 4 beams
+  of this random tiny model: no fewer target calls to see)."""
+  return baseline_and_speculative(
+      setup, "beam_search", gin_files=(setup["directory"] / "beam_search.gin",),
+      speculative_bindings=(f"DRAFT_CHECKPOINT_PATH='{setup['target']}'",))
+
+
+def test_beam_search_run_predicts_what_t5x_beam_search_predicts(setup, beam_search_runs,
+                                                               baseline):
+  beam, speculative = beam_search_runs["baseline"], beam_search_runs["speculative"]
+  assert len(beam) == t5x_tasks.NUM_EXAMPLES
+  assert ([example["prediction_tokens"] for example in speculative]
+          == [example["prediction_tokens"] for example in beam])
+  # Beam search chose other outputs than greedy decoding somewhere: the beams mattered.
+  assert ([example["prediction_tokens"] for example in beam]
+          != [example["prediction_tokens"] for example in baseline])
+  target_calls = sum(example["aux"]["target_calls"] for example in speculative)
+  assert target_calls < sum(example["aux"]["beam_steps"] for example in speculative)
+  config = (setup["directory"] / "speculative_beam_search" / "config.gin").read_text()
+  assert "decoding.beam_search.alpha = 0.6" in config, config
 
 
 def test_speculative_counters_are_in_the_outputs(speculative):

@@ -1,0 +1,216 @@
+"""Beam search with T5X's semantics (`t5x.decoding.beam_search`), as an engine decode loop.
+
+`beam_step` is the one implementation of a beam-search step: from the log-softmax of every live
+beam's next-token logits it selects the new live and finished beams exactly as T5X's loop body
+does (top 2K candidates of the flattened [K * V] scores, forced prompt tokens, EOS candidates to
+the finished set scored with T5X's brevity penalty ((5 + length) / 6) ** alpha, the K best
+finished kept, sorted ascending: the best last). `beam_search` calls the target once per step
+and feeds `beam_step`; `speculative_beam_search` replays `beam_step` on the target's log-probs
+of a draft's tree.
+
+Rows stop independently: a row stops at its length limit, once no live beam can beat its worst
+finished one (T5X's `search_terminated`), or once its best live beam's log-prob is below T5X's
+`min_log_prob` default (-1e7, i.e. every live beam is a filler). T5X stops a batch when every row
+does; for alpha >= 0 (checked) the steps T5X runs past a row's termination never change that
+row's finished set, so every row's output is T5X's. The outputs differ only where a row of a
+batch has no finished beam and only filler live beams (log-probs below -1e7), which finite
+logits within 1e7 of each other never produce.
+
+`initial_index` (a prefilled prompt) is refused: T5X's encoder-decoder models never give one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode.engine import decoding
+from spec_decode.engine import loops
+
+# T5X's stand-in for -inf in beam scores (`t5x.decoding.NEG_INF`).
+NEG_INF = np.array(-1.0e7)
+
+
+@flax.struct.dataclass
+class BeamState:
+  """The beams of B examples, K beams each; every beam of a row is at that row's position."""
+  index: jax.Array  # [B] position of the live beams' last token
+  live_log_probs: jax.Array  # [B, K], ascending
+  live_seqs: jax.Array  # [B, K, S]
+  finished_scores: jax.Array  # [B, K], ascending
+  finished_seqs: jax.Array  # [B, K, S]
+  finished_flags: jax.Array  # [B, K] bool: the slot holds a finished decode
+
+
+@flax.struct.dataclass
+class BeamProblem:
+  """Per-example constants of one beam search."""
+  forced: jax.Array  # [B, S] forced token per position, 0 where free
+  max_decode_len: int = flax.struct.field(pytree_node=False)
+  eos_id: int = flax.struct.field(pytree_node=False)
+  alpha: float = flax.struct.field(pytree_node=False)
+
+
+def brevity_penalty(alpha: float, length: Any) -> jax.Array:
+  """T5X's length normalizer ((5 + length) / 6) ** alpha."""
+  return jnp.power((5.0 + length) / 6.0, alpha)
+
+
+def check_beam_settings(alpha: float = 0.6, **_: Any) -> None:
+  """ValueError for a brevity alpha beam search cannot run with."""
+  if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
+    raise ValueError(f"alpha (the brevity penalty's exponent) must be a number >= 0, got "
+                     f"{alpha!r}")
+
+
+def validate(inputs: jax.Array, eos_id: int, num_decodes: int, initial_index: Any) -> None:
+  """ValueError for arguments no beam search takes."""
+  if inputs.ndim != 2:
+    raise ValueError(f"inputs must be [batch, max_decode_len], got shape {inputs.shape}")
+  if int(eos_id) != eos_id or eos_id < 0:
+    raise ValueError(f"eos_id must be a non-negative integer, got {eos_id!r}")
+  if isinstance(num_decodes, bool) or int(num_decodes) != num_decodes or num_decodes < 1:
+    raise ValueError(f"num_decodes (the beam size) must be an integer >= 1, got "
+                     f"{num_decodes!r}")
+  if initial_index is not None:
+    raise ValueError("beam search takes no initial_index (prefilled prompts); give the prompt "
+                     "in inputs")
+
+
+def init(inputs: jax.Array, num_beams: int, eos_id: int, alpha: float,
+         scratch: int) -> tuple[BeamProblem, BeamState]:
+  """The problem and the starting beams: one live beam (BOS) and K - 1 fillers per row. The
+  buffers hold positions 0..L plus `scratch` columns a multi-token call may read past L."""
+  inputs = jnp.asarray(inputs, jnp.int32)
+  batch_size, max_decode_len = inputs.shape
+  length = max_decode_len + 1 + scratch
+  forced = jnp.pad(inputs, ((0, 0), (0, 1 + scratch))).at[:, 0].set(0)
+  live_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (num_beams - 1), jnp.float32),
+                            (batch_size, 1))
+  seqs = jnp.zeros((batch_size, num_beams, length), jnp.int32)
+  state = BeamState(
+      index=jnp.zeros((batch_size,), jnp.int32), live_log_probs=live_log_probs, live_seqs=seqs,
+      finished_scores=jnp.full((batch_size, num_beams), NEG_INF, jnp.float32),
+      finished_seqs=seqs, finished_flags=jnp.zeros((batch_size, num_beams), bool))
+  return BeamProblem(forced, max_decode_len, eos_id, alpha), state
+
+
+def continues(problem: BeamProblem, state: BeamState) -> jax.Array:
+  """[B] bool: the row takes another step (T5X's loop condition, per row)."""
+  min_brevity_penalty = brevity_penalty(problem.alpha, problem.max_decode_len + 1)
+  best_live = state.live_log_probs[:, -1] / min_brevity_penalty
+  worst_finished = jnp.where(state.finished_flags,
+                             jnp.min(state.finished_scores, axis=1, keepdims=True), NEG_INF)
+  terminated = jnp.all(worst_finished > best_live[:, None], axis=1)
+  below_min_log_prob = (best_live < NEG_INF / min_brevity_penalty) & (state.index > 0)
+  return (state.index < problem.max_decode_len) & ~terminated & ~below_min_log_prob
+
+
+def _gather(x: jax.Array, indices: jax.Array) -> jax.Array:
+  """x[b, indices[b, j], ...] for x [B, M, ...], indices [B, N]."""
+  return jnp.take_along_axis(x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _top(scores: jax.Array, k: int) -> jax.Array:
+  """Indices of the k largest scores [B, M] per row, ascending (T5X flips lax.top_k)."""
+  return jnp.flip(jax.lax.top_k(scores, k)[1], axis=1)
+
+
+def beam_step(problem: BeamProblem, state: BeamState, log_probs: jax.Array,
+              active: jax.Array) -> tuple[BeamState, jax.Array]:
+  """One beam-search step of the `active [B]` rows from `log_probs [B, K, V]`, the
+  log-softmax of each live beam's next-token logits. Returns the new state (inactive rows
+  unchanged) and each new live beam's parent [B, K] (the identity for inactive rows)."""
+  batch_size, num_beams, vocab_size = log_probs.shape
+  num_candidates = 2 * num_beams
+  index = state.index
+  scores = (log_probs + state.live_log_probs[:, :, None]).reshape(batch_size, -1)
+  top_scores, top_indices = jax.lax.top_k(scores, num_candidates)
+  forced = jnp.take_along_axis(problem.forced, (index + 1)[:, None], axis=1)  # [B, 1]
+  out_of_prompt = forced == 0
+  # Inside a prompt T5X keeps one beam (log-prob reset to 0) and fillers, all on the forced token.
+  inside_prompt = jnp.where(jnp.arange(num_candidates) == 0, 0.0, NEG_INF).astype(
+      top_scores.dtype)
+  top_scores = jnp.where(out_of_prompt, top_scores, inside_prompt[None])
+  tokens = jnp.where(out_of_prompt, top_indices % vocab_size, forced)
+  parents = top_indices // vocab_size
+  positions = jnp.arange(state.live_seqs.shape[2])
+  top_seqs = jnp.where(positions == (index + 1)[:, None, None], tokens[:, :, None],
+                       _gather(state.live_seqs, parents))
+  newly_finished = tokens == problem.eos_id
+  live_scores = top_scores + newly_finished * NEG_INF
+  live = _top(live_scores, num_beams)
+  finished_scores = top_scores / brevity_penalty(problem.alpha, (index + 1)[:, None])
+  finished_scores = finished_scores + (~newly_finished) * NEG_INF
+  all_scores = jnp.concatenate([state.finished_scores, finished_scores], axis=1)
+  best = _top(all_scores, num_beams)
+  new = BeamState(
+      index=index + 1, live_log_probs=_gather(live_scores, live),
+      live_seqs=_gather(top_seqs, live), finished_scores=_gather(all_scores, best),
+      finished_seqs=_gather(jnp.concatenate([state.finished_seqs, top_seqs], axis=1), best),
+      finished_flags=_gather(
+          jnp.concatenate([state.finished_flags, newly_finished], axis=1), best))
+  keep = lambda new_x, old_x: jnp.where(
+      active.reshape((batch_size,) + (1,) * (old_x.ndim - 1)), new_x, old_x)
+  identity = jnp.broadcast_to(jnp.arange(num_beams), (batch_size, num_beams))
+  return (jax.tree_util.tree_map(keep, new, state),
+          keep(_gather(parents, live), identity))
+
+
+def gather_cache(cache: Any, parents: jax.Array) -> Any:
+  """Each beam's row of every cache leaf ([B * K, ...]) taken from its parent [B, K]."""
+  batch_size, num_beams = parents.shape
+  rows = (jnp.arange(batch_size)[:, None] * num_beams + parents).reshape(-1)
+  return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), cache)
+
+
+def results(problem: BeamProblem, state: BeamState) -> tuple[jax.Array, jax.Array]:
+  """(decodes [B, K, L], scores [B, K]), ascending: the finished beams, or the live ones for a
+  row that finished none (T5X's fallback)."""
+  any_finished = jnp.any(state.finished_flags, axis=1)
+  seqs = jnp.where(any_finished[:, None, None], state.finished_seqs, state.live_seqs)
+  scores = jnp.where(any_finished[:, None], state.finished_scores, state.live_log_probs)
+  return seqs[:, :, 1:problem.max_decode_len + 1], scores
+
+
+def flat(x: jax.Array) -> jax.Array:
+  """[B, K, ...] -> [B * K, ...]: beams as the model's rows."""
+  return x.reshape((-1,) + x.shape[2:])
+
+
+@loops.register("beam_search", uses_draft=False, check_settings=check_beam_settings)
+def beam_search(inputs: jax.Array, cache: Any, tokens_to_logits: decoding.TokensToLogits,
+                eos_id: int, decode_rng: jax.Array | None = None, num_decodes: int = 4,
+                alpha: float = 0.6, initial_index: jax.Array | None = None
+                ) -> tuple[jax.Array, jax.Array]:
+  """T5X's beam search, num_decodes beams, one target call per step (all beams of all rows).
+
+  Returns (decodes [B, num_decodes, L], scores [B, num_decodes]): T5X's beam_search output,
+  sorted ascending (the best last). `decode_rng` is unused, as in T5X.
+  """
+  del decode_rng
+  validate(inputs, eos_id, num_decodes, initial_index)
+  check_beam_settings(alpha)
+  problem, state = init(inputs, num_decodes, eos_id, alpha, scratch=0)
+
+  def step(carry):
+    state, cache = carry
+    active = continues(problem, state)
+    index = jnp.repeat(state.index, num_decodes)
+    seqs = flat(state.live_seqs)
+    logits, cache = tokens_to_logits(decoding.DecodingState(
+        cur_index=index, cur_token=jnp.take_along_axis(seqs, index[:, None], axis=1),
+        sequences=seqs, cache=cache))
+    log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
+    state, parents = beam_step(problem, state,
+                               log_probs.reshape(state.live_log_probs.shape + (-1,)), active)
+    return state, gather_cache(cache, parents)
+
+  cache = decoding._expand(cache, num_decodes)  # pylint: disable=protected-access
+  state, _ = jax.lax.while_loop(lambda carry: jnp.any(continues(problem, carry[0])), step,
+                                (state, cache))
+  return results(problem, state)

@@ -1,0 +1,310 @@
+"""Exact speculative beam search: `beam_search`'s output with fewer target calls.
+
+Every beam of a row sits at the row's position i. A beam's "pending" tokens are those it took
+in the last iteration (positions p0..i, 1 to gamma + 1 of them, the same count for every beam
+of a row): the caches hold positions < p0 only. Each iteration, for every row that goes on:
+1. the draft is fed each beam's pending chain (one call, k = gamma + 1, the chain padded on
+   the right: padding lands on stale positions), then runs beam search itself for gamma steps
+   (`beam_search.beam_step` on its own log-probs, one k = 1 call per further step, its caches
+   gathered per beam). The draft's live beams after each step form a tree over the row's K
+   live beams: K * gamma nodes, node (d, j) the j-th draft beam after d steps, its parent the
+   draft beam it extends. Each target beam scores the nodes of its own subtree, ancestors
+   first, at most `nodes_per_beam` of them (default: beams * gamma, the whole tree, so no
+   node is ever left out; a smaller budget makes the target call cheaper and may cover fewer
+   steps).
+2. the target is called ONCE per beam with [pending chain, tree] (a tree call, see the model
+   contract in `decoding`): the chain is written to its cache; each node sits at position i + d,
+   attends to the cache, the pending chain and its own ancestors, and is never read later
+   (positions > i are stale).
+3. `beam_search.beam_step` is replayed from the roots' target log-probs. After a step every new
+   live beam is a path root -> tokens; when each is a node its root's call scored, its target
+   log-probs were computed and the next step is replayed; otherwise the replay stops. The step
+   that leaves the tree still counts (it used only computed log-probs), so a row advances at
+   least 1 and at most gamma + 1 steps per target call.
+4. each new beam takes its root's target cache (pending chain written) and its root's draft
+   cache as fed in step 1; the tokens it took become its pending chain.
+Exactness is by construction: every step is `beam_step` on the target's log-probs of the beam's
+own prefix (up to float rounding of a k-token call against a 1-token call), exactly what
+`beam_search` computes; the draft decides only how many steps one call covers. Rows are
+independent and stop as `beam_search`'s rows do.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from spec_decode.engine import beam_search
+from spec_decode.engine import decoding
+from spec_decode.engine import loops
+
+BeamState = beam_search.BeamState
+
+
+@flax.struct.dataclass
+class BeamSearchStats:
+  """Per-row counters of a speculative beam search ([B, num_decodes] when returned)."""
+  target_calls: jax.Array
+  draft_calls: jax.Array
+  beam_steps: jax.Array
+  tree_nodes: jax.Array  # tree slots of each target call per beam, summed over its calls
+
+  def aux(self) -> dict[str, jax.Array]:
+    """The counters and beam steps per target call (T5X's aux, per decode)."""
+    return {"target_calls": self.target_calls, "draft_calls": self.draft_calls,
+            "beam_steps": self.beam_steps, "tree_nodes": self.tree_nodes,
+            "beam_steps_per_target_call":
+                self.beam_steps / jnp.maximum(self.target_calls, 1)}
+
+
+@flax.struct.dataclass
+class _LoopState:
+  beams: BeamState
+  num_pending: jax.Array  # [B] pending tokens of every beam of the row
+  cache: Any
+  draft_cache: Any
+  stats: BeamSearchStats
+
+
+@flax.struct.dataclass
+class _Tree:
+  """The draft's tree of each row: node q = d * K + j is the j-th draft beam after d + 1
+  steps. Ids: 0..K-1 are the roots (the row's live beams), K + q the nodes."""
+  tokens: jax.Array  # [B, T] each node's token (at position i + depth)
+  parent_ids: jax.Array  # [B, T] the id of each node's parent
+  roots: jax.Array  # [B, T] the root each node descends from
+  ancestors: jax.Array  # [B, T, T] node q' is an ancestor of (or is) node q
+  depths: jax.Array  # [T] 1..gamma
+  # What each beam's target call scores: its root's nodes, ancestors first, at most the budget.
+  slots: jax.Array  # [B, K, budget] the node in each slot of each beam's call
+  slot: jax.Array  # [B, T] each node's slot in its root's call
+  scored: jax.Array  # [B, T] the node fits its root's budget: the target scores it
+
+
+def check_speculative_beam_settings(gamma: int | None = None, alpha: float = 0.6,
+                                    nodes_per_beam: int | None = None, **_: Any) -> None:
+  """ValueError for a gamma, alpha or node budget speculative beam search cannot run with."""
+  decoding.check_speculative_settings(gamma)
+  beam_search.check_beam_settings(alpha)
+  if nodes_per_beam is not None and (isinstance(nodes_per_beam, bool)
+                                     or int(nodes_per_beam) != nodes_per_beam
+                                     or nodes_per_beam < 1):
+    raise ValueError(f"nodes_per_beam must be an integer >= 1 or None, got {nodes_per_beam!r}")
+
+
+def _log_softmax(logits: jax.Array) -> jax.Array:
+  return jax.nn.log_softmax(logits.astype(jnp.float32))
+
+
+def _draft_tree(problem: beam_search.BeamProblem, draft_tokens_to_logits, gamma: int,
+                beams: BeamState, root_log_probs: jax.Array, draft_cache: Any,
+                active: jax.Array, budget: int) -> _Tree:
+  """The draft's beam search, gamma steps from the live beams (gamma - 1 draft calls after
+  the one that gave `root_log_probs`) -> its tree."""
+  batch_size, num_beams = beams.live_log_probs.shape
+
+  def step(beams, log_probs):
+    beams, parents = beam_search.beam_step(
+        problem, beams, log_probs.reshape(batch_size, num_beams, -1), active)
+    tokens = jnp.take_along_axis(beams.live_seqs, beams.index[:, None, None], axis=2)[..., 0]
+    return beams, (tokens, parents)
+
+  def further_step(carry, _):
+    beams, cache, (tokens, parents) = carry
+    cache = beam_search.gather_cache(cache, parents)
+    index = jnp.repeat(beams.index, num_beams)
+    logits, cache = draft_tokens_to_logits(decoding.DecodingState(
+        cur_index=index, cur_token=beam_search.flat(tokens)[:, None],
+        sequences=beam_search.flat(beams.live_seqs), cache=cache))
+    beams, new = step(beams, _log_softmax(logits[:, 0]))
+    return (beams, cache, new), new
+
+  beams, first = step(beams, root_log_probs)
+  _, rest = jax.lax.scan(further_step, (beams, draft_cache, first), None, length=gamma - 1)
+  tokens, parents = jax.tree_util.tree_map(
+      lambda a, b: jnp.concatenate([a[None], b], axis=0), first, rest)  # [G, B, K]
+  return _tree(tokens, parents, budget)
+
+
+def _tree(tokens: jax.Array, parents: jax.Array, budget: int) -> _Tree:
+  """The tree of draft beams `tokens`, `parents` [G, B, K] (parent: index among the previous
+  step's K beams, the roots for the first), each root's first `budget` nodes to be scored."""
+  gamma, batch_size, num_beams = tokens.shape
+  take = lambda x, i: jnp.take_along_axis(x, i.reshape(i.shape + (1,) * (x.ndim - 2)), axis=1)
+  roots, parent_ids, ancestors = [parents[0]], [parents[0]], []
+  own = jnp.eye(gamma * num_beams, dtype=bool)
+  first = jnp.broadcast_to(own[:num_beams], (batch_size, num_beams, gamma * num_beams))
+  ancestors.append(first)
+  for depth in range(1, gamma):
+    roots.append(take(roots[-1], parents[depth]))
+    parent_ids.append(num_beams + (depth - 1) * num_beams + parents[depth])
+    ancestors.append(own[depth * num_beams:(depth + 1) * num_beams][None]
+                     | take(ancestors[-1], parents[depth]))
+  join = lambda xs: jnp.concatenate(xs, axis=1)
+  roots = join(roots)
+  # Per beam r, its own nodes first in node order (so ancestors before descendants).
+  order = jnp.argsort(roots[:, None, :] != jnp.arange(num_beams)[None, :, None], axis=2,
+                      stable=True)
+  slot_in_row = jnp.argsort(order, axis=2)  # [B, K, T]: node q's place in beam r's order
+  slot = jnp.take_along_axis(slot_in_row, roots[:, None, :], axis=1)[:, 0]
+  return _Tree(tokens=join(list(tokens)), parent_ids=join(parent_ids), roots=roots,
+               ancestors=join(ancestors),
+               depths=jnp.repeat(jnp.arange(1, gamma + 1), num_beams),
+               slots=order[:, :, :budget], slot=slot, scored=slot < budget)
+
+
+def _tree_call(tokens_to_logits, gamma: int, beams: BeamState, num_pending: jax.Array,
+               tree: _Tree, cache: Any) -> tuple[jax.Array, jax.Array, Any]:
+  """The target's one call per beam on [pending chain, its slots of the tree] -> (root
+  log-probs [N, V], log-probs [N, budget, V] of its slots, cache with the pending chains
+  written)."""
+  num_beams = beams.live_log_probs.shape[1]
+  repeat = lambda x: jnp.repeat(x, num_beams, axis=0)
+  chain_length = gamma + 1
+  slots = beam_search.flat(tree.slots)  # [N, budget]
+  num_nodes = slots.shape[1]
+  start = repeat(beams.index - num_pending + 1)
+  chain_positions = start[:, None] + jnp.arange(chain_length)
+  seqs = beam_search.flat(beams.live_seqs)
+  positions = jnp.concatenate(
+      [chain_positions, repeat(beams.index)[:, None] + tree.depths[slots]], axis=1)
+  ancestors = jnp.take_along_axis(
+      jnp.take_along_axis(repeat(tree.ancestors), slots[:, :, None], axis=1),
+      slots[:, None, :], axis=2)
+  pending = jnp.arange(chain_length)[None] < repeat(num_pending)[:, None]  # [N, G+1]
+  chain_mask = jnp.broadcast_to(jnp.tril(jnp.ones((chain_length, chain_length), bool)),
+                                (seqs.shape[0], chain_length, chain_length))
+  mask = jnp.concatenate([
+      jnp.concatenate([chain_mask, jnp.zeros(chain_mask.shape[:2] + (num_nodes,), bool)],
+                      axis=2),
+      jnp.concatenate([jnp.broadcast_to(pending[:, None], (seqs.shape[0], num_nodes,
+                                                           chain_length)),
+                       ancestors], axis=2)], axis=1)
+  fed = jnp.concatenate([jnp.take_along_axis(seqs, chain_positions, axis=1),
+                         jnp.take_along_axis(repeat(tree.tokens), slots, axis=1)], axis=1)
+  logits, cache = tokens_to_logits(decoding.DecodingState(
+      cur_index=start, cur_token=fed, sequences=seqs, cache=cache, token_positions=positions,
+      token_mask=mask))
+  last_pending = repeat(num_pending - 1)[:, None, None]
+  root_log_probs = _log_softmax(jnp.take_along_axis(logits, last_pending, axis=1)[:, 0])
+  return root_log_probs, _log_softmax(logits[:, chain_length:]), cache
+
+
+def _coverage(tree: _Tree, parent_ids: jax.Array, tokens: jax.Array
+              ) -> tuple[jax.Array, jax.Array]:
+  """For new beams extending `parent_ids` [B, K] by `tokens` [B, K]: whether each is a node
+  of the tree that the target scored, and its id there."""
+  num_beams = parent_ids.shape[1]
+  match = ((tree.parent_ids[:, None, :] == parent_ids[:, :, None])
+           & (tree.tokens[:, None, :] == tokens[:, :, None])
+           & tree.scored[:, None, :])  # [B, K, T]
+  return jnp.any(match, axis=2), num_beams + jnp.argmax(match, axis=2)
+
+
+def _replay(problem: beam_search.BeamProblem, gamma: int, beams: BeamState, tree: _Tree,
+            root_log_probs: jax.Array, node_log_probs: jax.Array, active: jax.Array
+            ) -> tuple[BeamState, jax.Array, jax.Array]:
+  """Beam-search steps from the target's log-probs for as long as they were computed ->
+  (beams, steps taken [B], each new live beam's root [B, K])."""
+  batch_size, num_beams = beams.live_log_probs.shape
+  rows = jnp.arange(batch_size)[:, None]
+  root_log_probs = root_log_probs.reshape(batch_size, num_beams, -1)
+  node_log_probs = node_log_probs.reshape((batch_size, num_beams) + node_log_probs.shape[1:])
+
+  def log_probs_of(ids):
+    node = jnp.clip(ids - num_beams, 0)
+    root = jnp.where(ids < num_beams, ids,
+                     jnp.take_along_axis(tree.roots, node, axis=1))
+    from_root = root_log_probs[rows, jnp.minimum(ids, num_beams - 1)]
+    from_node = node_log_probs[rows, root, jnp.take_along_axis(tree.slot, node, axis=1)]
+    return jnp.where((ids < num_beams)[..., None], from_root, from_node)
+
+  def step(carry):
+    beams, ids, roots, going, steps, depth = carry
+    beams, parents = beam_search.beam_step(problem, beams, log_probs_of(ids), going)
+    take = lambda x: jnp.take_along_axis(x, parents, axis=1)
+    tokens = jnp.take_along_axis(beams.live_seqs, beams.index[:, None, None], axis=2)[..., 0]
+    covered, new_ids = _coverage(tree, take(ids), tokens)
+    steps = steps + going
+    going = going & jnp.all(covered, axis=1) & beam_search.continues(problem, beams)
+    return beams, new_ids, take(roots), going, steps, depth + 1
+
+  identity = jnp.broadcast_to(jnp.arange(num_beams), (batch_size, num_beams))
+  beams, _, roots, _, steps, _ = jax.lax.while_loop(
+      lambda carry: jnp.any(carry[3]) & (carry[5] <= gamma), step,
+      (beams, identity, identity, active, jnp.zeros((batch_size,), jnp.int32), 0))
+  return beams, steps, roots
+
+
+def _iteration(problem: beam_search.BeamProblem, tokens_to_logits, draft_tokens_to_logits,
+               gamma: int, budget: int, state: _LoopState) -> _LoopState:
+  beams = state.beams
+  num_beams = beams.live_log_probs.shape[1]
+  active = beam_search.continues(problem, beams)
+  start = jnp.repeat(beams.index - state.num_pending + 1, num_beams)
+  seqs = beam_search.flat(beams.live_seqs)
+  chain_positions = start[:, None] + jnp.arange(gamma + 1)
+  draft_logits, draft_cache = draft_tokens_to_logits(decoding.DecodingState(
+      cur_index=start, cur_token=jnp.take_along_axis(seqs, chain_positions, axis=1),
+      sequences=seqs, cache=state.draft_cache))
+  last_pending = jnp.repeat(state.num_pending - 1, num_beams)[:, None, None]
+  draft_root = _log_softmax(jnp.take_along_axis(draft_logits, last_pending, axis=1)[:, 0])
+  tree = _draft_tree(problem, draft_tokens_to_logits, gamma, beams, draft_root, draft_cache,
+                     active, budget)
+  root_log_probs, node_log_probs, cache = _tree_call(tokens_to_logits, gamma, beams,
+                                                     state.num_pending, tree, state.cache)
+  beams, steps, roots = _replay(problem, gamma, beams, tree, root_log_probs, node_log_probs,
+                                active)
+  stats = state.stats
+  count = active.astype(jnp.int32)
+  stats = BeamSearchStats(
+      target_calls=stats.target_calls + count,
+      draft_calls=stats.draft_calls + count * gamma,
+      beam_steps=stats.beam_steps + steps,
+      tree_nodes=stats.tree_nodes + count * budget)
+  return _LoopState(beams, jnp.where(active, steps, state.num_pending),
+                    beam_search.gather_cache(cache, roots),
+                    beam_search.gather_cache(draft_cache, roots), stats)
+
+
+@loops.register("speculative_beam_search", uses_draft=True,
+                check_settings=check_speculative_beam_settings, baseline="beam_search")
+def speculative_beam_search(inputs: jax.Array, cache: Any,
+                            tokens_to_logits: decoding.TokensToLogits, eos_id: int, *,
+                            draft_cache: Any, draft_tokens_to_logits: decoding.TokensToLogits,
+                            gamma: int, decode_rng: jax.Array | None = None,
+                            num_decodes: int = 4, alpha: float = 0.6,
+                            nodes_per_beam: int | None = None,
+                            initial_index: jax.Array | None = None
+                            ) -> tuple[jax.Array, jax.Array, BeamSearchStats]:
+  """`beam_search.beam_search`'s output (num_decodes beams, brevity alpha), the draft
+  proposing up to gamma steps per target call (see the module docstring). Each beam's target
+  call scores at most `nodes_per_beam` nodes of the tree (None: num_decodes * gamma, all).
+
+  Returns (decodes [B, num_decodes, L], scores [B, num_decodes], stats with [B, num_decodes]
+  fields). `decode_rng` is unused, as in T5X.
+  """
+  del decode_rng
+  beam_search.validate(inputs, eos_id, num_decodes, initial_index)
+  check_speculative_beam_settings(gamma, alpha, nodes_per_beam)
+  budget = num_decodes * gamma if nodes_per_beam is None else min(nodes_per_beam,
+                                                                   num_decodes * gamma)
+  problem, beams = beam_search.init(inputs, num_decodes, eos_id, alpha, scratch=gamma + 1)
+  batch_size = inputs.shape[0]
+  zeros = jnp.zeros((batch_size,), jnp.int32)
+  cache, draft_cache = decoding._expand(  # pylint: disable=protected-access
+      (cache, draft_cache), num_decodes)
+  initial = _LoopState(beams, jnp.ones((batch_size,), jnp.int32), cache, draft_cache,
+                       BeamSearchStats(zeros, zeros, zeros, zeros))
+  iteration = functools.partial(_iteration, problem, tokens_to_logits, draft_tokens_to_logits,
+                                gamma, budget)
+  final = jax.lax.while_loop(lambda s: jnp.any(beam_search.continues(problem, s.beams)),
+                             iteration, initial)
+  decodes, scores = beam_search.results(problem, final.beams)
+  stats = jax.tree_util.tree_map(
+      lambda x: jnp.broadcast_to(x[:, None], (batch_size, num_decodes)), final.stats)
+  return decodes, scores, stats

@@ -1,0 +1,123 @@
+"""`speculative_beam_search` equals the engine's `beam_search` (itself T5X's, see
+test_beam_search.py): the same decodes token for token and the same scores, for gammas 1, 3, 5,
+drafts that always agree (the target itself), often (a noisy copy) and rarely (an unrelated
+model), beam sizes 1, 2, 4, brevity alpha 0 and 0.6, batch 1 and 3, decodes that finish early
+and ones that run to the length limit, forced prompts; while a draft that agrees saves target
+calls. A replay that goes on past the tree's coverage fails the same comparison."""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import toy_setup
+from spec_decode.engine import beam_search
+from spec_decode.engine import loops
+from spec_decode.engine import speculative_beam_search as sbs
+
+VOCAB = 24
+LENGTH = 9
+# (alpha, batch size): each compiles once; each runs with both EOS logit shifts (models are
+# arguments): decodes that finish early, and decodes that run to the length limit.
+CASES = [(0.6, 3), (0.0, 1)]
+EOS_SHIFTS = (1.5, -4.0)
+# Every gamma with every draft and every beam size, each pair once (a Latin square), then node
+# budgets smaller than the tree (None: the whole tree): each compiles the loop twice (~10 s
+# each on this project's 2-core CPU).
+GRID = [(1, "same", 4, None), (1, "near", 2, None), (1, "far", 1, None), (3, "same", 2, None),
+        (3, "near", 1, None), (3, "far", 4, None), (5, "same", 1, None), (5, "near", 4, None),
+        (5, "far", 2, None), (3, "same", 4, 2), (5, "near", 2, 1)]
+
+
+@functools.partial(jax.jit, static_argnames=("num_beams", "alpha"))
+def _baseline(target, inputs, num_beams, alpha):
+  return beam_search.beam_search(inputs, target.init_cache(*inputs.shape),
+                                 target.tokens_to_logits, toy_setup.EOS, num_decodes=num_beams,
+                                 alpha=alpha)
+
+
+def _speculative(target, draft, inputs, gamma, num_beams, alpha, nodes_per_beam=None):
+  return sbs.speculative_beam_search(
+      inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, toy_setup.EOS,
+      draft_cache=draft.init_cache(*inputs.shape), draft_tokens_to_logits=draft.tokens_to_logits,
+      gamma=gamma, num_decodes=num_beams, alpha=alpha, nodes_per_beam=nodes_per_beam)
+
+
+STATIC = ("gamma", "num_beams", "alpha", "nodes_per_beam")
+_jitted_speculative = jax.jit(_speculative, static_argnames=STATIC)
+
+
+def _inputs(batch_size: int, seed: int) -> list[jax.Array]:
+  rng = np.random.default_rng(seed)
+  return [jnp.asarray(toy_setup.random_prompts(rng, batch_size, LENGTH, VOCAB, prompt_len))
+          for prompt_len in (0, 0, 3)]
+
+
+def _compare(draft_kind, gamma, num_beams, nodes_per_beam=None,
+             speculative=_jitted_speculative):
+  """Yields (want, got, stats) over CASES and a few inputs each."""
+  for (alpha, batch_size), eos_shift in itertools.product(CASES, EOS_SHIFTS):
+    target, draft = toy_setup.make_pair(VOCAB, draft_kind, seed=num_beams + gamma,
+                                        eos_shift=eos_shift)
+    for inputs in _inputs(batch_size, gamma):
+      want = _baseline(target, inputs, num_beams, alpha)
+      got = speculative(target, draft, inputs, gamma=gamma, num_beams=num_beams, alpha=alpha,
+                        nodes_per_beam=nodes_per_beam)
+      yield want, got
+
+
+@pytest.mark.parametrize("gamma,draft_kind,num_beams,nodes_per_beam", GRID)
+def test_equals_beam_search(gamma, draft_kind, num_beams, nodes_per_beam):
+  target_calls = beam_steps = 0
+  for (want, want_scores), (got, got_scores, stats) in _compare(draft_kind, gamma, num_beams,
+                                                                nodes_per_beam):
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got_scores, want_scores, rtol=1e-6)
+    target_calls += int(np.asarray(stats.target_calls)[:, 0].sum())
+    beam_steps += int(np.asarray(stats.beam_steps)[:, 0].sum())
+  assert target_calls <= beam_steps
+  if draft_kind == "same" and gamma > 1 and nodes_per_beam is None:
+    assert target_calls < beam_steps / 1.5  # a draft that always agrees covers many steps
+
+
+def test_the_cases_finish_early_and_run_to_the_length_limit():
+  finished = unfinished = 0
+  for (want, _), _ in _compare("same", 1, 4):
+    best = np.asarray(want)[:, -1]
+    has_eos = np.any(best == toy_setup.EOS, axis=1)
+    finished += int(has_eos.sum())
+    unfinished += int((~has_eos & (best[:, -1] != 0)).sum())
+  assert finished > 0 and unfinished > 0
+
+
+def test_a_replay_past_coverage_fails(monkeypatch):
+  """The negative control: continuing the replay where a new beam is not in the tree (using
+  some node's log-probs) must break the identity above."""
+
+  def everything_covered(tree, parent_ids, tokens):
+    covered, ids = _coverage(tree, parent_ids, tokens)
+    return jnp.ones_like(covered), ids
+
+  _coverage = sbs._coverage  # pylint: disable=protected-access
+  monkeypatch.setattr(sbs, "_coverage", everything_covered)
+  # A function of its own: jax.jit would reuse a trace of `_speculative` made before the patch.
+  wrong = jax.jit(lambda *args, **kwargs: _speculative(*args, **kwargs),
+                  static_argnames=STATIC)
+  mismatches = 0
+  for (want, _), (got, _, _) in _compare("far", 3, 2, speculative=wrong):
+    mismatches += int(np.any(np.asarray(got) != np.asarray(want)))
+  assert mismatches > 0
+
+
+def test_it_is_a_registered_loop_with_checked_settings():
+  loop = loops.get("speculative_beam_search")
+  assert loop.uses_draft and loop.setting_names == ("gamma", "alpha", "nodes_per_beam")
+  with pytest.raises(ValueError, match="gamma must be an integer >= 1, got 0"):
+    loop.check({"gamma": 0})
+  with pytest.raises(ValueError, match="alpha .* must be a number >= 0"):
+    loop.check({"gamma": 2, "alpha": -0.5})
+  with pytest.raises(ValueError, match="nodes_per_beam must be an integer >= 1 or None, got 0"):
+    loop.check({"gamma": 2, "nodes_per_beam": 0})
