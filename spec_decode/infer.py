@@ -1,58 +1,40 @@
 """`python -m spec_decode.infer`: T5X-style inference from gin, speculative and baseline.
 
 Run: `python -m spec_decode.infer --gin_file=FILE [--gin.MACRO=VALUE ...] [--gin_bindings=B ...]
-[--text "sentence" ...] [--input_file FILE] [--data_dir DIR] [--tfds_data_dir DIR] [--restart]`.
-Without --gin_file it runs `configs/demo/infer.gin` (the shipped demo pair on bundled English
-sentences). Run configs include `configs/runs/infer.gin`, whose macros are T5X's: MODEL (a
-`models.*Model`), CHECKPOINT_PATH (the target's: T5X checkpoint, Hugging Face folder or Hub id
-hf://ORG/NAME, or demo .safetensors), MIXTURE_OR_TASK_NAME (a seqio task of
-`spec_decode.tasks`; --data_dir is the file tasks' data root, --tfds_data_dir where the TFDS
-tasks' datasets are prepared), TASK_FEATURE_LENGTHS ({'inputs': Le, 'targets': L}),
-BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT, NUM_EXAMPLES, INPUT_PREFIX, COMPARE_WITH_BASELINE
-and CHECKPOINT_PERIOD. `--text` (repeatable) and `--input_file` (one input per line) replace
-the task by plain text, prefixed with INPUT_PREFIX.
+[--text "sentence" ...] [--input_file FILE] [--data_dir DIR] [--tfds_data_dir DIR] [--restart]`;
+without --gin_file, `configs/demo/infer.gin` (the shipped demo pair). Run configs include
+`configs/runs/infer.gin`, whose macros are T5X's: MODEL, CHECKPOINT_PATH (T5X checkpoint,
+Hugging Face folder or Hub id hf://ORG/NAME, or demo .safetensors), MIXTURE_OR_TASK_NAME (a
+`spec_decode.tasks` task: --data_dir is the file tasks' data root, --tfds_data_dir where TFDS
+datasets are prepared), TASK_FEATURE_LENGTHS, BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT,
+NUM_EXAMPLES, INPUT_PREFIX, COMPARE_WITH_BASELINE and CHECKPOINT_PERIOD. `--text` (repeatable)
+and `--input_file` (one input per line) replace the task by text prefixed with INPUT_PREFIX.
 
 What `infer` does, in this order (every check before anything is compiled or written):
-  1. reads the inputs (task examples, trimmed to TASK_FEATURE_LENGTHS with EOS kept; or text,
-     tokenized with the model's input vocabulary) and checks the task's vocabulary is the
-     model's;
-  2. lays the decode out on the partitioner's mesh (`decode_layout.decode_layout`; without a
-     partitioner, one device): BATCH_SIZE must be a multiple of the mesh's 'data' axis, and
-     the plan's per-device bytes (`spec_decode.plan`: parameters and caches of target and
-     draft) must fit DEVICE_MEMORY_GIB (default: the device's memory where its runtime reports
-     it), both checked before anything is read;
-  3. restores the target's and the draft's parameters straight into their shards
-     (`DecodeLayout.restore`: T5X TensorStore arrays slice by slice; other formats from host
-     memory, each device receiving its slices), the draft replicated; compiles the model's
-     decoder (`core.Decoder.predict`) once for the one batch shape [BATCH_SIZE, Le] with the
-     parameters as ARGUMENTS, each model's decode cache pinned to its layout inside the loop
-     (`DecodeLayout.partition_predict`; the last batch is padded with copies of its last
-     example); with COMPARE_WITH_BASELINE, also `Decoder.baseline()` (the target alone, same
-     sampling settings) on the same parameters;
-  4. decodes every batch, timing the compiled calls only, and gathers the outputs from every
-     process (`decode_layout.gather`), saying what it is doing; the outputs are committed to
-     INFER_OUTPUT_DIR/chunks every CHECKPOINT_PERIOD batches (`infer_chunks`): a rerun of the
-     same command resumes after the last committed chunk (a different run in an unfinished
-     output dir is refused, naming what differs; --restart starts over), and SIGTERM/SIGINT
-     commit the batches decoded and exit with status 128 + the signal (`stop_signals`); with
-     COMPARE_WITH_BASELINE it then measures the c and v of Theorem 3.8 on this machine
-     (`call_costs`);
-  5. writes INFER_OUTPUT_DIR/predictions.jsonl and summary.json from the committed chunks, each
-     whole, and prints the first predictions and what the run measured and implies
-     (`infer_outputs`).
-Multi-host: every process runs the same command with T5X's flags `--multiprocess_gpu
---coordinator_address=HOST:PORT --process_count=N --process_index=I` (despite the name, any
-backend; or the environment `partitioning.initialize_distributed` reads), which start JAX's
-distributed system before anything touches a device. Every process reads all inputs, restores
-its own shards, decodes its rows and gathers every output; process 0 alone reads and writes
-chunks and writes and prints the outputs, and tells the others how many batches are committed,
-so every process resumes at the same batch.
+  1. reads the inputs (task examples trimmed to TASK_FEATURE_LENGTHS with EOS kept, or text) and
+     checks the task's vocabulary is the model's;
+  2. lays the decode out on the mesh (`decode_layout.decode_layout`): BATCH_SIZE a multiple of
+     its 'data' axis, the plan's per-device bytes within DEVICE_MEMORY_GIB (`spec_decode.plan`);
+  3. restores both models' parameters straight into their shards (`DecodeLayout.restore`), the
+     draft replicated, and compiles `core.Decoder.predict` once for the batch shape with the
+     parameters as arguments (`DecodeLayout.partition_predict`; the last batch is padded), and
+     with COMPARE_WITH_BASELINE `Decoder.baseline()` too;
+  4. decodes every batch, timing the compiled calls only, gathering every process's outputs
+     (`decode_layout.gather`) and committing them to INFER_OUTPUT_DIR/chunks every
+     CHECKPOINT_PERIOD batches (`infer_chunks`): the same command rerun resumes after the last
+     committed chunk (a different run in an unfinished output dir is refused, naming what
+     differs; --restart starts over), and SIGTERM/SIGINT commit what is decoded and exit with
+     status 128 + the signal (`stop_signals`); with COMPARE_WITH_BASELINE it then measures
+     Theorem 3.8's c and v here (`call_costs`);
+  5. writes predictions.jsonl and summary.json from the chunks and prints what it measured.
+Multi-host: every process runs the same command with T5X's `--multiprocess_gpu
+--coordinator_address --process_count --process_index` (any backend), restores its shards and
+decodes its rows; process 0 alone reads and writes chunks and outputs, and says where to resume.
 
-A usage error (a missing gin file, a binding that cannot take effect, an unset required macro,
-an unknown task, a missing, truncated, corrupt or non-finite checkpoint (`checkpoint_faults`
-names the file and parameter), data or output place, different vocabularies, a bad setting, a
-different run in an unfinished output dir) prints one line `spec_decode.infer: error: ...` on
-stderr and exits with status 2, leaving no output file behind.
+A usage error (a missing gin file, an ineffective binding, an unset macro, an unknown task, a
+missing, truncated, corrupt or non-finite checkpoint (`checkpoint_faults` names the file and
+parameter), a bad setting, a different run in an unfinished output dir) is one line
+`spec_decode.infer: error: ...` and exit status 2, writing nothing.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
   assert report["thresholds"] and all("status" in goal for goal in report["thresholds"])
   assert "PairConfig" in report["gin_config"]
   for heading in ("own_baseline", "peer", "simulated_table2 (SIMULATED)", "physical_limit",
-                  "verify_cost", "Goals"):
+                  "verify_cost", "engine_cost", "Thresholds"):
     assert heading in markdown, heading
 
 
@@ -363,4 +363,4 @@ def test_peer_report_and_thresholds_at_a_real_size():
                                 "thresholds": []})
   assert "a stated construction" in markdown
   assert ("| near-bigram t5_1_1/large | 0 | 4.0 [4.0-4.0] | 6.0 [6.0-6.0] | 1.5 | "
-          "3.0 [3.0-3.0] | 5.0 [5.0-5.0] | 1.67 | 1.2 | 0.85 | hf assisted 3/4 |") in markdown
+          "3.0 [3.0-3.0] | 5.0 [5.0-5.0] | 1.67 | 1.2 | - | - | 0.85 | hf assisted 3/4 |") in markdown

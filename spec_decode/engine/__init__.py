@@ -3,10 +3,11 @@
 Pure JAX (no gin, no T5, no checkpoints): models enter only through the model contract
 `tokens_to_logits(state) -> (logits, new_cache)` written down in `decoding`.
 
-  sampling   logits -> the distribution actually sampled (temperature, top-k, top-p)
+  sampling   logits -> the distribution actually sampled (temperature, top-k, top-p); draws
   verify     verification rules as exact laws ('token', 'block', lossy 'lenient'); a registry
   drafting   drafting policies ('fixed', 'expected_speedup', 'confidence'); a registry
   decoding   `temperature_sample` (baseline) and `speculative_sample`, each one jitted loop
+  stats      `SpeculativeStats`, the counters a speculative decode reports (alpha, calls, ...)
   beam_search, speculative_beam_search
              T5X's beam search (one shared step) and its exact speculative form
   loops      the registry of decode loops by name: what every runner (infer, the T5X hook,

@@ -81,6 +81,7 @@ from spec_decode.engine import drafting
 from spec_decode.engine import loops
 from spec_decode.engine import sampling
 from spec_decode.engine import verify
+from spec_decode.engine.stats import SpeculativeStats
 
 
 @flax.struct.dataclass
@@ -104,44 +105,6 @@ class Rows:
   done: jax.Array  # [N] bool: EOS emitted or length limit reached
   sequences: jax.Array  # [N, S] token buffer; positions > index hold scratch (drafts)
   log_prob: jax.Array  # [N] float32
-
-
-@flax.struct.dataclass
-class SpeculativeStats:
-  """Per-row counters of a speculative decode ([B, num_decodes] when returned)."""
-  target_calls: jax.Array
-  draft_calls: jax.Array
-  drafted_tokens: jax.Array
-  accepted_tokens: jax.Array  # drafts accepted by the verifier and kept (not past EOS/limit)
-  lookup_drafted_tokens: jax.Array  # of drafted_tokens: deterministic (n-gram lookup) ones
-  lookup_accepted_tokens: jax.Array  # of accepted_tokens: deterministic (n-gram lookup) ones
-  generated_tokens: jax.Array  # tokens committed (accepted + corrections/bonus, cut at EOS)
-  acceptance_sum: jax.Array  # sum over verified positions of sum_x min(p(x), q(x))
-  verified_positions: jax.Array
-
-  @property
-  def alpha(self) -> jax.Array:
-    """The paper's acceptance estimate: mean over verified positions of sum_x min(p, q)."""
-    return self.acceptance_sum / jnp.maximum(self.verified_positions, 1)
-
-  def aux(self) -> dict[str, jax.Array]:
-    """What a decode reports per decode (T5X's aux): the counters, alpha and tokens per
-    target call."""
-    return {**{name: getattr(self, name) for name in self.counter_names()}, "alpha": self.alpha,
-            "tokens_per_target_call":
-                self.generated_tokens / jnp.maximum(self.target_calls, 1)}
-
-  @classmethod
-  def counter_names(cls) -> tuple[str, ...]:
-    """The counters' names: the one list reports and stats totals are built from."""
-    return tuple(field.name for field in dataclasses.fields(cls))
-
-  @classmethod
-  def zeros(cls, num_rows: int) -> "SpeculativeStats":
-    zero_int = jnp.zeros((num_rows,), jnp.int32)
-    zero_float = jnp.zeros((num_rows,), jnp.float32)
-    return cls(**{name: zero_float if name == "acceptance_sum" else zero_int
-                  for name in cls.counter_names()})
 
 
 @flax.struct.dataclass
@@ -172,26 +135,6 @@ class SpeculativeLoopState:
   draft_cache: Any
   stats: SpeculativeStats
   iteration: jax.Array  # int32 scalar (see SamplingLoopState)
-
-
-def _decode_uniforms(decode_rng: jax.Array | None, rows: "Rows",
-                     draws_per_iteration: int) -> jax.Array:
-  """Every uniform a decode can draw, [L, N, draws_per_iteration], from one random-bits call
-  before its loop. Iteration t draws with row t: each iteration commits at least one token of
-  every unfinished row and no row goes past position L, so a decode has at most L iterations.
-  Why: a random-bits call inside the loop is a loop of its own on XLA:CPU (its rolled rounds:
-  ~90 kernels), and splitting a key per draw made that several times per iteration."""
-  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
-  num_rows, max_iterations = rows.sequences.shape[0], rows.sequences.shape[1]
-  return jax.random.uniform(rng, (max_iterations, num_rows, draws_per_iteration))
-
-
-def _iteration_uniforms(uniforms: jax.Array | None, iteration: jax.Array) -> jax.Array | None:
-  """Row `iteration` of `_decode_uniforms` [N, draws_per_iteration] (None stays None)."""
-  if uniforms is None:
-    return None
-  return jax.lax.dynamic_index_in_dim(uniforms, jnp.minimum(iteration, uniforms.shape[0] - 1),
-                                      keepdims=False)
 
 
 def _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, topp):
@@ -347,10 +290,12 @@ def temperature_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
   batch_size, max_decode_len = inputs.shape
   problem, rows = _setup(inputs, initial_index, num_decodes, max_decode_steps, eos_id,
                          (temperature, topk, topp), block_size=1)
-  uniforms = None if problem.greedy else _decode_uniforms(decode_rng, rows, 1)
+  # [S, N, 1]: at most one iteration per buffer position (sequences [N, S]).
+  uniforms = None if problem.greedy else sampling.decode_uniforms(
+      decode_rng, *rows.sequences.shape, 1)
 
   def step(state: SamplingLoopState) -> SamplingLoopState:
-    step_uniforms = _iteration_uniforms(uniforms, state.iteration)
+    step_uniforms = sampling.iteration_uniforms(uniforms, state.iteration)
     index = state.rows.index
     logits, cache = tokens_to_logits(DecodingState(
         cur_index=index, cur_token=_gather(state.rows.sequences, index[:, None]),
@@ -412,7 +357,8 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
   # Greedy with a registered rule: verification compares tokens (`verify.compare_tokens`).
   # Otherwise each iteration draws gamma drafts, then the verdict's two uniforms.
   compare_tokens = problem.greedy and isinstance(verifier, str)
-  uniforms = None if compare_tokens else _decode_uniforms(decode_rng, rows, gamma + 2)
+  uniforms = None if compare_tokens else sampling.decode_uniforms(
+      decode_rng, *rows.sequences.shape, gamma + 2)
   step = functools.partial(_speculative_step, problem, tokens_to_logits,
                            draft_tokens_to_logits, rule, policy, gamma, uniforms)
   initial = SpeculativeLoopState(rows, cache, draft_cache,
@@ -494,7 +440,7 @@ def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
   """One iteration; `decode_uniforms` None: greedy verification by comparing tokens."""
   rows = state.rows
   compare_tokens = decode_uniforms is None
-  uniforms = _iteration_uniforms(decode_uniforms, state.iteration)
+  uniforms = sampling.iteration_uniforms(decode_uniforms, state.iteration)
   (draft_tokens, draft_probs, num_drafted, num_draft_calls, sequences, draft_cache,
    is_point) = _draft(
       problem, draft_tokens_to_logits, policy, gamma, rows, state.stats, state.draft_cache,

@@ -115,3 +115,22 @@ def log_softmax_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
   `logits [..., V]`: what T5X's samplers report as a decode's log_prob."""
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   return jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
+
+
+def decode_uniforms(decode_rng: jax.Array | None, num_rows: int, max_iterations: int,
+                    draws_per_iteration: int) -> jax.Array:
+  """Every uniform a decode loop can draw, [max_iterations, N, draws_per_iteration], from one
+  random-bits call before the loop (None: PRNGKey(0)); iteration t draws with row t
+  (`iteration_uniforms`). A loop whose every iteration commits a token of each unfinished row
+  has at most as many iterations as its buffer has positions. Why not a key split per draw: on
+  XLA:CPU a random-bits call is a loop of its own (threefry's rolled rounds, ~90 kernels)."""
+  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  return jax.random.uniform(rng, (max_iterations, num_rows, draws_per_iteration))
+
+
+def iteration_uniforms(uniforms: jax.Array | None, iteration: jax.Array) -> jax.Array | None:
+  """Row `iteration` of `decode_uniforms` [N, draws_per_iteration] (None stays None)."""
+  if uniforms is None:
+    return None
+  return jax.lax.dynamic_index_in_dim(uniforms, jnp.minimum(iteration, uniforms.shape[0] - 1),
+                                      keepdims=False)
