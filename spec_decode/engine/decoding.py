@@ -117,7 +117,8 @@ class _Problem:
 
   @property
   def greedy(self) -> bool:
-    """Every distribution sampled is a point mass (see `sampling.sample`'s point_masses)."""
+    """Every distribution sampled is a point mass: tokens are read by `_greedy_tokens`, nothing
+    is drawn."""
     return sampling.is_greedy(self.sampling_args[0])
 
 
