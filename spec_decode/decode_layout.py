@@ -221,14 +221,16 @@ class DecodeLayout:
     return _InputsChecked(jitted, self.check_batch,
                           [i for i, kind in enumerate(args) if kind == "batch"])
 
-  def partition_predict(self, decoder: core.Decoder, eos_id: int) -> Callable:
-    """`decoder.predict` partitioned, each cache pinned to its layout: a function (params,
-    draft_params, batch, rng) -> (decodes [B, L], aux), draft_params None unless the decoder
-    uses a draft. Give arguments placed by `restore`/`put_params`, `put_batch` and
-    `put_replicated`."""
+  def partition_predict(self, decoder: core.Decoder, eos_id: int,
+                        num_decodes: int = 1) -> Callable:
+    """`decoder.predict` (`num_decodes` per input, the best kept) partitioned, each cache
+    pinned to its layout: a function (params, draft_params, batch, rng) -> (decodes [B, L],
+    aux), draft_params None unless the decoder uses a draft. Give arguments placed by
+    `restore`/`put_params`, `put_batch` and `put_replicated`."""
 
     def predict(params, draft_params, batch, rng):
-      return decoder.predict(params, draft_params, batch, eos_id, rng, calls=self)
+      return decoder.predict(params, draft_params, batch, eos_id, rng, num_decodes=num_decodes,
+                             calls=self)
 
     return self.partition(predict, ("target", "draft" if decoder.draft_network else None,
                                     "batch", "replicated"))

@@ -19,13 +19,13 @@ What `infer` does, in this order (every check before anything is compiled or wri
      draft replicated, and compiles `core.Decoder.predict` once for the batch shape with the
      parameters as arguments (`DecodeLayout.partition_predict`; the last batch is padded), and
      with COMPARE_WITH_BASELINE `Decoder.baseline()` too;
-  4. decodes every batch, timing the compiled calls only, gathering every process's outputs
-     (`decode_layout.gather`) and committing them to INFER_OUTPUT_DIR/chunks every
-     CHECKPOINT_PERIOD batches (`infer_chunks`): the same command rerun resumes after the last
-     committed chunk (a different run in an unfinished output dir is refused, naming what
-     differs; --restart starts over), and SIGTERM/SIGINT commit what is decoded and exit with
-     status 128 + the signal (`stop_signals`); with COMPARE_WITH_BASELINE it then measures
-     Theorem 3.8's c and v here (`call_costs`);
+  4. decodes every batch (the model's num_decodes per input, the best kept), timing the
+     compiled calls only, gathering every process's outputs (`decode_layout.gather`),
+     committing them to INFER_OUTPUT_DIR/chunks every CHECKPOINT_PERIOD batches
+     (`infer_chunks`): a rerun resumes after the last committed chunk (a different run in an
+     unfinished output dir is refused, naming what differs; --restart starts over);
+     SIGTERM/SIGINT commit what is decoded and exit 128 + the signal (`stop_signals`); then,
+     for speculative sampling with COMPARE_WITH_BASELINE, Theorem 3.8's c and v (`call_costs`);
   5. writes predictions.jsonl and summary.json from the chunks and prints what it measured.
 Multi-host: every process runs the same command with T5X's `--multiprocess_gpu
 --coordinator_address --process_count --process_index` (any backend), restores its shards and
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import os
 import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -53,15 +52,16 @@ import numpy as np
 
 from spec_decode import call_costs
 from spec_decode import core
+from spec_decode import corpora
 from spec_decode import gin_utils
 from spec_decode import decode_layout
 from spec_decode import infer_chunks
 from spec_decode import infer_outputs
 from spec_decode import models
 from spec_decode import partitioning
-from spec_decode import paths
 from spec_decode import plan
 from spec_decode import stop_signals
+from spec_decode.engine import stats
 from spec_decode.gin_utils import UsageError
 from spec_decode.t5 import vocab
 
@@ -143,7 +143,7 @@ def _text_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel,
       raise UsageError("texts must be a list of strings, got one string")
     texts = list(cfg.texts)
   else:
-    texts = _read_input_file(cfg.input_file)
+    texts = corpora.read_input_lines(cfg.input_file)
   texts = texts[:cfg.num_examples] if cfg.num_examples is not None else texts
   vocabulary = model.input_vocabulary
   examples, num_cut, most_cut = [], 0, 0
@@ -160,33 +160,11 @@ def _text_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel,
   return examples
 
 
-def _read_input_file(input_file: str) -> list[str]:
-  """The non-blank lines of a UTF-8 text file; UsageError naming the file (and line)."""
-  path = paths.resolve(input_file)
-  if not os.path.isfile(path):
-    raise UsageError(f"input file not found: {input_file}")
-  with open(path, "rb") as f:
-    raw_lines = f.read().split(b"\n")
-  lines = []
-  for number, raw in enumerate(raw_lines, start=1):
-    try:
-      lines.append(raw.decode("utf-8").rstrip("\r"))
-    except UnicodeDecodeError as e:
-      raise UsageError(f"input file {input_file}, line {number}: not UTF-8 ({e.reason} at "
-                       f"byte {e.start})") from None
-  texts = [line for line in lines if line.strip()]
-  if not texts:
-    raise UsageError(f"input file {input_file} is empty")
-  return texts
-
-
 def read_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel) -> list[Example]:
   """The run's inputs (see the module docstring); UsageError when there are none."""
   input_length, _ = _check_dataset_config(cfg)
-  if cfg.mixture_or_task_name is not None:
-    examples = _task_examples(cfg, model)
-  else:
-    examples = _text_examples(cfg, model, input_length)
+  examples = (_task_examples(cfg, model) if cfg.mixture_or_task_name is not None
+              else _text_examples(cfg, model, input_length))
   if not examples:
     raise UsageError("no input examples")
   return examples
@@ -226,10 +204,10 @@ def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: An
                batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
                layout: decode_layout.DecodeLayout,
                progress: Callable[[str, int, int], None] = lambda *_: None,
-               checkpointing: Checkpointing | None = None, name: str = "decoder"
-               ) -> infer_outputs.DecodeRun:
-  """Compiles `decoder.predict` once on `layout` (`DecodeLayout.partition_predict`) and runs
-  it over `batches`; `params`/`draft_params` as `layout.restore` placed them. Batch i is decoded
+               checkpointing: Checkpointing | None = None, name: str = "decoder",
+               num_decodes: int = 1) -> infer_outputs.DecodeRun:
+  """Compiles `decoder.predict` (`num_decodes` per input, the best kept) once on `layout`
+  (`DecodeLayout.partition_predict`) and runs it over `batches`; `params`/`draft_params` as `layout.restore` placed them. Batch i is decoded
   with the rng fold_in(PRNGKey(seed), i), whatever batch a run starts at.
 
   With `checkpointing`, the batches `name` already committed are read instead of decoded, the
@@ -255,7 +233,7 @@ def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: An
     if compiled is None:
       progress("compiling", i, len(batches))
       start = time.perf_counter()
-      compiled = layout.partition_predict(decoder, eos_id).lower(*args).compile()
+      compiled = layout.partition_predict(decoder, eos_id, num_decodes).lower(*args).compile()
       run.compile_seconds = time.perf_counter() - start
       # One untimed call: the first execution of an executable pays one-off costs.
       jax.block_until_ready(compiled(*args))
@@ -265,7 +243,7 @@ def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: An
     progress("decoding", i + 1, len(batches))
     batch_decodes, batch_aux = decode_layout.gather(outputs)
     decodes = [batch_decodes[row] for row in range(num_real)]
-    aux = [{key: value[row].item() for key, value in batch_aux.items()}
+    aux = [{key: value[row].tolist() for key, value in batch_aux.items()}
            for row in range(num_real)]
     if writer is None:
       run.decodes += decodes
@@ -359,8 +337,9 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   layout = decode_layout.decode_layout(
       partitioner, model.module.config, None if draft_module is None else draft_module.config)
   _check_batch_size(layout, dataset_cfg.batch_size)
-  _check_memory(layout, dataset_cfg.batch_size, input_length, target_length, checkpoint_dtype,
-                device_memory_gib)
+  # Every decode of an input (a beam) has its own caches.
+  _check_memory(layout, dataset_cfg.batch_size * model.num_decodes, input_length, target_length,
+                checkpoint_dtype, device_memory_gib)
   # Straight into their shards, once: the baseline run reuses the same arrays.
   params = layout.restore("target", model.module, checkpoint_path, checkpoint_dtype)
   draft_params = (None if draft_module is None else
@@ -376,13 +355,15 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   with stop.handling():
     checkpointing = Checkpointing(store, checkpoint_period, stop)
     run = decode_all(model.decoder, eos_id, params, draft_params, batches, seed, layout,
-                     infer_outputs.progress(name), checkpointing, "decoder")
+                     infer_outputs.progress(name), checkpointing, "decoder", model.num_decodes)
     baseline = costs = None
     if compare_with_baseline:
       baseline = decode_all(model.decoder.baseline(), eos_id, params, None, batches, seed,
                             layout, infer_outputs.progress("baseline (target alone)"),
-                            checkpointing, "baseline")
-    if compare_with_baseline and draft_module is not None:  # a lookup's calls cost ~nothing
+                            checkpointing, "baseline", model.num_decodes)
+    # Theorem 3.8 is speculative sampling's; a lookup's calls cost ~nothing.
+    if (baseline is not None and draft_module is not None
+        and model.decoder.loop.stats is stats.SpeculativeStats):
       print("measuring one target call of 1 and of gamma + 1 tokens, and one draft call")
       costs = call_costs.verification_costs(
           (model.module, params), (model.draft_module, draft_params),
@@ -410,6 +391,7 @@ def _run_identity(model: models.EncoderDecoderModel, cfg: DatasetConfig, source:
       "draft": model.decoder.draft_description if speculative else None,
       "draft_checkpoint_path": getattr(model, "draft_checkpoint_path", None),
       "decode_loop": model.decoder.loop_name, "decode_settings": model.decode_settings,
+      "num_decodes": model.num_decodes,
       "compare_with_baseline": compare_with_baseline, "seed": seed,
       "batch_size": cfg.batch_size, "task_feature_lengths": dict(cfg.task_feature_lengths),
       "source": source, "split": cfg.split if cfg.mixture_or_task_name else None,

@@ -3,9 +3,10 @@
 `summarize(model, source, cfg, examples, run, baseline, costs, eos_id)` -> (summary, records):
 one record per example (inputs, prediction, target when known, score, the decode's counters;
 the baseline's prediction and whether it is identical when compared) and the run's summary
-(alpha = sum of acceptance_sum / sum of verified_positions, tokens per target call, wall time,
-tokens/s; with the baseline its time, the speedup, the target calls saved and whether the
-outputs are identical, meaningful at temperature 0; with measured call costs, Theorem 3.8's
+(wall time, tokens/s, the loop's counters summed and their ratios (`engine.stats`: alpha and
+tokens per target call, or beam steps per target call and coverage by tree depth; the target
+calls saved); with the baseline its time, the speedup and whether the outputs are identical,
+meaningful at temperature 0 and for beam search; with measured call costs, Theorem 3.8's
 prediction on this machine and where a (gamma+1)-token call costs one token's). `write` puts
 INFER_OUTPUT_DIR/predictions.jsonl and summary.json in place whole (temporary file, then rename;
 the usual mode, not a temporary file's 0600); `check_output_dir` refuses, before anything runs,
@@ -25,7 +26,6 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from spec_decode import models
-from spec_decode.engine import decoding
 from spec_decode.engine import drafting
 from spec_decode.gin_utils import UsageError
 from spec_decode.t5 import vocab
@@ -105,7 +105,9 @@ def summarize(model: models.EncoderDecoderModel, source: str, cfg: Any,
   """(summary, per-example records): see the module docstring. `cfg` is the run's
   `infer.DatasetConfig`, `examples` its `infer.Example`s."""
   settings = model.decode_settings
-  greedy = settings.get("temperature") is not None and settings["temperature"] <= 1e-4
+  # Greedy decoding and beam search (no temperature) draw nothing: their outputs must be the
+  # baseline's.
+  deterministic = settings.get("temperature") is None or settings["temperature"] <= 1e-4
   records = []
   for i, example in enumerate(examples):
     tokens = vocab.until_eos(run.decodes[i], eos_id)
@@ -119,7 +121,7 @@ def summarize(model: models.EncoderDecoderModel, source: str, cfg: Any,
     if baseline is not None:
       baseline_tokens = vocab.until_eos(baseline.decodes[i], eos_id)
       record["baseline_prediction"] = model.output_vocabulary.decode(baseline_tokens)
-      if greedy:
+      if deterministic:
         record["identical"] = bool(np.array_equal(run.decodes[i], baseline.decodes[i]))
     records.append(record)
 
@@ -128,25 +130,27 @@ def summarize(model: models.EncoderDecoderModel, source: str, cfg: Any,
       "source": source, "split": cfg.split if cfg.mixture_or_task_name else None,
       "num_examples": len(examples), "batch_size": cfg.batch_size,
       "task_feature_lengths": dict(cfg.task_feature_lengths),
-      "speculative": model.is_speculative, "decode_settings": settings,
+      "speculative": model.is_speculative, "decode_loop": model.decoder.loop_name,
+      "decode_settings": settings, "num_decodes": model.num_decodes,
       "draft": model.decoder.draft_description if model.is_speculative else None,
       "generated_tokens": generated, "compile_seconds": run.compile_seconds,
       "wall_seconds": run.seconds, "tokens_per_second": generated / max(run.seconds, 1e-9)}
-  if model.is_speculative:
-    totals = {name: sum(r["stats"][name] for r in records) 
-              for name in decoding.SpeculativeStats.counter_names()}
+  stats_class = model.decoder.loop.stats
+  if stats_class is not None:  # the run's counters, and their ratios (of sums)
+    totals = {name: np.sum([r["stats"][name] for r in records], axis=0).tolist()
+              for name in stats_class.counter_names()}
     summary.update(totals)
-    summary["alpha"] = totals["acceptance_sum"] / max(totals["verified_positions"], 1)
-    summary["tokens_per_target_call"] = totals["generated_tokens"] / max(totals["target_calls"], 1)
+    summary.update({name: np.asarray(value).tolist()
+                    for name, value in stats_class.ratios(totals).items()})
   if baseline is not None:
     summary["baseline"] = {
         "compile_seconds": baseline.compile_seconds, "wall_seconds": baseline.seconds,
         "tokens_per_second": sum(len(vocab.until_eos(d, eos_id)) for d in baseline.decodes)
                              / max(baseline.seconds, 1e-9)}
     summary["speedup"] = baseline.seconds / max(run.seconds, 1e-9)
-    summary["target_calls_saved"] = 1 - totals["target_calls"] / max(generated, 1)
-    summary["identical_outputs"] = (all(r["identical"] for r in records) if greedy else None)
-    if greedy:
+    summary["identical_outputs"] = (all(r["identical"] for r in records) if deterministic
+                                    else None)
+    if deterministic:
       summary["num_identical"] = sum(r["identical"] for r in records)
   if costs is not None:
     # Theorem 3.8 with this run's alpha: on this machine (its measured c and v), and where a
@@ -168,17 +172,24 @@ def print_report(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]
     print(f"  ... ({len(records) - num_printed} more in {output_dir / PREDICTIONS_FILE})")
   line = (f"{count(summary['num_examples'], 'example')}, {summary['generated_tokens']} tokens in "
           f"{summary['wall_seconds']:.2f}s ({summary['tokens_per_second']:.0f} tokens/s)")
-  if summary["speculative"]:
+  gamma = summary["decode_settings"].get("gamma")
+  if "alpha" in summary:
     line += (f"; alpha {summary['alpha']:.2f}, {summary['tokens_per_target_call']:.2f} tokens "
-             f"per target call (gamma {summary['decode_settings']['gamma']})")
+             f"per target call (gamma {gamma})")
+  if "beam_steps_per_target_call" in summary:
+    line += (f"; {summary['num_decodes']} beams, {summary['beam_steps_per_target_call']:.2f} "
+             f"beam steps per target call (gamma {gamma})")
   print(line)
+  if "coverage_by_depth" in summary:
+    print("target calls whose tree held every beam selected at depth 1..gamma: " + ", ".join(
+        f"{share:.0%}" for share in summary["coverage_by_depth"]))
   if "baseline" in summary:
     identical = {True: "yes", False: "no", None: "n/a (temperature > 0)"}[
         summary["identical_outputs"]]
     print(f"baseline (target alone): {summary['baseline']['wall_seconds']:.2f}s; speedup "
           f"{summary['speedup']:.2f}x (measured, wall clock); identical output: {identical}")
   if "costs" in summary:
-    gamma, costs = summary["decode_settings"]["gamma"], summary["costs"]
+    costs = summary["costs"]
     print(f"what it means: {summary['target_calls_saved']:.0%} fewer target calls than the "
           f"baseline ({summary['tokens_per_target_call']:.2f} tokens per call). On this "
           f"machine a {gamma + 1}-token target call costs {costs['v']:.2f}x a 1-token call and "

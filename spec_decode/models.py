@@ -15,9 +15,11 @@ Batches use seqio's encoder-decoder features (B batch, Le input length, L target
 Shapes returned:
   predict_batch_with_aux -> (decodes [B, L], aux) or, with return_all_decodes,
   (decodes [B, num_decodes, L], aux) with the num_decodes axis sorted by score, best last.
-  aux['scores'] is the decode's log-probability ([B] or [B, num_decodes]); a speculative decode
-  adds `decoding.SpeculativeStats.aux()` (its counters, 'alpha', 'tokens_per_target_call'),
-  with the same shape and sorted alike.
+  aux['scores'] is the decode's log-probability or beam score ([B] or [B, num_decodes]); a
+  loop with stats adds their `aux()` (`spec_decode.engine.stats`: e.g. the counters, 'alpha',
+  'tokens_per_target_call'), with the same leading shape and sorted alike. `num_decodes`
+  (constructor; T5X's DecoderParams.num_decodes) is the default number of decodes per input:
+  samples (the best returned) or beams.
   score_batch -> [B] float32: sum over target tokens of log p(target) * decoder_loss_weights.
   get_initial_variables -> {'params': ..., 'params_axes': ...}.
 
@@ -208,7 +210,8 @@ class EncoderDecoderModel:
                decode_loop: str = "temperature_sample",
                feature_converter_cls: Callable[..., Any] | None = None,
                label_smoothing: float = 0.0, z_loss: float = 0.0,
-               loss_normalizing_factor: float | None = None, *, gamma: int | None = None,
+               loss_normalizing_factor: float | None = None, *, num_decodes: int = 1,
+               gamma: int | None = None,
                verifier: str | None = None, draft_policy: str | None = None,
                temperature: float | None = None, topk: int | None = None,
                topp: float | None = None, max_decode_steps: int | None = None,
@@ -219,6 +222,9 @@ class EncoderDecoderModel:
       if vocabulary.vocab_size > module.config.vocab_size:
         raise ValueError(f"the {name} vocabulary has {vocabulary.vocab_size} ids but the "
                          f"model's embedding only {module.config.vocab_size}")
+    if isinstance(num_decodes, bool) or not isinstance(num_decodes, int) or num_decodes < 1:
+      raise ValueError(f"num_decodes must be an integer >= 1, got {num_decodes!r}")
+    self.num_decodes = num_decodes
     if feature_converter_cls is not None:
       self.FEATURE_CONVERTER_CLS = feature_converter_cls  # pylint: disable=invalid-name
     self.module = module
@@ -317,12 +323,14 @@ class EncoderDecoderModel:
 
   def predict_batch_with_aux(self, params: Params, batch: Batch, rng: jax.Array | None = None,
                              decoder_params: Mapping[str, Any] | None = None,
-                             return_all_decodes: bool = False, num_decodes: int = 1,
-                             prompt_with_targets: bool = False
+                             return_all_decodes: bool = False,
+                             num_decodes: int | None = None, prompt_with_targets: bool = False
                              ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Decodes a batch (`core.Decoder.predict`: shapes, aux and T5X's conventions there)."""
+    """Decodes a batch (`core.Decoder.predict`: shapes, aux and T5X's conventions there);
+    `num_decodes` None: the model's."""
     return self.decoder.predict(params, None, batch, self.output_vocabulary.eos_id, rng,
-                                decoder_params, return_all_decodes, num_decodes,
+                                decoder_params, return_all_decodes,
+                                self.num_decodes if num_decodes is None else num_decodes,
                                 prompt_with_targets)
 
 
@@ -406,13 +414,14 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
 
   def predict_batch_with_aux(self, params: Params, batch: Batch, rng: jax.Array | None = None,
                              decoder_params: Mapping[str, Any] | None = None,
-                             return_all_decodes: bool = False, num_decodes: int = 1,
-                             prompt_with_targets: bool = False,
+                             return_all_decodes: bool = False,
+                             num_decodes: int | None = None, prompt_with_targets: bool = False,
                              draft_params: Params | None = None
                              ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """As EncoderDecoderModel's; `draft_params` default to the loaded `draft_params`."""
     if self.draft_module is not None and draft_params is None:
       draft_params = self.draft_params
     return self.decoder.predict(params, draft_params, batch, self.output_vocabulary.eos_id,
-                                rng, decoder_params, return_all_decodes, num_decodes,
+                                rng, decoder_params, return_all_decodes,
+                                self.num_decodes if num_decodes is None else num_decodes,
                                 prompt_with_targets)

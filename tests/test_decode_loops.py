@@ -15,6 +15,7 @@ from spec_decode import bench
 from spec_decode import core
 from spec_decode import infer_outputs
 from spec_decode.engine import loops
+from spec_decode.engine import stats
 from spec_decode.t5 import network
 
 
@@ -72,3 +73,21 @@ def test_the_bench_runs_it():
   baseline = decoders.run(bench.Variant(0.0), 0, 2)
   np.testing.assert_array_equal(toy.decodes, baseline.decodes)
   assert toy.stats["target_calls"] < toy.stats["generated_tokens"]  # drafts were accepted
+
+
+def test_loops_register_the_stats_they_return_and_runs_total_them():
+  assert loops.get("speculative_sample").stats is stats.SpeculativeStats
+  assert loops.get("speculative_beam_search").stats is stats.BeamSearchStats
+  assert loops.get("temperature_sample").stats is None and loops.get("beam_search").stats is None
+  # A run's ratios are ratios of its summed counters (hand-computed here).
+  speculative = stats.SpeculativeStats.ratios(
+      {"acceptance_sum": 3.0, "verified_positions": 4, "generated_tokens": 9,
+       "target_calls": 3})
+  assert float(speculative["alpha"]) == 0.75
+  assert float(speculative["tokens_per_target_call"]) == 3.0
+  assert float(speculative["target_calls_saved"]) == pytest.approx(2 / 3)
+  beams = stats.BeamSearchStats.ratios(
+      {"target_calls": 4, "beam_steps": 10, "covered_past_depth": [3, 2, 0]})
+  assert float(beams["beam_steps_per_target_call"]) == 2.5
+  assert float(beams["target_calls_saved"]) == pytest.approx(0.6)
+  np.testing.assert_allclose(beams["coverage_by_depth"], [0.75, 0.5, 0.0])

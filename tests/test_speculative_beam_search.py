@@ -72,15 +72,21 @@ def _compare(draft_kind, gamma, num_beams, nodes_per_beam=None,
 @pytest.mark.parametrize("gamma,draft_kind,num_beams,nodes_per_beam", GRID)
 def test_equals_beam_search(gamma, draft_kind, num_beams, nodes_per_beam):
   target_calls = beam_steps = 0
+  covered = np.zeros(gamma)
   for (want, want_scores), (got, got_scores, stats) in _compare(draft_kind, gamma, num_beams,
                                                                 nodes_per_beam):
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-6)
     target_calls += int(np.asarray(stats.target_calls)[:, 0].sum())
     beam_steps += int(np.asarray(stats.beam_steps)[:, 0].sum())
+    covered += np.asarray(stats.covered_past_depth)[:, 0].sum(axis=0)
   assert target_calls <= beam_steps
+  # A call takes 1 step, plus one for each depth past which it covered every selected beam.
+  assert beam_steps == target_calls + covered.sum()
+  assert np.all(np.diff(covered) <= 0)
   if draft_kind == "same" and gamma > 1 and nodes_per_beam is None:
     assert target_calls < beam_steps / 1.5  # a draft that always agrees covers many steps
+    assert covered[0] > 0.5 * target_calls
 
 
 def test_the_cases_finish_early_and_run_to_the_length_limit():

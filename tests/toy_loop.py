@@ -8,6 +8,7 @@ import collections
 
 from spec_decode.engine import decoding
 from spec_decode.engine import loops
+from spec_decode.engine import stats
 
 TRACES = collections.Counter()
 
@@ -17,7 +18,8 @@ def _check(rule: str, **_) -> None:
     raise ValueError(f"rule must be 'token' or 'block', got {rule!r}")
 
 
-@loops.register("toy_speculative", uses_draft=True, check_settings=_check)
+@loops.register("toy_speculative", uses_draft=True, check_settings=_check,
+                stats=stats.SpeculativeStats)
 def toy_speculative(inputs, cache, tokens_to_logits, eos_id, *, draft_cache,
                     draft_tokens_to_logits, gamma, rule="block", decode_rng=None,
                     num_decodes=1, temperature=1.0, topk=0, topp=0.0, max_decode_steps=None,

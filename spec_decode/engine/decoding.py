@@ -324,7 +324,7 @@ def _vocab_size(tokens_to_logits: TokensToLogits, cache: Any, sequences: jax.Arr
 
 
 @loops.register("speculative_sample", uses_draft=True,
-                check_settings=check_speculative_settings)
+                check_settings=check_speculative_settings, stats=SpeculativeStats)
 def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
                        eos_id: int, *, draft_cache: Any, draft_tokens_to_logits: TokensToLogits,
                        gamma: int, decode_rng: jax.Array | None = None, num_decodes: int = 1,

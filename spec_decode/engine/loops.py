@@ -6,7 +6,10 @@ A decode loop is a function of the engine's contract (`spec_decode.engine.decodi
          [draft_cache, draft_tokens_to_logits,]  # when registered with uses_draft=True
          **settings)
       -> (decodes [B, num_decodes, L], log_probs [B, num_decodes])
-       | (decodes, log_probs, stats)   # stats.aux() -> {name: [B, num_decodes] array}
+       | (decodes, log_probs, stats)   # stats.aux() -> {name: [B, num_decodes, ...] array}
+
+A loop that returns stats registers their class (`stats=`, the contract of
+`spec_decode.engine.stats`), so a run can total its decodes' counters.
 
 `settings` are the loop's own keyword arguments (gamma, verifier, temperature, ...): the
 runners pass exactly the ones a config sets, so a setting the loop does not take is refused by
@@ -33,13 +36,15 @@ RUNNER_ARGUMENTS = ("inputs", "cache", "tokens_to_logits", "eos_id", "decode_rng
 @dataclasses.dataclass(frozen=True)
 class DecodeLoop:
   """A registered decode loop: its function, whether it needs a draft model, the check of
-  its settings (ValueError naming the setting) run before anything is traced, and the loop of
-  the target alone whose output a speculative loop reproduces (its baseline)."""
+  its settings (ValueError naming the setting) run before anything is traced, the loop of
+  the target alone whose output a speculative loop reproduces (its baseline) and the class of
+  the stats it returns (None: it returns none)."""
   name: str
   fn: Callable[..., Any]
   uses_draft: bool
   check_settings: Callable[..., None] | None = None
   baseline: str = "temperature_sample"
+  stats: type | None = None
 
   @property
   def setting_names(self) -> tuple[str, ...]:
@@ -73,15 +78,16 @@ _LOOPS: dict[str, DecodeLoop] = {}
 
 def register(name: str, *, uses_draft: bool,
              check_settings: Callable[..., None] | None = None,
-             baseline: str = "temperature_sample") -> Callable:
+             baseline: str = "temperature_sample", stats: type | None = None) -> Callable:
   """Decorator registering a decode loop under `name` (see the module docstring).
   `check_settings(**settings)` receives every setting (defaults filled in); `baseline` names
-  the loop of the target alone that it is compared with (given the settings both take)."""
+  the loop of the target alone that it is compared with (given the settings both take);
+  `stats` is the class of the stats the loop returns."""
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
     if name in _LOOPS and _LOOPS[name].fn is not fn:
       raise ValueError(f"a different decode loop is already registered as {name!r}")
-    _LOOPS[name] = DecodeLoop(name, fn, uses_draft, check_settings, baseline)
+    _LOOPS[name] = DecodeLoop(name, fn, uses_draft, check_settings, baseline, stats)
     return fn
 
   return add

@@ -41,24 +41,9 @@ import jax.numpy as jnp
 from spec_decode.engine import beam_search
 from spec_decode.engine import decoding
 from spec_decode.engine import loops
+from spec_decode.engine.stats import BeamSearchStats
 
 BeamState = beam_search.BeamState
-
-
-@flax.struct.dataclass
-class BeamSearchStats:
-  """Per-row counters of a speculative beam search ([B, num_decodes] when returned)."""
-  target_calls: jax.Array
-  draft_calls: jax.Array
-  beam_steps: jax.Array
-  tree_nodes: jax.Array  # tree slots of each target call per beam, summed over its calls
-
-  def aux(self) -> dict[str, jax.Array]:
-    """The counters and beam steps per target call (T5X's aux, per decode)."""
-    return {"target_calls": self.target_calls, "draft_calls": self.draft_calls,
-            "beam_steps": self.beam_steps, "tree_nodes": self.tree_nodes,
-            "beam_steps_per_target_call":
-                self.beam_steps / jnp.maximum(self.target_calls, 1)}
 
 
 @flax.struct.dataclass
@@ -261,18 +246,21 @@ def _iteration(problem: beam_search.BeamProblem, tokens_to_logits, draft_tokens_
                                 active)
   stats = state.stats
   count = active.astype(jnp.int32)
+  past_depth = steps[:, None] > jnp.arange(1, gamma + 1)[None]
   stats = BeamSearchStats(
       target_calls=stats.target_calls + count,
       draft_calls=stats.draft_calls + count * gamma,
       beam_steps=stats.beam_steps + steps,
-      tree_nodes=stats.tree_nodes + count * budget)
+      tree_nodes=stats.tree_nodes + count * budget,
+      covered_past_depth=stats.covered_past_depth + past_depth)
   return _LoopState(beams, jnp.where(active, steps, state.num_pending),
                     beam_search.gather_cache(cache, roots),
                     beam_search.gather_cache(draft_cache, roots), stats)
 
 
 @loops.register("speculative_beam_search", uses_draft=True,
-                check_settings=check_speculative_beam_settings, baseline="beam_search")
+                check_settings=check_speculative_beam_settings, baseline="beam_search",
+                stats=BeamSearchStats)
 def speculative_beam_search(inputs: jax.Array, cache: Any,
                             tokens_to_logits: decoding.TokensToLogits, eos_id: int, *,
                             draft_cache: Any, draft_tokens_to_logits: decoding.TokensToLogits,
@@ -295,16 +283,16 @@ def speculative_beam_search(inputs: jax.Array, cache: Any,
                                                                    num_decodes * gamma)
   problem, beams = beam_search.init(inputs, num_decodes, eos_id, alpha, scratch=gamma + 1)
   batch_size = inputs.shape[0]
-  zeros = jnp.zeros((batch_size,), jnp.int32)
   cache, draft_cache = decoding._expand(  # pylint: disable=protected-access
       (cache, draft_cache), num_decodes)
   initial = _LoopState(beams, jnp.ones((batch_size,), jnp.int32), cache, draft_cache,
-                       BeamSearchStats(zeros, zeros, zeros, zeros))
+                       BeamSearchStats.zeros(batch_size, gamma))
   iteration = functools.partial(_iteration, problem, tokens_to_logits, draft_tokens_to_logits,
                                 gamma, budget)
   final = jax.lax.while_loop(lambda s: jnp.any(beam_search.continues(problem, s.beams)),
                              iteration, initial)
   decodes, scores = beam_search.results(problem, final.beams)
   stats = jax.tree_util.tree_map(
-      lambda x: jnp.broadcast_to(x[:, None], (batch_size, num_decodes)), final.stats)
+      lambda x: jnp.broadcast_to(x[:, None], (batch_size, num_decodes) + x.shape[1:]),
+      final.stats)
   return decodes, scores, stats

@@ -25,9 +25,9 @@ Shapes (B batch, n num_decodes, L decoder length) are T5X's: `predict_batch_with
 batch, rng, decoder_params, return_all_decodes, num_decodes, prompt_with_targets)` returns
 decodes [B, L] and aux values [B] (with return_all_decodes: [B, n, L] and [B, n], sorted by score,
 best last). aux holds 'scores' (log-probability of the decode; beam search: T5X's beam score)
-and the loop's stats per example (`decoding.SpeculativeStats.aux()`: its counters, 'alpha' and
-'tokens_per_target_call'; `speculative_beam_search.BeamSearchStats.aux()`: target and draft
-calls, beam steps and beam steps per target call);
+and the loop's stats per example (`spec_decode.engine.stats`: `SpeculativeStats.aux()`, its
+counters, 'alpha' and 'tokens_per_target_call'; `BeamSearchStats.aux()`, target and draft
+calls, beam steps, coverage by tree depth and beam steps per target call);
 `t5x.infer` writes them to its outputs in mode 'predict_with_aux'
 (speculative_infer.gin sets it). Scoring and losses use the target alone.
 
