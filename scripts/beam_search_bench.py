@@ -5,7 +5,8 @@ whose residual branches are scaled down, and a 1+1-layer draft made of its own a
 no EOS (every row runs to the length limit). Each repetition decodes the same batch with
 `beam_search` and with `speculative_beam_search` (compiled once each, one untimed call first),
 alternately, and checks that every beam and score agree. Printed per run: tokens/s of the best
-beams (tokens = batch * max_decode_len), target calls per beam-search step, draft calls; then
+beams (tokens = batch * max_decode_len), target calls per beam-search step, draft calls, and
+per tree depth the share of target calls whose tree held every beam selected there; then
 medians and the speedup. One JSON line per repetition goes to --output.
 
   python scripts/beam_search_bench.py --target_gin configs/models/t5_1_1/base.gin \
@@ -84,6 +85,9 @@ def main() -> None:
               **{name: float(np.sum(np.asarray(aux[name])[:, 0]))
                  for name in ("target_calls", "draft_calls", "beam_steps")}}
     record["target_calls_per_step"] = record["target_calls"] / max(record["beam_steps"], 1)
+    # Per tree depth d: the share of target calls whose tree held every beam selected at d.
+    covered = np.asarray(aux["covered_past_depth"])[:, 0].sum(axis=0)
+    record["coverage_by_depth"] = (covered / max(record["target_calls"], 1)).tolist()
     if repetition:
       record.update({f"{name}_tokens_per_second": rates[name][-1] for name in runs})
       records.append(record)

@@ -7,8 +7,10 @@ on XLA:CPU) beside its work, so at small model sizes their number is the engine'
 counted, in the decoding loop (the largest `while` the entry computation reaches) and in each
 loop nested in it: every instruction of the loop's body and condition except those that make no
 kernel (parameters, constants, tuples and their elements, bitcasts). An instruction belongs to
-a model call when its source location is inside the network (`Transformer.` in its op_name);
-everything else is the engine's: sampling, verification, bookkeeping, the loops themselves.
+a model call when its source location is inside the network (`Transformer.` in its op_name),
+or, where XLA's own rewrites left it no source location (the dots it rewrites, the reductions it
+splits), when one of its operands belongs to one; everything else is the engine's: sampling,
+verification, bookkeeping, the loops themselves (the copies of loop state they make).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ _OPCODE = re.compile(r"\s*([\w\-]+)\(")
 _WHILE_PARTS = re.compile(r"(condition|body)=%?([\w.\-]+)")
 _CALLED = re.compile(r"to_apply=%?([\w.\-]+)")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_OPERAND = re.compile(r"%([\w.\-]+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,20 +94,43 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
   return computations, entry
 
 
+def _operands(line: str) -> list[str]:
+  """The names of an instruction line's operands (inside its opcode's parentheses)."""
+  start = line.index("(", _NAME.match(line).end() + 1)
+  depth = 0
+  for end in range(start, len(line)):
+    depth += {"(": 1, ")": -1}.get(line[end], 0)
+    if depth == 0:
+      break
+  return _OPERAND.findall(line[start:end])
+
+
+def _is_model(line: str, model_names: set[str]) -> bool:
+  if 'op_name="' in line:
+    return MODEL_MARK in line
+  return any(name in model_names for name in _operands(line))
+
+
 def _loop(computations: dict[str, list[str]], body: str, condition: str,
           trip_count: int | None) -> Loop:
   count, nested = Count(1, 0), []  # the while's own dispatch
   pending = [body, condition]
   while pending:  # the body, the condition, and computations they call (inlined by the runtime)
+    model_names: set[str] = set()  # instructions are listed after their operands
     for line in computations[pending.pop()]:
       opcode = _opcode(line)
-      if opcode is None or opcode in NO_KERNEL:
+      if opcode is None:
+        continue
+      if opcode in NO_KERNEL:
+        if opcode != "parameter" and _is_model(line, model_names):
+          model_names.add(_NAME.match(line).group(1))  # a bitcast or tuple of model values
         continue
       if opcode == "while":
         nested.append(_while(computations, line))
       elif opcode == "call":
         pending.extend(_CALLED.findall(line))
-      elif MODEL_MARK in line:
+      elif _is_model(line, model_names):
+        model_names.add(_NAME.match(line).group(1))
         count += Count(0, 1)
       else:
         count += Count(1, 0)
