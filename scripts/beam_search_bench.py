@@ -11,6 +11,7 @@ medians and the speedup. One JSON line per repetition goes to --output.
 
   python scripts/beam_search_bench.py --target_gin configs/models/t5_1_1/base.gin \
       [--batch_size 1] [--beams 4] [--alpha 0.6] [--gamma 3] [--nodes_per_beam N] \
+      [--draft_beams W] \
       [--repetitions 3] [--output records.jsonl]
 """
 
@@ -50,6 +51,8 @@ def main() -> None:
   parser.add_argument("--gamma", type=int, default=3)
   parser.add_argument("--nodes_per_beam", type=int, default=None,
                       help="tree nodes each beam's target call scores (default: the whole tree)")
+  parser.add_argument("--draft_beams", type=int, default=None,
+                      help="beams of the draft's own search (default: --beams)")
   parser.add_argument("--repetitions", type=int, default=3)
   parser.add_argument("--max_decode_len", type=int, default=64)
   parser.add_argument("--residual_scale", type=float, default=5e-5)
@@ -62,7 +65,8 @@ def main() -> None:
   baseline = core.Decoder.create("beam_search", pair.target.module, alpha=args.alpha)
   speculative = core.Decoder.create("speculative_beam_search", pair.target.module,
                                     pair.draft.module, gamma=args.gamma, alpha=args.alpha,
-                                    nodes_per_beam=args.nodes_per_beam)
+                                    nodes_per_beam=args.nodes_per_beam,
+                                    draft_beams=args.draft_beams)
   runs = {"beam_search": (_compiled(baseline, pair, args.batch_size, args.beams), None),
           "speculative_beam_search": (_compiled(speculative, pair, args.batch_size, args.beams),
                                       pair.draft.params)}

@@ -58,14 +58,17 @@ models.SpeculativeEncoderDecoderModel.loop_settings = {'rule': 'token'}
   assert summary["identical_outputs"] is True  # greedy: the baseline's tokens
 
 
-def test_the_bench_runs_it():
-  pair = bench.build_pair(bench.PairConfig(
+def _tiny_pair():
+  return bench.build_pair(bench.PairConfig(
       source="near_bigram", target_gin="configs/models/t5_1_1/small.gin",
       target_overrides=dict(dtype="float32", emb_dim=16, num_heads=2, head_dim=8,
                             num_encoder_layers=2, num_decoder_layers=2, mlp_dim=32,
                             vocab_size=128),
       residual_scale=0.3, input_length=8, max_decode_len=12, gamma=3, num_random_inputs=2))
-  decoders = bench.PairDecoders(pair, {})
+
+
+def test_the_bench_runs_it():
+  decoders = bench.PairDecoders(_tiny_pair(), {})
   traces = toy_loop.TRACES["block"]
   toy = decoders.run(bench.Variant(0.0, gamma=3, decode_loop="toy_speculative",
                                    loop_settings=(("rule", "block"),)), 0, 2)
@@ -73,6 +76,28 @@ def test_the_bench_runs_it():
   baseline = decoders.run(bench.Variant(0.0), 0, 2)
   np.testing.assert_array_equal(toy.decodes, baseline.decodes)
   assert toy.stats["target_calls"] < toy.stats["generated_tokens"]  # drafts were accepted
+
+
+def test_the_bench_runs_speculative_beam_search_against_beam_search():
+  decoders = bench.PairDecoders(_tiny_pair(), {})
+  settings = dict(decode_loop="speculative_beam_search", num_decodes=4,
+                  loop_settings=(("alpha", 0.6),))
+  baseline = bench.Variant(0.0, **settings)
+  assert baseline.label == "baseline beam_search beams=4"
+  assert baseline.decoder(decoders.pair).loop_name == "beam_search"
+  runs = {variant: [decoders.run(variant, repetition, 2) for repetition in range(2)]
+          for variant in (baseline, bench.Variant(0.0, gamma=2, **settings))}
+  (want, got) = runs.values()
+  for want_run, got_run in zip(want, got):
+    np.testing.assert_array_equal(got_run.decodes, want_run.decodes)
+  greedy = decoders.run(bench.Variant(0.0), 0, 2)
+  assert want[0].stats is None and not np.array_equal(greedy.decodes, want[0].decodes)
+  summary = bench.summarize(got)
+  assert summary["beam_steps_per_target_call"] == pytest.approx(
+      summary["counters"]["beam_steps"] / summary["counters"]["target_calls"])
+  assert len(summary["coverage_by_depth"]) == 2  # gamma
+  with pytest.raises(ValueError, match="samples nothing: give temperature 0"):
+    bench.Variant(1.0, gamma=2, **settings)
 
 
 def test_loops_register_the_stats_they_return_and_runs_total_them():

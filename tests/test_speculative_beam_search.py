@@ -25,11 +25,13 @@ LENGTH = 9
 CASES = [(0.6, 3), (0.0, 1)]
 EOS_SHIFTS = (1.5, -4.0)
 # Every gamma with every draft and every beam size, each pair once (a Latin square), then node
-# budgets smaller than the tree (None: the whole tree): each compiles the loop twice (~10 s
-# each on this project's 2-core CPU).
-GRID = [(1, "same", 4, None), (1, "near", 2, None), (1, "far", 1, None), (3, "same", 2, None),
-        (3, "near", 1, None), (3, "far", 4, None), (5, "same", 1, None), (5, "near", 4, None),
-        (5, "far", 2, None), (3, "same", 4, 2), (5, "near", 2, 1)]
+# budgets smaller than the tree (None: the whole tree) and draft searches wider than the beams
+# (None: as wide): each compiles the loop twice (~10 s each on this project's 2-core CPU).
+GRID = [(1, "same", 4, None, None), (1, "near", 2, None, None), (1, "far", 1, None, None),
+        (3, "same", 2, None, None), (3, "near", 1, None, None), (3, "far", 4, None, None),
+        (5, "same", 1, None, None), (5, "near", 4, None, None), (5, "far", 2, None, None),
+        (3, "same", 4, 2, None), (5, "near", 2, 1, None), (1, "far", 4, None, 8),
+        (3, "near", 2, None, 5), (3, "same", 2, 4, 3)]
 
 
 @functools.partial(jax.jit, static_argnames=("num_beams", "alpha"))
@@ -39,14 +41,16 @@ def _baseline(target, inputs, num_beams, alpha):
                                  alpha=alpha)
 
 
-def _speculative(target, draft, inputs, gamma, num_beams, alpha, nodes_per_beam=None):
+def _speculative(target, draft, inputs, gamma, num_beams, alpha, nodes_per_beam=None,
+                 draft_beams=None):
   return sbs.speculative_beam_search(
       inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, toy_setup.EOS,
       draft_cache=draft.init_cache(*inputs.shape), draft_tokens_to_logits=draft.tokens_to_logits,
-      gamma=gamma, num_decodes=num_beams, alpha=alpha, nodes_per_beam=nodes_per_beam)
+      gamma=gamma, num_decodes=num_beams, alpha=alpha, nodes_per_beam=nodes_per_beam,
+      draft_beams=draft_beams)
 
 
-STATIC = ("gamma", "num_beams", "alpha", "nodes_per_beam")
+STATIC = ("gamma", "num_beams", "alpha", "nodes_per_beam", "draft_beams")
 _jitted_speculative = jax.jit(_speculative, static_argnames=STATIC)
 
 
@@ -56,7 +60,7 @@ def _inputs(batch_size: int, seed: int) -> list[jax.Array]:
           for prompt_len in (0, 0, 3)]
 
 
-def _compare(draft_kind, gamma, num_beams, nodes_per_beam=None,
+def _compare(draft_kind, gamma, num_beams, nodes_per_beam=None, draft_beams=None,
              speculative=_jitted_speculative):
   """Yields (want, got, stats) over CASES and a few inputs each."""
   for (alpha, batch_size), eos_shift in itertools.product(CASES, EOS_SHIFTS):
@@ -65,16 +69,16 @@ def _compare(draft_kind, gamma, num_beams, nodes_per_beam=None,
     for inputs in _inputs(batch_size, gamma):
       want = _baseline(target, inputs, num_beams, alpha)
       got = speculative(target, draft, inputs, gamma=gamma, num_beams=num_beams, alpha=alpha,
-                        nodes_per_beam=nodes_per_beam)
+                        nodes_per_beam=nodes_per_beam, draft_beams=draft_beams)
       yield want, got
 
 
-@pytest.mark.parametrize("gamma,draft_kind,num_beams,nodes_per_beam", GRID)
-def test_equals_beam_search(gamma, draft_kind, num_beams, nodes_per_beam):
+@pytest.mark.parametrize("gamma,draft_kind,num_beams,nodes_per_beam,draft_beams", GRID)
+def test_equals_beam_search(gamma, draft_kind, num_beams, nodes_per_beam, draft_beams):
   target_calls = beam_steps = 0
   covered = np.zeros(gamma)
-  for (want, want_scores), (got, got_scores, stats) in _compare(draft_kind, gamma, num_beams,
-                                                                nodes_per_beam):
+  for (want, want_scores), (got, got_scores, stats) in _compare(
+      draft_kind, gamma, num_beams, nodes_per_beam, draft_beams):
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-6)
     target_calls += int(np.asarray(stats.target_calls)[:, 0].sum())
@@ -120,10 +124,31 @@ def test_a_replay_past_coverage_fails(monkeypatch):
 
 def test_it_is_a_registered_loop_with_checked_settings():
   loop = loops.get("speculative_beam_search")
-  assert loop.uses_draft and loop.setting_names == ("gamma", "alpha", "nodes_per_beam")
+  assert loop.uses_draft and loop.setting_names == ("gamma", "alpha", "nodes_per_beam",
+                                                    "draft_beams")
   with pytest.raises(ValueError, match="gamma must be an integer >= 1, got 0"):
     loop.check({"gamma": 0})
   with pytest.raises(ValueError, match="alpha .* must be a number >= 0"):
     loop.check({"gamma": 2, "alpha": -0.5})
   with pytest.raises(ValueError, match="nodes_per_beam must be an integer >= 1 or None, got 0"):
     loop.check({"gamma": 2, "nodes_per_beam": 0})
+
+  with pytest.raises(ValueError, match="draft_beams must be an integer >= 1 or None, got 0"):
+    loop.check({"gamma": 2, "draft_beams": 0})
+  target, draft = toy_setup.make_pair(VOCAB, "near", seed=0)
+  inputs = _inputs(1, 0)[0]
+  with pytest.raises(ValueError, match=r"draft_beams \(2\) must be at least the beam count"):
+    _speculative(target, draft, inputs, gamma=2, num_beams=4, alpha=0.6, draft_beams=2)
+
+
+def test_a_wider_draft_search_covers_more():
+  """The draft's search with 2K beams holds all K of the target's choices more often than one
+  with K (same outputs: test_equals_beam_search)."""
+  coverage = {}
+  for draft_beams in (None, 8):
+    calls, covered = 0, 0
+    for _, (_, _, stats) in _compare("near", 1, 4, draft_beams=draft_beams):
+      calls += int(np.asarray(stats.target_calls)[:, 0].sum())
+      covered += int(np.asarray(stats.covered_past_depth)[:, 0, 0].sum())
+    coverage[draft_beams] = covered / calls
+  assert coverage[8] > coverage[None]

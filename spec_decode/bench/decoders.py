@@ -27,8 +27,8 @@ from spec_decode import decode_layout
 from spec_decode import partitioning
 from spec_decode.bench.pairs import Pair
 from spec_decode.bench.simulated import SIMULATED, simulated_acceptance_rule
-from spec_decode.engine import decoding
 from spec_decode.engine import drafting
+from spec_decode.engine import loops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +47,21 @@ class Variant:
   policy_bindings: tuple[tuple[str, float], ...] = ()
   simulated_alpha: float | None = None
   # Any loop of spec_decode.engine.loops with a draft; another than speculative_sample gets
-  # gamma, temperature and its own `loop_settings`.
+  # gamma, temperature (where it samples: a loop without that setting, e.g.
+  # 'speculative_beam_search', takes temperature 0) and its own `loop_settings`. A baseline
+  # (gamma None) runs the loop's baseline with the `loop_settings` it takes.
   decode_loop: str = "speculative_sample"
   loop_settings: tuple[tuple[str, Any], ...] = ()
   draft_source: str = "model"
   lookup_max_ngram: int = 4
   lookup_min_ngram: int | None = None
+  num_decodes: int = 1  # decodes per input (beams for beam search), the best one kept
+
+  def __post_init__(self):
+    if ("temperature" not in loops.get(self.decode_loop).setting_names
+        and self.temperature != 0.0):
+      raise ValueError(f"decode loop {self.decode_loop!r} samples nothing: give temperature 0, "
+                       f"not {self.temperature!r}")
 
   @property
   def is_baseline(self) -> bool:
@@ -69,8 +78,11 @@ class Variant:
 
   @property
   def label(self) -> str:
+    beams = f" beams={self.num_decodes}" if self.num_decodes > 1 else ""
     if self.is_baseline:
-      return "baseline"
+      if self.decode_loop == "speculative_sample":
+        return "baseline" + beams
+      return f"baseline {loops.get(self.decode_loop).baseline}{beams}"
     if self.draft_source != "model":
       return f"{self.draft_source} n<={self.lookup_max_ngram} {self._model_label()}"
     return self._model_label()
@@ -79,7 +91,8 @@ class Variant:
     if self.simulated_alpha is not None:
       return f"{SIMULATED} coin alpha={self.simulated_alpha:g} gamma={self.gamma}"
     if self.decode_loop != "speculative_sample":
-      return f"{self.decode_loop} gamma={self.gamma}"
+      beams = f" beams={self.num_decodes}" if self.num_decodes > 1 else ""
+      return f"{self.decode_loop} gamma={self.gamma}{beams}"
     if self.draft_policy == "fixed":
       return f"{self.verifier} fixed gamma={self.gamma}"
     return f"{self.verifier} {self.draft_policy} gamma<={self.gamma}"
@@ -87,8 +100,10 @@ class Variant:
   def decoder(self, pair: Pair) -> core.Decoder:
     """This setting's decoder over the pair (the baseline: the target alone)."""
     if self.is_baseline:
-      return core.Decoder.create("temperature_sample", pair.target.module,
-                                 temperature=self.temperature)
+      baseline = loops.get(loops.get(self.decode_loop).baseline)
+      settings = {"temperature": self.temperature, **dict(self.loop_settings)}
+      return core.Decoder.create(baseline.name, pair.target.module, **{
+          name: value for name, value in settings.items() if name in baseline.setting_names})
     verifier = (simulated_acceptance_rule(self.simulated_alpha)
                 if self.simulated_alpha is not None else self.verifier)
     policy = (functools.partial(drafting.get_policy(self.draft_policy),
@@ -98,8 +113,10 @@ class Variant:
                             pair.draft.module if self.uses_draft_params else None,
                             self.lookup_max_ngram, self.lookup_min_ngram)
     if self.decode_loop != "speculative_sample":
+      samples = "temperature" in loops.get(self.decode_loop).setting_names
       return core.Decoder.create(self.decode_loop, pair.target.module, draft,
-                                 gamma=self.gamma, temperature=self.temperature,
+                                 gamma=self.gamma,
+                                 temperature=self.temperature if samples else None,
                                  **dict(self.loop_settings))
     return core.Decoder.create("speculative_sample", pair.target.module, draft,
                                gamma=self.gamma, temperature=self.temperature,
@@ -114,8 +131,9 @@ class RunOutput:
   seconds: float
   tokens: int
   decodes: np.ndarray
-  stats: dict[str, float] | None = None
+  stats: dict[str, Any] | None = None
   decode_seconds: float | None = None
+  stats_class: type | None = None  # the loop's (`engine.stats`), which `stats` are counters of
 
 
 def generated_lengths(decodes: np.ndarray, eos_id: int | None) -> np.ndarray:
@@ -134,8 +152,9 @@ def _partitioned_decoder(layout: decode_layout.DecodeLayout, pair: Pair, variant
   timed apart:
   prefill(target_params, draft_params, encoder_tokens [B, Le]) -> caches, each in its layout;
   loop(target_params, draft_params, caches, rng) -> (decodes [B, L], log_probs [B], aux), split
-    over 'data': the decoding loop alone, computing what infer's does (the scores too: the same
-    compiled loop, tests/sharding compares them)."""
+    over 'data': the decoding loop alone (the variant's num_decodes per row, the best kept),
+    computing what infer's does (the scores too: the same compiled loop, tests/sharding
+    compares them)."""
   decoder = variant.decoder(pair)
   max_decode_len = pair.max_decode_len
   draft_role = "draft" if decoder.draft_network is not None else None
@@ -149,9 +168,10 @@ def _partitioned_decoder(layout: decode_layout.DecodeLayout, pair: Pair, variant
         jnp.zeros((caches.target["encoder_mask"].shape[0], max_decode_len), jnp.int32),
         layout.partitioner.batch_sharding)
     decodes, log_probs, aux = decoder.run(target_params, draft_params, caches, inputs,
-                                          pair.eos_id, decoder_params={"decode_rng": rng},
-                                          calls=layout)
-    return decodes[:, 0], log_probs[:, 0], {name: value[:, 0] for name, value in aux.items()}
+                                          pair.eos_id, num_decodes=variant.num_decodes,
+                                          decoder_params={"decode_rng": rng}, calls=layout)
+    # Sorted by score, ascending: the best is last.
+    return decodes[:, -1], log_probs[:, -1], {name: value[:, -1] for name, value in aux.items()}
 
   return (layout.partition(prefill, ("target", draft_role, "batch"), outputs="pinned"),
           layout.partition(loop, ("target", draft_role, "pinned", "replicated")))
@@ -199,10 +219,11 @@ class PairDecoders:
     outputs = jax.block_until_ready(loop(*params_and_tokens[:2], caches, rng))
     end = time.perf_counter()
     decodes, _, aux = decode_layout.gather(outputs)
-    summed = {name: float(np.sum(aux[name]))
-              for name in decoding.SpeculativeStats.counter_names() if name in aux} or None
+    stats_class = variant.decoder(self.pair).loop.stats
+    summed = None if stats_class is None else {
+        name: np.sum(aux[name], axis=0).tolist() for name in stats_class.counter_names()}
     return RunOutput(end - start, int(generated_lengths(decodes, self.pair.eos_id).sum()),
-                     decodes, summed, decode_seconds=end - loop_start)
+                     decodes, summed, decode_seconds=end - loop_start, stats_class=stats_class)
 
   def lower_loop(self, variant: Variant, repetition: int, batch_size: int
                  ) -> jax.stages.Lowered:

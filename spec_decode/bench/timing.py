@@ -49,7 +49,9 @@ def interleave(runs: Mapping[str, Callable[[int], RunOutput]], repetitions: int
 def summarize(outputs: Sequence[RunOutput]) -> dict[str, Any]:
   """tokens/s of whole calls (median, min, max, relative spread), total tokens and seconds; for
   our decoders also the total seconds of the decoding loops alone and total tokens / those; for
-  a speculative decoder also alpha, accepted and generated tokens per target call."""
+  a loop with stats its counters' totals and their ratios (`engine.stats`: alpha and tokens
+  per target call, or beam steps per target call and coverage by depth), and draft calls per
+  target call; for speculative sampling also accepted tokens per target call and per draft."""
   rates = [out.tokens / out.seconds for out in outputs]
   median = statistics.median(rates)
   summary: dict[str, Any] = {
@@ -65,17 +67,18 @@ def summarize(outputs: Sequence[RunOutput]) -> dict[str, Any]:
     # Totals, not a median: the counters the predictions use are totals too.
     summary["decode_seconds"] = sum(out.decode_seconds for out in outputs)
     summary["decode_tokens_per_s"] = summary["tokens"] / summary["decode_seconds"]
-  if outputs[0].stats is not None:
-    total = {name: sum(out.stats[name] for out in outputs)
-             for name in decoding.SpeculativeStats.counter_names()}
-    calls = max(total["target_calls"], 1.0)
-    summary.update(
-        alpha=total["acceptance_sum"] / max(total["verified_positions"], 1.0),
-        accepted_per_target_call=total["accepted_tokens"] / calls,
-        tokens_per_target_call=total["generated_tokens"] / calls,
-        draft_calls_per_target_call=total["draft_calls"] / calls,
-        accepted_over_drafted=total["accepted_tokens"] / max(total["drafted_tokens"], 1.0),
-        counters=total)
+  stats_class = outputs[0].stats_class
+  if stats_class is not None:
+    total = {name: np.sum([out.stats[name] for out in outputs], axis=0).tolist()
+             for name in stats_class.counter_names()}
+    summary.update({name: np.asarray(value).tolist()
+                    for name, value in stats_class.ratios(total).items()}, counters=total)
+    summary["draft_calls_per_target_call"] = total["draft_calls"] / max(total["target_calls"], 1)
+    if stats_class is decoding.SpeculativeStats:
+      calls = max(total["target_calls"], 1.0)
+      summary.update(
+          accepted_per_target_call=total["accepted_tokens"] / calls,
+          accepted_over_drafted=total["accepted_tokens"] / max(total["drafted_tokens"], 1.0))
   return summary
 
 

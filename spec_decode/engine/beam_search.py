@@ -161,10 +161,12 @@ def beam_step(problem: BeamProblem, state: BeamState, log_probs: jax.Array,
           keep(_gather(parents, live), identity))
 
 
-def gather_cache(cache: Any, parents: jax.Array) -> Any:
-  """Each beam's row of every cache leaf ([B * K, ...]) taken from its parent [B, K]."""
+def gather_cache(cache: Any, parents: jax.Array, source_beams: int | None = None) -> Any:
+  """Each beam's row of every cache leaf ([B * S, ...], S = `source_beams`, default K) taken
+  from its parent [B, K]: the leaves become [B * K, ...]."""
   batch_size, num_beams = parents.shape
-  rows = (jnp.arange(batch_size)[:, None] * num_beams + parents).reshape(-1)
+  source_beams = num_beams if source_beams is None else source_beams
+  rows = (jnp.arange(batch_size)[:, None] * source_beams + parents).reshape(-1)
   return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), cache)
 
 

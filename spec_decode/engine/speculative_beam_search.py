@@ -6,12 +6,13 @@ of a row): the caches hold positions < p0 only. Each iteration, for every row th
 1. the draft is fed each beam's pending chain (one call, k = gamma + 1, the chain padded on
    the right: padding lands on stale positions), then runs beam search itself for gamma steps
    (`beam_search.beam_step` on its own log-probs, one k = 1 call per further step, its caches
-   gathered per beam). The draft's live beams after each step form a tree over the row's K
-   live beams: K * gamma nodes, node (d, j) the j-th draft beam after d steps, its parent the
-   draft beam it extends. Each target beam scores the nodes of its own subtree, ancestors
-   first, at most `nodes_per_beam` of them (default: beams * gamma, the whole tree, so no
-   node is ever left out; a smaller budget makes the target call cheaper and may cover fewer
-   steps).
+   gathered per beam), keeping W = `draft_beams` >= K beams (default K; the K live beams
+   padded with fillers to start). Its live beams after each step form a tree over the row's K
+   live beams: W * gamma nodes, node (d, j) the j-th draft beam after d steps, its parent the
+   draft beam it extends; a wider draft search holds the target's K choices more often. Each
+   target beam scores the nodes of its own subtree, ancestors first, at most
+   `nodes_per_beam` of them (default: W * gamma, the whole tree, so no node is ever left out;
+   a smaller budget makes the target call cheaper and may cover fewer steps).
 2. the target is called ONCE per beam with [pending chain, tree] (a tree call, see the model
    contract in `decoding`): the chain is written to its cache; each node sits at position i + d,
    attends to the cache, the pending chain and its own ancestors, and is never read later
@@ -71,75 +72,101 @@ class _Tree:
 
 
 def check_speculative_beam_settings(gamma: int | None = None, alpha: float = 0.6,
-                                    nodes_per_beam: int | None = None, **_: Any) -> None:
-  """ValueError for a gamma, alpha or node budget speculative beam search cannot run with."""
+                                    nodes_per_beam: int | None = None,
+                                    draft_beams: int | None = None, **_: Any) -> None:
+  """ValueError for a gamma, alpha, node budget or draft beam count speculative beam search
+  cannot run with."""
   decoding.check_speculative_settings(gamma)
   beam_search.check_beam_settings(alpha)
-  if nodes_per_beam is not None and (isinstance(nodes_per_beam, bool)
-                                     or int(nodes_per_beam) != nodes_per_beam
-                                     or nodes_per_beam < 1):
-    raise ValueError(f"nodes_per_beam must be an integer >= 1 or None, got {nodes_per_beam!r}")
+  for name, value in (("nodes_per_beam", nodes_per_beam), ("draft_beams", draft_beams)):
+    if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+      raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
 
 
 def _log_softmax(logits: jax.Array) -> jax.Array:
   return jax.nn.log_softmax(logits.astype(jnp.float32))
 
 
-def _draft_tree(problem: beam_search.BeamProblem, draft_tokens_to_logits, gamma: int,
-                beams: BeamState, root_log_probs: jax.Array, draft_cache: Any,
-                active: jax.Array, budget: int) -> _Tree:
-  """The draft's beam search, gamma steps from the live beams (gamma - 1 draft calls after
-  the one that gave `root_log_probs`) -> its tree."""
+def _widen(beams: BeamState, width: int) -> tuple[BeamState, jax.Array]:
+  """The K live beams as a `width`-beam state (fillers scored NEG_INF after them, which no
+  step selects while real candidates remain) and each beam's source among the K [B, width]."""
   batch_size, num_beams = beams.live_log_probs.shape
+  extra = width - num_beams
+  pad = lambda x, value: jnp.concatenate(
+      [x, jnp.full((batch_size, extra) + x.shape[2:], value, x.dtype)], axis=1)
+  source = jnp.broadcast_to(jnp.minimum(jnp.arange(width), num_beams - 1), (batch_size, width))
+  wide = BeamState(
+      index=beams.index, live_log_probs=pad(beams.live_log_probs, beam_search.NEG_INF),
+      live_seqs=jnp.take_along_axis(beams.live_seqs, source[:, :, None], axis=1),
+      finished_scores=pad(beams.finished_scores, beam_search.NEG_INF),
+      finished_seqs=jnp.take_along_axis(beams.finished_seqs, source[:, :, None], axis=1),
+      finished_flags=pad(beams.finished_flags, False))
+  return wide, source
+
+
+def _draft_tree(problem: beam_search.BeamProblem, draft_tokens_to_logits, gamma: int,
+                width: int, beams: BeamState, root_log_probs: jax.Array, draft_cache: Any,
+                active: jax.Array, budget: int) -> _Tree:
+  """The draft's beam search of `width` beams, gamma steps from the K live beams (gamma - 1
+  draft calls after the one that gave `root_log_probs` [B * K, V]) -> its tree."""
+  batch_size, num_beams = beams.live_log_probs.shape
+  beams, source = _widen(beams, width)
 
   def step(beams, log_probs):
     beams, parents = beam_search.beam_step(
-        problem, beams, log_probs.reshape(batch_size, num_beams, -1), active)
+        problem, beams, log_probs.reshape(batch_size, width, -1), active)
     tokens = jnp.take_along_axis(beams.live_seqs, beams.index[:, None, None], axis=2)[..., 0]
     return beams, (tokens, parents)
 
   def further_step(carry, _):
     beams, cache, (tokens, parents) = carry
     cache = beam_search.gather_cache(cache, parents)
-    index = jnp.repeat(beams.index, num_beams)
+    index = jnp.repeat(beams.index, width)
     logits, cache = draft_tokens_to_logits(decoding.DecodingState(
         cur_index=index, cur_token=beam_search.flat(tokens)[:, None],
         sequences=beam_search.flat(beams.live_seqs), cache=cache))
     beams, new = step(beams, _log_softmax(logits[:, 0]))
     return (beams, cache, new), new
 
-  beams, first = step(beams, root_log_probs)
-  _, rest = jax.lax.scan(further_step, (beams, draft_cache, first), None, length=gamma - 1)
+  wide_root_log_probs = jnp.take_along_axis(
+      root_log_probs.reshape(batch_size, num_beams, -1), source[:, :, None], axis=1)
+  beams, first = step(beams, wide_root_log_probs)
+  cache = beam_search.gather_cache(draft_cache, source, source_beams=num_beams)
+  _, rest = jax.lax.scan(further_step, (beams, cache, first), None, length=gamma - 1)
   tokens, parents = jax.tree_util.tree_map(
-      lambda a, b: jnp.concatenate([a[None], b], axis=0), first, rest)  # [G, B, K]
-  return _tree(tokens, parents, budget)
+      lambda a, b: jnp.concatenate([a[None], b], axis=0), first, rest)  # [G, B, width]
+  return _tree(tokens, parents, num_beams, budget)
 
 
-def _tree(tokens: jax.Array, parents: jax.Array, budget: int) -> _Tree:
-  """The tree of draft beams `tokens`, `parents` [G, B, K] (parent: index among the previous
-  step's K beams, the roots for the first), each root's first `budget` nodes to be scored."""
-  gamma, batch_size, num_beams = tokens.shape
+def _tree(tokens: jax.Array, parents: jax.Array, num_roots: int, budget: int) -> _Tree:
+  """The tree of draft beams `tokens`, `parents` [G, B, W] (parent: index among the previous
+  step's W beams, among the K = `num_roots` roots for the first; a first-step parent past them
+  is a filler, whose descendants are never scored), each root's first `budget` nodes to be
+  scored."""
+  gamma, batch_size, width = tokens.shape
   take = lambda x, i: jnp.take_along_axis(x, i.reshape(i.shape + (1,) * (x.ndim - 2)), axis=1)
-  roots, parent_ids, ancestors = [parents[0]], [parents[0]], []
-  own = jnp.eye(gamma * num_beams, dtype=bool)
-  first = jnp.broadcast_to(own[:num_beams], (batch_size, num_beams, gamma * num_beams))
-  ancestors.append(first)
+  real = [parents[0] < num_roots]
+  first_roots = jnp.minimum(parents[0], num_roots - 1)
+  roots, parent_ids, ancestors = [first_roots], [first_roots], []
+  own = jnp.eye(gamma * width, dtype=bool)
+  ancestors.append(jnp.broadcast_to(own[:width], (batch_size, width, gamma * width)))
   for depth in range(1, gamma):
     roots.append(take(roots[-1], parents[depth]))
-    parent_ids.append(num_beams + (depth - 1) * num_beams + parents[depth])
-    ancestors.append(own[depth * num_beams:(depth + 1) * num_beams][None]
+    real.append(take(real[-1], parents[depth]))
+    parent_ids.append(num_roots + (depth - 1) * width + parents[depth])
+    ancestors.append(own[depth * width:(depth + 1) * width][None]
                      | take(ancestors[-1], parents[depth]))
   join = lambda xs: jnp.concatenate(xs, axis=1)
   roots = join(roots)
   # Per beam r, its own nodes first in node order (so ancestors before descendants).
-  order = jnp.argsort(roots[:, None, :] != jnp.arange(num_beams)[None, :, None], axis=2,
+  order = jnp.argsort(roots[:, None, :] != jnp.arange(num_roots)[None, :, None], axis=2,
                       stable=True)
   slot_in_row = jnp.argsort(order, axis=2)  # [B, K, T]: node q's place in beam r's order
   slot = jnp.take_along_axis(slot_in_row, roots[:, None, :], axis=1)[:, 0]
   return _Tree(tokens=join(list(tokens)), parent_ids=join(parent_ids), roots=roots,
                ancestors=join(ancestors),
-               depths=jnp.repeat(jnp.arange(1, gamma + 1), num_beams),
-               slots=order[:, :, :budget], slot=slot, scored=slot < budget)
+               depths=jnp.repeat(jnp.arange(1, gamma + 1), width),
+               slots=order[:, :, :budget], slot=slot, scored=(slot < budget) & join(real))
 
 
 def _tree_call(tokens_to_logits, gamma: int, beams: BeamState, num_pending: jax.Array,
@@ -226,7 +253,7 @@ def _replay(problem: beam_search.BeamProblem, gamma: int, beams: BeamState, tree
 
 
 def _iteration(problem: beam_search.BeamProblem, tokens_to_logits, draft_tokens_to_logits,
-               gamma: int, budget: int, state: _LoopState) -> _LoopState:
+               gamma: int, width: int, budget: int, state: _LoopState) -> _LoopState:
   beams = state.beams
   num_beams = beams.live_log_probs.shape[1]
   active = beam_search.continues(problem, beams)
@@ -238,8 +265,8 @@ def _iteration(problem: beam_search.BeamProblem, tokens_to_logits, draft_tokens_
       sequences=seqs, cache=state.draft_cache))
   last_pending = jnp.repeat(state.num_pending - 1, num_beams)[:, None, None]
   draft_root = _log_softmax(jnp.take_along_axis(draft_logits, last_pending, axis=1)[:, 0])
-  tree = _draft_tree(problem, draft_tokens_to_logits, gamma, beams, draft_root, draft_cache,
-                     active, budget)
+  tree = _draft_tree(problem, draft_tokens_to_logits, gamma, width, beams, draft_root,
+                     draft_cache, active, budget)
   root_log_probs, node_log_probs, cache = _tree_call(tokens_to_logits, gamma, beams,
                                                      state.num_pending, tree, state.cache)
   beams, steps, roots = _replay(problem, gamma, beams, tree, root_log_probs, node_log_probs,
@@ -267,20 +294,26 @@ def speculative_beam_search(inputs: jax.Array, cache: Any,
                             gamma: int, decode_rng: jax.Array | None = None,
                             num_decodes: int = 4, alpha: float = 0.6,
                             nodes_per_beam: int | None = None,
+                            draft_beams: int | None = None,
                             initial_index: jax.Array | None = None
                             ) -> tuple[jax.Array, jax.Array, BeamSearchStats]:
   """`beam_search.beam_search`'s output (num_decodes beams, brevity alpha), the draft
-  proposing up to gamma steps per target call (see the module docstring). Each beam's target
-  call scores at most `nodes_per_beam` nodes of the tree (None: num_decodes * gamma, all).
+  proposing up to gamma steps per target call (see the module docstring). The draft's own
+  search keeps `draft_beams` >= num_decodes beams (None: num_decodes), so its tree has
+  draft_beams * gamma nodes; each beam's target call scores at most `nodes_per_beam` of them
+  (None: all).
 
   Returns (decodes [B, num_decodes, L], scores [B, num_decodes], stats with [B, num_decodes]
   fields). `decode_rng` is unused, as in T5X.
   """
   del decode_rng
   beam_search.validate(inputs, eos_id, num_decodes, initial_index)
-  check_speculative_beam_settings(gamma, alpha, nodes_per_beam)
-  budget = num_decodes * gamma if nodes_per_beam is None else min(nodes_per_beam,
-                                                                   num_decodes * gamma)
+  check_speculative_beam_settings(gamma, alpha, nodes_per_beam, draft_beams)
+  width = num_decodes if draft_beams is None else draft_beams
+  if width < num_decodes:
+    raise ValueError(f"draft_beams ({draft_beams}) must be at least the beam count "
+                     f"num_decodes ({num_decodes}): the draft's tree must be able to hold them")
+  budget = width * gamma if nodes_per_beam is None else min(nodes_per_beam, width * gamma)
   problem, beams = beam_search.init(inputs, num_decodes, eos_id, alpha, scratch=gamma + 1)
   batch_size = inputs.shape[0]
   cache, draft_cache = decoding._expand(  # pylint: disable=protected-access
@@ -288,7 +321,7 @@ def speculative_beam_search(inputs: jax.Array, cache: Any,
   initial = _LoopState(beams, jnp.ones((batch_size,), jnp.int32), cache, draft_cache,
                        BeamSearchStats.zeros(batch_size, gamma))
   iteration = functools.partial(_iteration, problem, tokens_to_logits, draft_tokens_to_logits,
-                                gamma, budget)
+                                gamma, width, budget)
   final = jax.lax.while_loop(lambda s: jnp.any(beam_search.continues(problem, s.beams)),
                              iteration, initial)
   decodes, scores = beam_search.results(problem, final.beams)
