@@ -75,7 +75,9 @@ def test_summary_totals_the_counters_and_their_ratios(beam_run):
   for name in ("target_calls", "draft_calls", "beam_steps", "tree_nodes"):
     assert summary[name] == sum(r["stats"][name] for r in records), name
   covered = np.sum([r["stats"]["covered_past_depth"] for r in records], axis=0)
-  assert summary["covered_past_depth"] == covered.tolist() and len(covered) == 3  # GAMMA
+  assert summary["covered_past_depth"] == covered.tolist()
+  assert len(covered) == summary["decode_settings"]["gamma"]
+  assert summary["decode_settings"]["draft_beams"] == 8
   assert summary["beam_steps_per_target_call"] == pytest.approx(
       summary["beam_steps"] / summary["target_calls"])
   assert summary["target_calls_saved"] == pytest.approx(

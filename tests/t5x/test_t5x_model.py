@@ -80,12 +80,14 @@ def test_greedy_speculative_decodes_equal_t5x(pairs, target):
     assert accepted > 0, "no draft was accepted"
 
 
-# (beam size, alpha, batch size, gamma): each compiles T5X's and the hook's decode once.
-BEAM_CASES = [(4, 0.6, 3, 3), (2, 0.0, 1, 1), (1, 0.6, 3, 5)]
+# (beam size, alpha, batch size, gamma, the draft search's beams as a loop setting: None is
+# the beam size): each compiles T5X's and the hook's decode once.
+BEAM_CASES = [(4, 0.6, 3, 3, None), (2, 0.0, 1, 1, None), (1, 0.6, 3, 5, None),
+              (4, 0.6, 1, 1, 8)]
 
 
-@pytest.mark.parametrize("num_beams,alpha,batch_size,gamma", BEAM_CASES)
-def test_beam_search_equals_t5x(pairs, num_beams, alpha, batch_size, gamma):
+@pytest.mark.parametrize("num_beams,alpha,batch_size,gamma,draft_beams", BEAM_CASES)
+def test_beam_search_equals_t5x(pairs, num_beams, alpha, batch_size, gamma, draft_beams):
   """T5X's model with its own network and `beam_search` (its default decode_fn) against the
   hook's speculative beam search: every beam, token for token, and its score."""
   target_path, draft_path = pairs["t5x_tiny"]
@@ -95,12 +97,16 @@ def test_beam_search_equals_t5x(pairs, num_beams, alpha, batch_size, gamma):
       model.predict_batch_with_aux, num_decodes=num_beams, return_all_decodes=True))(
           params, _batch(batch_size))
   want, want_aux = predict(t5x_model, t5x_setup.load_params(target_path))
-  model = speculative.speculative_version(t5x_model, draft_path, gamma=gamma)
+  loop_settings = None if draft_beams is None else {"draft_beams": draft_beams}
+  model = speculative.speculative_version(t5x_model, draft_path, gamma=gamma,
+                                          loop_settings=loop_settings)
   assert model.decoder.loop_name == "speculative_beam_search"
+  assert model.decoder.resolved_settings()["draft_beams"] == draft_beams
   got, aux = predict(model, _both_params(target_path, draft_path))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   np.testing.assert_allclose(aux["scores"], want_aux["scores"], rtol=1e-5, atol=1e-5)
   assert np.all(aux["target_calls"] <= aux["beam_steps"])
+  assert aux["covered_past_depth"].shape == aux["beam_steps"].shape + (gamma,)
 
 
 def test_scores_use_the_target_alone(pairs):
