@@ -15,6 +15,8 @@ Conventions (T5X's, except the topk default, see `decoding.temperature_sample`):
 - topk and topp together: top-k first, then top-p within what top-k kept.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -81,6 +83,12 @@ def sample(rng: jax.Array, probs: jax.Array, point_masses: bool = False) -> jax.
   return sample_from_uniform(jax.random.uniform(rng, probs.shape[:-1]), probs)
 
 
+def _block_width(vocab_size: int) -> int:
+  """The divisor of the vocabulary size nearest its square root from below: the width of the
+  blocks `sample_from_uniform` walks first."""
+  return max(d for d in range(1, math.isqrt(vocab_size) + 1) if vocab_size % d == 0)
+
+
 def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
   """The id of each row of `probs [..., V]` at which the row's cumulative mass passes
   `uniform [...]` (in [0, 1)) times the row's total: one draw per row -> [...] int32.
@@ -88,26 +96,32 @@ def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
   Inverse CDF with one uniform per row: drawing V Gumbels per row (`jax.random.categorical`)
   costs more than a small model's whole decoder call on a CPU, and a decoder draws all of an
   iteration's uniforms at once (one random-bits call instead of one per draw). The id is found
-  by bisection on masked sums rather than a cumulative sum, whose scan would make a
-  vocabulary-sharded array exchange halos between devices (a masked sum is an all-reduce). An
-  id with probability 0 is never drawn, whatever the rounding.
+  in two levels, a few kernels whatever V: the vocabulary as blocks of about sqrt(V) ids, the
+  block where the cumulative mass passes the threshold (a scan over the V / width block masses
+  only), then the id within it (its masses picked by a masked sum over the blocks, which on a
+  vocabulary-sharded array is an all-reduce). An id with probability 0 is never drawn, whatever
+  the rounding.
   """
   # Clipped: rounding can leave entries slightly below zero.
   probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
   vocab_size = probs.shape[-1]
-  ids = jnp.arange(vocab_size)
-  threshold = uniform * jnp.sum(probs, axis=-1)
-  mass_below = lambda m: jnp.sum(jnp.where(ids < m[..., None], probs, 0.0), axis=-1)
-  # Invariant: mass_below(low) <= threshold < mass_below(high); ends with high = low + 1.
-  low = jnp.zeros(probs.shape[:-1], jnp.int32)
-  high = jnp.full(probs.shape[:-1], vocab_size, jnp.int32)
-  for _ in range(max(vocab_size - 1, 1).bit_length()):
-    middle = (low + high) // 2
-    below = mass_below(middle) <= threshold
-    low, high = jnp.where(below, middle, low), jnp.where(below, high, middle)
+  width = _block_width(vocab_size)
+  num_blocks = vocab_size // width
+  blocks = probs.reshape(probs.shape[:-1] + (num_blocks, width))
+  block_mass = jnp.sum(blocks, axis=-1)
+  block_end = jnp.cumsum(block_mass, axis=-1)  # the mass up to each block's end
+  threshold = uniform * block_end[..., -1]
+  count_at_most = lambda ends: jnp.sum((ends <= threshold[..., None]).astype(jnp.int32), -1)
+  block = jnp.minimum(count_at_most(block_end), num_blocks - 1)
+  chosen = jnp.arange(num_blocks) == block[..., None]
+  before = jnp.sum(jnp.where(chosen, block_end - block_mass, 0.0), axis=-1)
+  in_block = jnp.sum(jnp.where(chosen[..., None], blocks, 0.0), axis=-2)  # [..., width]
+  offset = jnp.minimum(count_at_most(before[..., None] + jnp.cumsum(in_block, axis=-1)),
+                       width - 1)
+  token = block * width + offset
   # A rounding tie can land on an id of probability 0; the likeliest id stands in for it.
-  drawn = jnp.take_along_axis(probs, low[..., None], axis=-1)[..., 0] > 0
-  return jnp.where(drawn, low, first_argmax(probs))
+  drawn = jnp.take_along_axis(probs, token[..., None], axis=-1)[..., 0] > 0
+  return jnp.where(drawn, token, first_argmax(probs)).astype(jnp.int32)
 
 
 def log_softmax_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -54,6 +54,10 @@ class SpeculativeStats(_Counters):
   acceptance_sum: jax.Array  # sum over verified positions of sum_x min(p(x), q(x))
   verified_positions: jax.Array
 
+  @property
+  def alpha(self) -> jax.Array:
+    return self.ratios(dataclasses.asdict(self))["alpha"]
+
   @staticmethod
   def ratios(totals: Mapping[str, Any]) -> dict[str, Any]:
     """'alpha' (the paper's acceptance estimate: mean over verified positions of
