@@ -89,6 +89,13 @@ def _block_width(vocab_size: int) -> int:
   return max(d for d in range(1, math.isqrt(vocab_size) + 1) if vocab_size % d == 0)
 
 
+def _prefix_sums(x: jax.Array) -> jax.Array:
+  """Inclusive prefix sums along the last axis of `x [..., n]`, as masked sums ([n, n])."""
+  n = x.shape[-1]
+  upto = jnp.arange(n)[None, :] <= jnp.arange(n)[:, None]  # [i, j]: j <= i
+  return jnp.sum(jnp.where(upto, x[..., None, :], 0.0), axis=-1)
+
+
 def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
   """The id of each row of `probs [..., V]` at which the row's cumulative mass passes
   `uniform [...]` (in [0, 1)) times the row's total: one draw per row -> [...] int32.
@@ -97,10 +104,11 @@ def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
   costs more than a small model's whole decoder call on a CPU, and a decoder draws all of an
   iteration's uniforms at once (one random-bits call instead of one per draw). The id is found
   in two levels, a few kernels whatever V: the vocabulary as blocks of about sqrt(V) ids, the
-  block where the cumulative mass passes the threshold (a scan over the V / width block masses
-  only), then the id within it (its masses picked by a masked sum over the blocks, which on a
-  vocabulary-sharded array is an all-reduce). An id with probability 0 is never drawn, whatever
-  the rounding.
+  block where the cumulative mass passes the threshold, then the id within it. Every sum is a
+  masked sum, prefix sums included (`_prefix_sums`, sqrt(V) x sqrt(V) per level): on a
+  vocabulary-sharded array each is an all-reduce, where a scan (`jnp.cumsum`) would pass
+  partial sums from device to device. An id with probability 0 is never drawn, whatever the
+  rounding.
   """
   # Clipped: rounding can leave entries slightly below zero.
   probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
@@ -109,14 +117,14 @@ def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
   num_blocks = vocab_size // width
   blocks = probs.reshape(probs.shape[:-1] + (num_blocks, width))
   block_mass = jnp.sum(blocks, axis=-1)
-  block_end = jnp.cumsum(block_mass, axis=-1)  # the mass up to each block's end
-  threshold = uniform * block_end[..., -1]
+  block_end = _prefix_sums(block_mass)  # the mass up to each block's end
+  threshold = uniform * jnp.sum(block_mass, axis=-1)
   count_at_most = lambda ends: jnp.sum((ends <= threshold[..., None]).astype(jnp.int32), -1)
   block = jnp.minimum(count_at_most(block_end), num_blocks - 1)
   chosen = jnp.arange(num_blocks) == block[..., None]
   before = jnp.sum(jnp.where(chosen, block_end - block_mass, 0.0), axis=-1)
   in_block = jnp.sum(jnp.where(chosen[..., None], blocks, 0.0), axis=-2)  # [..., width]
-  offset = jnp.minimum(count_at_most(before[..., None] + jnp.cumsum(in_block, axis=-1)),
+  offset = jnp.minimum(count_at_most(before[..., None] + _prefix_sums(in_block)),
                        width - 1)
   token = block * width + offset
   # A rounding tie can land on an id of probability 0; the likeliest id stands in for it.
