@@ -7,11 +7,13 @@ no EOS (every row runs to the length limit). Each repetition decodes the same ba
 alternately, and checks that every beam and score agree. Printed per run: tokens/s of the best
 beams (tokens = batch * max_decode_len), target calls per beam-search step, draft calls, and
 per tree depth the share of target calls whose tree held every beam selected there; then
-medians and the speedup. One JSON line per repetition goes to --output.
+medians and the speedup. With --t5x, T5X's own `t5x.decoding.beam_search` over T5X's network
+(`spec_decode.t5x.sampler.beam_search_model`, the same weights) is timed in the same rounds and
+its beams compared with ours. One JSON line per repetition goes to --output.
 
   python scripts/beam_search_bench.py --target_gin configs/models/t5_1_1/base.gin \
       [--batch_size 1] [--beams 4] [--alpha 0.6] [--gamma 3] [--nodes_per_beam N] \
-      [--draft_beams W] \
+      [--draft_beams W] [--t5x] \
       [--repetitions 3] [--output records.jsonl]
 """
 
@@ -56,6 +58,8 @@ def main() -> None:
   parser.add_argument("--repetitions", type=int, default=3)
   parser.add_argument("--max_decode_len", type=int, default=64)
   parser.add_argument("--residual_scale", type=float, default=5e-5)
+  parser.add_argument("--t5x", action="store_true",
+                      help="also time T5X's own beam_search on the same weights")
   parser.add_argument("--output", default=None)
   args = parser.parse_args()
   pair = bench.build_pair(bench.PairConfig(
@@ -70,6 +74,14 @@ def main() -> None:
   runs = {"beam_search": (_compiled(baseline, pair, args.batch_size, args.beams), None),
           "speculative_beam_search": (_compiled(speculative, pair, args.batch_size, args.beams),
                                       pair.draft.params)}
+  if args.t5x:
+    from spec_decode.t5x import sampler  # pylint: disable=import-outside-toplevel
+    t5x_model = sampler.beam_search_model(pair.target.config, pair.eos_id or 1, args.alpha)
+    zeros = jnp.zeros((args.batch_size, pair.max_decode_len), jnp.int32)
+    predict = jax.jit(lambda params, draft_params, tokens: t5x_model.predict_batch_with_aux(
+        params, {"encoder_input_tokens": tokens, "decoder_input_tokens": zeros},
+        num_decodes=args.beams, return_all_decodes=True))
+    runs["t5x_beam_search"] = (predict, None)
   rates = {name: [] for name in runs}
   records = []
   for repetition in range(args.repetitions + 1):  # the first is untimed (compiles, warms up)
@@ -84,6 +96,11 @@ def main() -> None:
     (want, want_aux), (got, aux) = outputs["beam_search"], outputs["speculative_beam_search"]
     identical = bool(np.array_equal(np.asarray(want), np.asarray(got)))
     scores_close = bool(np.allclose(want_aux["scores"], aux["scores"], rtol=1e-5, atol=1e-5))
+    if args.t5x:
+      t5x_decodes, t5x_aux = outputs["t5x_beam_search"]
+      identical &= bool(np.array_equal(np.asarray(want), np.asarray(t5x_decodes)))
+      scores_close &= bool(np.allclose(want_aux["scores"], t5x_aux["scores"], rtol=1e-5,
+                                       atol=1e-5))
     record = {"repetition": repetition, "identical_decodes": identical,
               "scores_close": scores_close,
               **{name: float(np.sum(np.asarray(aux[name])[:, 0]))
