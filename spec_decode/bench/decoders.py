@@ -77,12 +77,15 @@ class Variant:
     return not self.is_baseline and self.draft_source != "lookup"
 
   @property
+  def _beams(self) -> str:
+    return f" beams={self.num_decodes}" if self.num_decodes > 1 else ""
+
+  @property
   def label(self) -> str:
-    beams = f" beams={self.num_decodes}" if self.num_decodes > 1 else ""
     if self.is_baseline:
       if self.decode_loop == "speculative_sample":
-        return "baseline" + beams
-      return f"baseline {loops.get(self.decode_loop).baseline}{beams}"
+        return "baseline" + self._beams
+      return f"baseline {loops.get(self.decode_loop).baseline}{self._beams}"
     if self.draft_source != "model":
       return f"{self.draft_source} n<={self.lookup_max_ngram} {self._model_label()}"
     return self._model_label()
@@ -91,8 +94,7 @@ class Variant:
     if self.simulated_alpha is not None:
       return f"{SIMULATED} coin alpha={self.simulated_alpha:g} gamma={self.gamma}"
     if self.decode_loop != "speculative_sample":
-      beams = f" beams={self.num_decodes}" if self.num_decodes > 1 else ""
-      return f"{self.decode_loop} gamma={self.gamma}{beams}"
+      return f"{self.decode_loop} gamma={self.gamma}{self._beams}"
     if self.draft_policy == "fixed":
       return f"{self.verifier} fixed gamma={self.gamma}"
     return f"{self.verifier} {self.draft_policy} gamma<={self.gamma}"
