@@ -90,10 +90,11 @@ def test_sample_of_a_one_hot_row_is_its_token(point_masses):
         [0, 7, 4095])
 
 
-@pytest.mark.parametrize("vocab_size", [6, 97, 8000, 32128])
+@pytest.mark.parametrize("vocab_size", [6, 97, 4099, 8000, 32128])
 def test_sample_from_uniform_is_the_inverse_cdf(vocab_size):
   """Against the inverse CDF computed in float64: the same id but for rounding ties, never an
-  id of probability 0 (vocabularies of one block, a prime and T5's 32128 = 251 x 128)."""
+  id of probability 0 (vocabularies of one block, primes, padded to whole blocks, and T5's
+  32128 = 251 x 128)."""
   rng = np.random.default_rng(vocab_size)
   probs = rng.random((2000, vocab_size)).astype(np.float32) ** 8
   probs[:, rng.random(vocab_size) < 0.3] = 0.0

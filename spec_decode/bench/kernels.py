@@ -63,6 +63,12 @@ class Loop:
 
 def _opcode(line: str) -> str | None:
   """The opcode of an instruction line (`%name = type opcode(operands), ...`), else None."""
+  opcode = _opcode_match(line)
+  return opcode.group(1) if opcode else None
+
+
+def _opcode_match(line: str) -> re.Match | None:
+  """The match of an instruction line's opcode and its opening parenthesis, else None."""
   name = _NAME.match(line)
   if not name:
     return None
@@ -76,8 +82,7 @@ def _opcode(line: str) -> str | None:
     position += 1
   else:
     position = rest.find(" ", position)
-  opcode = _OPCODE.match(rest, position)
-  return opcode.group(1) if opcode else None
+  return _OPCODE.match(rest, position)
 
 
 def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
@@ -95,8 +100,9 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
 
 
 def _operands(line: str) -> list[str]:
-  """The names of an instruction line's operands (inside its opcode's parentheses)."""
-  start = line.index("(", _NAME.match(line).end() + 1)
+  """The names of an instruction line's operands (inside its opcode's parentheses, not a
+  tuple type's)."""
+  start = _opcode_match(line).end() - 1
   depth = 0
   for end in range(start, len(line)):
     depth += {"(": 1, ")": -1}.get(line[end], 0)

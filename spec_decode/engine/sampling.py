@@ -84,9 +84,13 @@ def sample(rng: jax.Array, probs: jax.Array, point_masses: bool = False) -> jax.
 
 
 def _block_width(vocab_size: int) -> int:
-  """The divisor of the vocabulary size nearest its square root from below: the width of the
-  blocks `sample_from_uniform` walks first."""
-  return max(d for d in range(1, math.isqrt(vocab_size) + 1) if vocab_size % d == 0)
+  """The width of the blocks `sample_from_uniform` walks first: the divisor of the vocabulary
+  size nearest its square root from below when it is at least half that root, else the root
+  plus one (the vocabulary is then padded with ids of probability 0 to whole blocks), so that
+  neither level holds more than about 2 sqrt(V) entries."""
+  root = math.isqrt(vocab_size)
+  divisor = max(d for d in range(1, root + 1) if vocab_size % d == 0)
+  return divisor if 2 * divisor >= root else root + 1
 
 
 def _prefix_sums(x: jax.Array) -> jax.Array:
@@ -114,8 +118,9 @@ def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
   probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
   vocab_size = probs.shape[-1]
   width = _block_width(vocab_size)
-  num_blocks = vocab_size // width
-  blocks = probs.reshape(probs.shape[:-1] + (num_blocks, width))
+  num_blocks = -(-vocab_size // width)
+  padding = [(0, 0)] * (probs.ndim - 1) + [(0, num_blocks * width - vocab_size)]
+  blocks = jnp.pad(probs, padding).reshape(probs.shape[:-1] + (num_blocks, width))
   block_mass = jnp.sum(blocks, axis=-1)
   block_end = _prefix_sums(block_mass)  # the mass up to each block's end
   threshold = uniform * jnp.sum(block_mass, axis=-1)

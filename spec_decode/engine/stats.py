@@ -56,7 +56,7 @@ class SpeculativeStats(_Counters):
 
   @property
   def alpha(self) -> jax.Array:
-    return self.ratios(dataclasses.asdict(self))["alpha"]
+    return self.aux()["alpha"]
 
   @staticmethod
   def ratios(totals: Mapping[str, Any]) -> dict[str, Any]:
