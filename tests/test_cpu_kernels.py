@@ -192,7 +192,7 @@ def test_ops_follow_the_backend_and_the_activation_dtype():
   float32 (its logits)."""
   assert cpu_kernels.ops_for("gpu") == cpu_kernels.ops_for("tpu") == network.Ops()
   assert cpu_kernels.ops_for("cpu") == cpu_kernels.cpu_ops()
-  assert cpu_kernels.cpu_ops().attention_logits is cpu_kernels.single_query_attention_logits
+  assert cpu_kernels.cpu_ops().attention_logits is cpu_kernels.few_query_attention_logits
   assert cpu_kernels.cpu_ops().embedding_product is cpu_kernels.embedding_product
   bfloat16 = cpu_kernels.ops_for("cpu", "bfloat16")
   assert bfloat16.dense_product is cpu_kernels.dense_product
@@ -201,13 +201,17 @@ def test_ops_follow_the_backend_and_the_activation_dtype():
   assert bfloat16.attention_mix is network.einsum_attention_mix
 
 
-@pytest.mark.parametrize("num_queries", [1, 3])
-def test_single_query_attention_loops_compute_the_einsums(num_queries):
+@pytest.mark.parametrize("num_queries", [1, 2, cpu_kernels.FEW_QUERIES, cpu_kernels.FEW_QUERIES + 1])
+def test_few_query_attention_loops_compute_the_einsums(num_queries):
   rng = np.random.default_rng(num_queries)
   query = jnp.asarray(rng.standard_normal((2, num_queries, 3, 4)), jnp.float32)
   key = jnp.asarray(rng.standard_normal((2, 7, 3, 4)), jnp.float32)
   weights = jax.nn.softmax(network.einsum_attention_logits(query, key))
-  np.testing.assert_allclose(cpu_kernels.single_query_attention_logits(query, key),
+  np.testing.assert_allclose(cpu_kernels.few_query_attention_logits(query, key),
                              network.einsum_attention_logits(query, key), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(cpu_kernels.single_query_attention_mix(weights, key),
+  np.testing.assert_allclose(cpu_kernels.few_query_attention_mix(weights, key),
                              network.einsum_attention_mix(weights, key), rtol=1e-5, atol=1e-6)
+  # Up to FEW_QUERIES queries the loops (no dot reads the cache), past them the einsums.
+  jaxpr = str(jax.make_jaxpr(cpu_kernels.few_query_attention_logits)(query, key))
+  jaxpr += str(jax.make_jaxpr(cpu_kernels.few_query_attention_mix)(weights, key))
+  assert ("dot_general" in jaxpr) == (num_queries > cpu_kernels.FEW_QUERIES)

@@ -1,7 +1,11 @@
-"""Tree calls (the model contract's token_positions and token_mask) give each fed token the
-logits of decoding its path alone: on the toy prefix-hash model exactly, on T5 (both families)
-to float rounding. The rows start at different positions over stale cache entries, and the
-cache a tree call writes (its chain of pending tokens) continues like a chain call's."""
+"""The model contract's optional fields. Tree calls (token_positions and token_mask) give each
+fed token the logits of decoding its path alone: on the toy prefix-hash model exactly, on T5
+(both families) to float rounding. The rows start at different positions over stale cache
+entries, and the cache a tree call writes (its chain of pending tokens) continues like a chain
+call's. A call asking for one fed token's logits (logits_index) returns those and writes the
+same cache."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +13,7 @@ import numpy as np
 import pytest
 
 from spec_decode.engine import decoding
+from spec_decode.engine import lookup
 from spec_decode.engine import toy
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import network
@@ -112,3 +117,43 @@ def test_the_pending_chain_it_writes_continues_like_a_chain_call(model):
   from_tree, _ = model.call(model.params, _state(after, nxt, tree_cache))
   from_chain, _ = model.call(model.params, _state(after, nxt, chain_cache))
   np.testing.assert_allclose(from_tree, from_chain, **model.tolerance)
+
+
+def test_a_call_asking_for_one_fed_tokens_logits_returns_those(model):
+  cache = _prefilled(model)
+  tokens = TOKENS[:, :3]
+  every, every_cache = model.call(model.params, _state(START, tokens, cache))
+  index = jnp.asarray([2, 0], jnp.int32)
+  one, one_cache = model.call(model.params, dataclasses.replace(
+      _state(START, tokens, cache), logits_index=index))
+  assert one.shape == (len(START), 1, every.shape[-1])
+  np.testing.assert_allclose(one[:, 0], every[np.arange(len(START)), index], **model.tolerance)
+  for a, b in zip(jax.tree_util.tree_leaves(one_cache), jax.tree_util.tree_leaves(every_cache)):
+    np.testing.assert_allclose(a, b, **model.tolerance)
+
+
+def test_a_lookup_asked_for_one_fed_token_proposes_for_that_token_alone():
+  drafter = lookup.NGramLookup(vocab_size=16, max_ngram=2)
+  source = jnp.asarray([[5, 6, 7, 8, 0], [9, 4, 3, 2, 1]], jnp.int32)
+  sequences = jnp.asarray([[0, 5, 6, 7, 0, 0], [0, 9, 4, 0, 0, 0]], jnp.int32)
+  state = decoding.DecodingState(jnp.asarray([1, 1], jnp.int32), sequences[:, 1:4], sequences,
+                                 drafter.init_cache(source))
+  every, _ = drafter.tokens_to_logits(state)
+  index = jnp.asarray([1, 0], jnp.int32)
+  one, _ = drafter.tokens_to_logits(dataclasses.replace(state, logits_index=index))
+  np.testing.assert_array_equal(one[:, 0], every[np.arange(2), index])
+  assert np.isfinite(np.asarray(one)).any()  # it proposes something there
+
+
+def test_a_model_ignoring_logits_index_is_refused_before_it_runs():
+  model = toy.PrefixHashModel.random(jax.random.PRNGKey(0), 8)
+
+  def every_logits(state):  # drops the field: answers with every fed token's logits
+    return model.tokens_to_logits(dataclasses.replace(state, logits_index=None))
+
+  state = decoding.DecodingState(jnp.zeros((1,), jnp.int32), jnp.zeros((1, 2), jnp.int32),
+                                 jnp.zeros((1, 4), jnp.int32), model.init_cache(1, 4))
+  with pytest.raises(ValueError, match="logits_index"):
+    decoding.logits_of_one(every_logits, state, jnp.zeros((1,), jnp.int32))
+  logits, _ = decoding.logits_of_one(model.tokens_to_logits, state, jnp.ones((1,), jnp.int32))
+  np.testing.assert_array_equal(logits, model.tokens_to_logits(state)[0][:, 1])

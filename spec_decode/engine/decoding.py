@@ -32,6 +32,12 @@ entries at positions >= cur_index. So one call scores several continuations of a
 of tokens: each attends to its ancestors) while entries >= cur_index stay stale as above. A
 chain call is the tree call with token_positions cur_index + j and a causal token_mask.
 
+A call may ask for the logits of one fed token per row:
+  state.logits_index [B] int32        which fed token's logits to return;
+the call then returns logits [B, 1, V], those of fed token logits_index[b] (every fed token is
+still written to the cache). The draft's catch-up call feeds two tokens and reads one: on
+CPU the output projection is the largest product of a small draft's call.
+
 ## Conventions (T5X's `t5x/decoding.py`)
 `inputs [B, L]` are decoder inputs: position 0 is BOS (0); a non-zero token at position t >= 1 is
 forced (a prompt), zero means "sample". The output `decodes [B, num_decodes, L]` holds the
@@ -51,7 +57,7 @@ Each iteration of `speculative_sample`, for every row independently at its own p
 1. the draft proposes x_1..x_m from q, m <= gamma chosen by a drafting policy (fixed m = gamma
    by default; see `spec_decode.engine.drafting`): a k = 2 catch-up call at positions i-1, i (after a
    fully accepted block the draft has never seen x_m; otherwise it rewrites an entry it already
-   holds), then k = 1 calls;
+   holds) asking for the logits of position i alone, then k = 1 calls;
 2. the target scores [seq[i], x_1..x_gamma] in ONE call (k = gamma + 1) giving p_1..p_{gamma+1};
 3. a verification rule from `spec_decode.engine.verify` turns (x, q, p, m) into the number of
    accepted drafts n and the next token; the row commits n + 1 tokens (cut at EOS or its length limit)
@@ -93,9 +99,30 @@ class DecodingState:
   cache: Any
   token_positions: jax.Array | None = None  # [B, k] int32: a tree call (see the contract)
   token_mask: jax.Array | None = None  # [B, k, k] bool
+  logits_index: jax.Array | None = None  # [B] int32: return only that fed token's logits
 
 
 TokensToLogits = Callable[[DecodingState], tuple[jax.Array, Any]]
+
+
+def requested(state: DecodingState, per_fed_token: jax.Array) -> jax.Array:
+  """`per_fed_token [B, k, ...]` as a call returns it: [B, 1, ...] at `state.logits_index`
+  where the call asks for one fed token's logits, else unchanged."""
+  if state.logits_index is None:
+    return per_fed_token
+  index = state.logits_index.reshape((-1, 1) + (1,) * (per_fed_token.ndim - 2))
+  return jnp.take_along_axis(per_fed_token, index, axis=1)
+
+
+def logits_of_one(tokens_to_logits: TokensToLogits, state: DecodingState,
+                  index: jax.Array) -> tuple[jax.Array, Any]:
+  """(logits [B, V] of fed token index[b], new cache): a call of `state` that asks for them
+  (`logits_index`); ValueError at trace time for a model that returns every fed token's."""
+  logits, cache = tokens_to_logits(dataclasses.replace(state, logits_index=index))
+  if logits.shape[1] != 1:
+    raise ValueError(f"a model asked for one fed token's logits (state.logits_index) returned "
+                     f"{logits.shape[1]}: see the model contract in spec_decode.engine.decoding")
+  return logits[:, 0], cache
 
 
 @flax.struct.dataclass
@@ -388,9 +415,8 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
   index = rows.index
   start = jnp.maximum(index - 1, 0)
   window = start[:, None] + jnp.arange(2)
-  logits, draft_cache = draft_tokens_to_logits(DecodingState(
-      start, _gather(rows.sequences, window), rows.sequences, draft_cache))
-  logits = jnp.take_along_axis(logits, (index - start)[:, None, None], axis=1)[:, 0]
+  logits, draft_cache = logits_of_one(draft_tokens_to_logits, DecodingState(
+      start, _gather(rows.sequences, window), rows.sequences, draft_cache), index - start)
   num_rows, vocab_size = logits.shape
   greedy = uniforms is None
 

@@ -119,11 +119,12 @@ class NGramLookup:
 
   def proposals(self, cache: LookupCache, state: decoding.DecodingState
                 ) -> tuple[jax.Array, jax.Array]:
-    """(token [B, k], proposes [B, k]) for each fed position."""
+    """(token [B, k], proposes [B, k]) for each fed position (for the one fed token the
+    call asks for: [B, 1])."""
     positions = state.cur_index[:, None] + jnp.arange(state.cur_token.shape[1])
     token, length = longest_match(cache.source, _with_fed_tokens(state), positions,
                                   self.max_ngram)
-    return token, length >= self.min_ngram
+    return decoding.requested(state, token), decoding.requested(state, length >= self.min_ngram)
 
   def tokens_to_logits(self, state: decoding.DecodingState) -> tuple[jax.Array, LookupCache]:
     token, proposes = self.proposals(state.cache, state)

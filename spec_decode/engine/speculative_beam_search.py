@@ -260,11 +260,10 @@ def _iteration(problem: beam_search.BeamProblem, tokens_to_logits, draft_tokens_
   start = jnp.repeat(beams.index - state.num_pending + 1, num_beams)
   seqs = beam_search.flat(beams.live_seqs)
   chain_positions = start[:, None] + jnp.arange(gamma + 1)
-  draft_logits, draft_cache = draft_tokens_to_logits(decoding.DecodingState(
+  draft_logits, draft_cache = decoding.logits_of_one(draft_tokens_to_logits, decoding.DecodingState(
       cur_index=start, cur_token=jnp.take_along_axis(seqs, chain_positions, axis=1),
-      sequences=seqs, cache=state.draft_cache))
-  last_pending = jnp.repeat(state.num_pending - 1, num_beams)[:, None, None]
-  draft_root = _log_softmax(jnp.take_along_axis(draft_logits, last_pending, axis=1)[:, 0])
+      sequences=seqs, cache=state.draft_cache), jnp.repeat(state.num_pending - 1, num_beams))
+  draft_root = _log_softmax(draft_logits)
   tree = _draft_tree(problem, draft_tokens_to_logits, gamma, width, beams, draft_root,
                      draft_cache, active, budget)
   root_log_probs, node_log_probs, cache = _tree_call(tokens_to_logits, gamma, beams,

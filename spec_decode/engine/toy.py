@@ -74,7 +74,8 @@ class PrefixHashModel:
       chunk.append(previous)
     chunk = jnp.stack(chunk, axis=1)  # [B, k]
     hashes = hashes.at[rows[:, None], positions].set(chunk, mode="drop")
-    logits = self.table[(chunk % jnp.uint32(self.table.shape[0])).astype(jnp.int32)]
+    logits = self.table[(decoding.requested(state, chunk) % jnp.uint32(self.table.shape[0])
+                         ).astype(jnp.int32)]
     return logits, {"prefix_hash": hashes}
 
   def next_token_logits(self, prefixes: np.ndarray) -> jax.Array:

@@ -4,7 +4,7 @@ tied embedding: `embedding_product`.
 
 `network.Transformer` takes its products as an injected `network.Ops` (default plain XLA); code
 that decodes picks them here: `ops_for(backend, dtype)` gives `cpu_ops(dtype)` on CPU
-(`dense_product`, `embedding_product`, and for float32 networks 1-query attention as
+(`dense_product`, `embedding_product`, and for float32 networks few-query attention as
 multiply-reduce loops) and
 plain XLA elsewhere; `with_backend_ops(module)` is that module with the default backend's ops
 (the decode layout, call_costs, models' default model calls, training's greedy decode and the
@@ -38,8 +38,8 @@ Contract:
     element.
   * One row stays with XLA's matrix-vector product, measured faster than the kernel's
     (scripts/small_rows_matmul_bench.py), so a 1-token and a k-token call do not share the
-    bit-identity above (they do not elsewhere either: 1-query attention has its own code
-    path).
+    bit-identity above (they do not elsewhere either: attention of up to `FEW_QUERIES`
+    queries has its own code path).
   * Partitioning: a custom call is opaque to GSPMD, which would gather a model-split weight
     onto every device to run it, and inside `jax.jit` a traced value does not say how
     `in_shardings` split it. So the kernel applies only in a process with one device (a CPU
@@ -77,6 +77,8 @@ from spec_decode.t5 import network
 
 MIN_ROWS = 2  # one row: XLA's matrix-vector product (see the module docstring)
 MAX_ROWS = 16
+# Attention of up to this many queries as multiply-reduce loops (`few_query_attention_logits`).
+FEW_QUERIES = 3
 TARGET_NAME = "spec_decode_small_rows_matmul"
 TRANSPOSED_TARGET_NAME = "spec_decode_small_rows_matmul_transposed"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "small_rows_matmul.cc")
@@ -109,37 +111,39 @@ def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
   return jax.device_count() == 1 and available()
 
 
-def single_query_attention_logits(query: jax.Array, key: jax.Array) -> jax.Array:
-  """`network.einsum_attention_logits`, as a multiply-reduce over D for one query.
+def few_query_attention_logits(query: jax.Array, key: jax.Array) -> jax.Array:
+  """`network.einsum_attention_logits`, as a multiply-reduce over D for up to `FEW_QUERIES`
+  queries (the einsum for more).
 
-  Why: a 1-query attention (a baseline or draft decode step) as two einsums is two small
-  batched dots that first copy the cached keys and values into head-major order, every layer,
-  every step (a T5.1.1-large step: 96 such copies); the loops read the cache in its own layout."""
-  if query.shape[1] != 1:
+  Why: an attention of few queries (a baseline or draft step, a verification call at gamma <=
+  2) as two einsums is two small batched dots that first copy the cached keys and values into
+  head-major order, every layer, every call (a T5.1.1-large step: 96 such copies); the loops
+  read the cache in its own layout. They read it once per query, so past a few queries the
+  dots win (scripts/attention_bench.py)."""
+  if query.shape[1] > FEW_QUERIES:
     return network.einsum_attention_logits(query, key)
-  # [B,1,H,D] x [B,kv,H,D] -> [B,H,1,kv]
-  return jnp.moveaxis(jnp.sum(query * key, axis=-1), 1, 2)[:, :, None, :]
+  # [B,q,1,H,D] x [B,1,kv,H,D] -> [B,q,kv,H] -> [B,H,q,kv]
+  return jnp.moveaxis(jnp.sum(query[:, :, None] * key[:, None], axis=-1), 3, 1)
 
 
-def single_query_attention_mix(weights: jax.Array, value: jax.Array) -> jax.Array:
-  """`network.einsum_attention_mix`, as a multiply-reduce over kv for one query (why:
-  `single_query_attention_logits`)."""
-  if weights.shape[2] != 1:
+def few_query_attention_mix(weights: jax.Array, value: jax.Array) -> jax.Array:
+  """`network.einsum_attention_mix`, as a multiply-reduce over kv for up to `FEW_QUERIES`
+  queries (why: `few_query_attention_logits`)."""
+  if weights.shape[2] > FEW_QUERIES:
     return network.einsum_attention_mix(weights, value)
-  # [B,H,1,kv] x [B,kv,H,D] -> [B,1,H,D]
-  return jnp.sum(jnp.moveaxis(weights[:, :, 0, :], 1, 2)[..., None] * value, axis=1,
-                 keepdims=True)
+  # [B,H,q,kv] -> [B,q,kv,H,1] x [B,1,kv,H,D] -> [B,q,H,D]
+  return jnp.sum(jnp.moveaxis(weights, 1, 3)[..., None] * value[:, None], axis=2)
 
 
 def cpu_ops(dtype: Any = jnp.float32) -> network.Ops:
   """The products on XLA:CPU of a network of activation dtype `dtype`: `dense_product` (which
   keeps XLA's dot where the kernel does not apply) and, for float32 networks only, the
-  single-query attention loops: in bfloat16 they would not round as T5X's einsums do."""
+  few-query attention loops: in bfloat16 they would not round as T5X's einsums do."""
   if jnp.dtype(dtype) != jnp.float32:
     return network.Ops(dense_product=dense_product, embedding_product=embedding_product)
   return network.Ops(dense_product=dense_product, embedding_product=embedding_product,
-                     attention_logits=single_query_attention_logits,
-                     attention_mix=single_query_attention_mix)
+                     attention_logits=few_query_attention_logits,
+                     attention_mix=few_query_attention_mix)
 
 
 def ops_for(backend: str | None = None, dtype: Any = jnp.float32) -> network.Ops:

@@ -479,9 +479,11 @@ class Decoder(nn.Module):
   def __call__(self, tokens: Array, self_bias: Array, cross_key_values: list[tuple[Array, Array]],
                cross_bias: Array, self_caches: list[tuple[Array, Array]] | None = None,
                write_positions: Array | None = None, deterministic: bool = True,
-               attend_to_fed: bool = False) -> tuple[Array, list]:
+               attend_to_fed: bool = False, logits_index: Array | None = None
+               ) -> tuple[Array, list]:
     """tokens [B,q] -> (float32 logits [B,q,V], per-layer updated self caches or Nones);
-    `attend_to_fed` as in `DecoderLayer`."""
+    `attend_to_fed` as in `DecoderLayer`; with `logits_index` [B], only the logits of token
+    logits_index[b]: [B,1,V]."""
     cfg = self.config
     x = self.residual_dropout(self.embedder(tokens), deterministic=deterministic)
     new_caches = []
@@ -490,6 +492,8 @@ class Decoder(nn.Module):
                            None if self_caches is None else self_caches[i], write_positions,
                            deterministic, attend_to_fed)
       new_caches.append(new_cache)
+    if logits_index is not None:
+      x = jnp.take_along_axis(x, logits_index[:, None, None], axis=1)
     x = self.residual_dropout(self.decoder_norm(x), deterministic=deterministic)
     if cfg.logits_via_embedding:
       logits = self.embedder.attend(x) / jnp.sqrt(jnp.float32(cfg.emb_dim))
@@ -563,10 +567,11 @@ class Transformer(nn.Module):
     return cache
 
   def decode_chunk(self, cache: DecodeCache, cur_index: Array, tokens: Array,
-                   token_positions: Array | None = None, token_mask: Array | None = None
-                   ) -> tuple[Array, DecodeCache]:
+                   token_positions: Array | None = None, token_mask: Array | None = None,
+                   logits_index: Array | None = None) -> tuple[Array, DecodeCache]:
     """Feeds tokens [B,k] at positions cur_index[b] + j -> (float32 logits [B,k,V], new cache);
-    with token_positions [B,k] and token_mask [B,k,k], a tree call (the engine's contract)."""
+    with token_positions [B,k] and token_mask [B,k,k], a tree call; with logits_index [B], the
+    logits of fed token logits_index[b] alone, [B,1,V] (the engine's contract)."""
     cfg = self.config
     num_layers = cfg.num_decoder_layers
     cache_len = cache["layers_0"]["self_attention"]["cached_key"].shape[1]
@@ -597,7 +602,7 @@ class Transformer(nn.Module):
         cross_bias,
         [(c["self_attention"]["cached_key"], c["self_attention"]["cached_value"])
          for c in layer_caches],
-        write_positions=query_positions, attend_to_fed=tree)
+        write_positions=query_positions, attend_to_fed=tree, logits_index=logits_index)
     new_cache = dict(cache, cache_index=(cur_index + tokens.shape[1]).astype(jnp.int32))
     for i, (key, value) in enumerate(new_self):
       new_cache[f"layers_{i}"] = dict(
@@ -628,15 +633,16 @@ def make_tokens_to_logits(config_or_module: T5Config | Transformer, params: Any
                           ) -> Callable[[Any], tuple[Array, DecodeCache]]:
   """Returns the engine's `tokens_to_logits(state) -> (logits [B,k,V] float32, new_cache)`.
 
-  Reads `state.cur_index` [B], `state.cur_token` [B,k], `state.cache` and, in a tree call,
-  `state.token_positions` and `state.token_mask`; jit- and while_loop-safe for a static k.
+  Reads `state.cur_index` [B], `state.cur_token` [B,k], `state.cache`, in a tree call
+  `state.token_positions` and `state.token_mask`, and `state.logits_index` where given;
+  jit- and while_loop-safe for a static k.
   """
   module = _as_module(config_or_module)
 
   def tokens_to_logits(state: Any) -> tuple[Array, DecodeCache]:
     return module.apply({"params": params}, state.cache, state.cur_index.astype(jnp.int32),
                         state.cur_token, state.token_positions, state.token_mask,
-                        method=Transformer.decode_chunk)
+                        state.logits_index, method=Transformer.decode_chunk)
 
   return tokens_to_logits
 
