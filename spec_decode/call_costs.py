@@ -1,9 +1,10 @@
 """What model calls cost on this machine: the c and v of the paper's Theorem 3.8, measured.
 
 `call_sequence_seconds(calls, batch_size, input_length, cache_length, loops, repetitions)`:
-median seconds of one pass through `calls`, a sequence of (module, params, num_tokens) cached
-decoder calls (`network.make_tokens_to_logits`, feeding `num_tokens` tokens per row) made in
-that order. Timed as one jitted `fori_loop` of `loops` passes divided by `loops`: the engine
+median seconds of one pass through `calls`, a sequence of `Call`s, (module, params, num_tokens
+[, one_logits]) cached decoder calls (`network.make_tokens_to_logits`, feeding `num_tokens`
+tokens per row; with `one_logits`, asking for the last fed token's logits alone, as the draft's
+catch-up call does) made in that order. Timed as one jitted `fori_loop` of `loops` passes divided by `loops`: the engine
 makes its calls inside a `while_loop` too, so no per-call dispatch is counted. Every call's
 logits feed a running max, so none is optimized away. Each cache has `init_decode_cache`'s
 shapes with zero keys and values (every input position unmasked): a call's cost does not depend
@@ -24,7 +25,7 @@ import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,12 @@ from spec_decode import compile_options as options_lib
 from spec_decode.engine import decoding
 from spec_decode.t5 import cpu_kernels, network
 
-Call = tuple[network.Transformer, Any, int]  # (module, params, tokens fed per row)
+class Call(NamedTuple):
+  """One cached decoder call of the sequence timed."""
+  module: network.Transformer
+  params: Any
+  num_tokens: int  # tokens fed per row
+  one_logits: bool = False  # asks for the last fed token's logits alone (`logits_index`)
 
 
 def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: int,
@@ -45,8 +51,9 @@ def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: 
   (`compile_options.merged(compiler_options, xla_defaults)`); with `xla_defaults`, traced
   with XLA's dots in place of `cpu_kernels`' (what XLA alone would do)."""
   encoder_tokens = jnp.ones((batch_size, input_length), jnp.int32)
-  models = list({id(params): (cpu_kernels.with_backend_ops(module), params)
-                 for module, params, _ in calls}.values())
+  calls = [Call(*call) for call in calls]
+  models = list({id(call.params): (cpu_kernels.with_backend_ops(call.module), call.params)
+                 for call in calls}.values())
   slot = {id(params): i for i, (_, params) in enumerate(models)}
   caches = []
   for module, params in models:
@@ -57,8 +64,8 @@ def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: 
     cache["encoder_mask"] = jnp.ones_like(cache["encoder_mask"])
     caches.append(cache)
   sequences = jnp.zeros((batch_size, cache_length), jnp.int32)
-  num_starts = max(cache_length - max(num_tokens for _, _, num_tokens in calls), 1)
-  order = [(slot[id(params)], num_tokens) for _, params, num_tokens in calls]
+  num_starts = max(cache_length - max(call.num_tokens for call in calls), 1)
+  order = [(slot[id(call.params)], call.num_tokens, call.one_logits) for call in calls]
 
   @functools.partial(jax.jit,
                      compiler_options=options_lib.merged(compiler_options, xla_defaults))
@@ -68,11 +75,13 @@ def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: 
 
     def one_pass(i, carry):
       caches, running_max = list(carry[0]), carry[1]
-      for model_slot, num_tokens in order:
+      for model_slot, num_tokens, one_logits in order:
         state = decoding.DecodingState(
             cur_index=jnp.full((batch_size,), i % num_starts, jnp.int32),
             cur_token=jnp.full((batch_size, num_tokens), 3 + i % 5, jnp.int32),
-            sequences=sequences, cache=caches[model_slot])
+            sequences=sequences, cache=caches[model_slot],
+            logits_index=(jnp.full((batch_size,), num_tokens - 1, jnp.int32) if one_logits
+                          else None))
         logits, caches[model_slot] = tokens_to_logits[model_slot](state)
         running_max = jnp.maximum(running_max, jnp.max(logits))
       return caches, running_max

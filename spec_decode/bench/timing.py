@@ -82,14 +82,15 @@ def summarize(outputs: Sequence[RunOutput]) -> dict[str, Any]:
   return summary
 
 
-def call_sequence_seconds(calls: Sequence[tuple[Model, int]], batch_size: int,
+def call_sequence_seconds(calls: Sequence[tuple[Any, ...]], batch_size: int,
                           input_length: int, cache_length: int, loops: int, repetitions: int,
                           compiler_options: Mapping[str, Any]) -> float:
   """`call_costs.call_sequence_seconds` of the bench's models: median seconds of one pass
-  through `calls`, each (model, number of tokens fed per row), made in that order."""
+  through `calls`, each (model, number of tokens fed per row[, one_logits]) as in
+  `call_costs.Call`, made in that order."""
   return call_costs.call_sequence_seconds(
-      [(model.module, model.params, num_tokens) for model, num_tokens in calls], batch_size,
-      input_length, cache_length, loops, repetitions, compiler_options)
+      [call_costs.Call(model.module, model.params, *rest) for model, *rest in calls],
+      batch_size, input_length, cache_length, loops, repetitions, compiler_options)
 
 
 def step_seconds(model: Model, batch_size: int, num_tokens: int, input_length: int,

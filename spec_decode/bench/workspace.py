@@ -47,14 +47,14 @@ class Workspace:
                                             self.partitioner)
     return self._decoders[which]
 
-  def calls(self, which: str, batch_size: int, calls: tuple[tuple[str, int], ...]) -> float:
-    """`call_sequence_seconds` of the pair's ('target' | 'draft', tokens fed) calls at its
-    decode shapes, measured once."""
+  def calls(self, which: str, batch_size: int, calls: tuple[tuple[Any, ...], ...]) -> float:
+    """`call_sequence_seconds` of the pair's ('target' | 'draft', tokens fed[, one_logits])
+    calls at its decode shapes, measured once."""
     key = (which, batch_size, calls)
     if key not in self._steps:
       pair, config = self.pair(which), self.configs[which]
       self._steps[key] = call_sequence_seconds(
-          [(getattr(pair, model), num_tokens) for model, num_tokens in calls], batch_size,
+          [(getattr(pair, model), *rest) for model, *rest in calls], batch_size,
           pair.inputs.shape[1], pair.max_decode_len, config.step_calls,
           config.step_repetitions, self.compiler_options)
     return self._steps[key]
@@ -67,13 +67,14 @@ class Workspace:
     """c = draft 1-token call / target 1-token call, v = target (gamma+1)-token call / target
     1-token call (each model timed alone), the step times they come from, and the seconds of
     one fixed-gamma iteration's model calls made in the engine's order (draft: the 2-token
-    catch-up and gamma - 1 one-token calls; target: the (gamma+1)-token call) in one loop —
+    catch-up, which asks for one token's logits, and gamma - 1 one-token calls; target: the
+    (gamma+1)-token call) in one loop —
     on a CPU whose cache holds the target alone but not both models, more than the sum."""
     target_step = self.step(which, "target", batch_size, 1)
     draft_step = self.step(which, "draft", batch_size, 1)
     verify_step = self.step(which, "target", batch_size, gamma + 1)
     iteration = self.calls(which, batch_size,
-                           (("draft", 2),) + (("draft", 1),) * (gamma - 1)
+                           (("draft", 2, True),) + (("draft", 1),) * (gamma - 1)
                            + (("target", gamma + 1),))
     return {"c": draft_step / target_step, "v": verify_step / target_step,
             "target_step_s": target_step, "draft_step_s": draft_step,
