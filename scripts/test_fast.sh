@@ -11,4 +11,5 @@ python -m pytest -q -n 2 --dist loadfile "$@" \
   tests/test_sampling.py tests/test_verify.py tests/test_demo_pair.py tests/test_distill.py \
   tests/test_decode_loops.py tests/test_t5_decoding.py tests/test_checkpoints.py \
   tests/test_cpu_kernels.py tests/test_models.py tests/test_cli.py tests/test_network.py \
-  tests/test_call_costs.py tests/test_tree_calls.py tests/test_engine_cost.py
+  tests/test_call_costs.py tests/test_tree_calls.py tests/test_engine_cost.py \
+  tests/test_infer_timing.py

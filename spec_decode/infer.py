@@ -7,7 +7,7 @@ without --gin_file, `configs/demo/infer.gin` (the shipped demo pair). Run config
 Hugging Face folder or Hub id hf://ORG/NAME, or demo .safetensors), MIXTURE_OR_TASK_NAME (a
 `spec_decode.tasks` task: --data_dir is the file tasks' data root, --tfds_data_dir where TFDS
 datasets are prepared), TASK_FEATURE_LENGTHS, BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT,
-NUM_EXAMPLES, INPUT_PREFIX, COMPARE_WITH_BASELINE and CHECKPOINT_PERIOD. `--text` (repeatable)
+NUM_EXAMPLES, INPUT_PREFIX, COMPARE_WITH_BASELINE, TIMING_ROUNDS and CHECKPOINT_PERIOD. `--text` (repeatable)
 and `--input_file` (one input per line) replace the task by text prefixed with INPUT_PREFIX.
 
 What `infer` does, in this order (every check before anything is compiled or written):
@@ -25,7 +25,9 @@ What `infer` does, in this order (every check before anything is compiled or wri
      (`infer_chunks`): a rerun resumes after the last committed chunk (a different run in an
      unfinished output dir is refused, naming what differs; --restart starts over);
      SIGTERM/SIGINT commit what is decoded and exit 128 + the signal (`stop_signals`); then,
-     for speculative sampling with COMPARE_WITH_BASELINE, Theorem 3.8's c and v (`call_costs`);
+     with TIMING_ROUNDS, both decoders' compiled calls timed again side by side
+     (`infer_timing`), and for speculative sampling with COMPARE_WITH_BASELINE, Theorem 3.8's
+     c and v (`call_costs`);
   5. writes predictions.jsonl and summary.json from the chunks and prints what it measured.
 Multi-host: every process runs the same command with T5X's `--multiprocess_gpu
 --coordinator_address --process_count --process_index` (any backend), restores its shards and
@@ -57,6 +59,7 @@ from spec_decode import gin_utils
 from spec_decode import decode_layout
 from spec_decode import infer_chunks
 from spec_decode import infer_outputs
+from spec_decode import infer_timing
 from spec_decode import models
 from spec_decode import partitioning
 from spec_decode import plan
@@ -200,12 +203,21 @@ class Checkpointing:
   stop: stop_signals.StopRequest
 
 
+def _batch_arguments(params: Any, draft_params: Any,
+                     batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
+                     layout: decode_layout.DecodeLayout) -> Callable[[int], tuple[Any, ...]]:
+  """i -> the compiled predict's arguments for batch i, placed on `layout`."""
+  return lambda i: (params, draft_params, layout.put_batch(batches[i][0]),
+                    layout.put_replicated(jax.random.fold_in(jax.random.PRNGKey(seed), i)))
+
+
 def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: Any,
                batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
                layout: decode_layout.DecodeLayout,
                progress: Callable[[str, int, int], None] = lambda *_: None,
                checkpointing: Checkpointing | None = None, name: str = "decoder",
-               num_decodes: int = 1) -> infer_outputs.DecodeRun:
+               num_decodes: int = 1, timed_calls: dict[str, Any] | None = None
+               ) -> infer_outputs.DecodeRun:
   """Compiles `decoder.predict` (`num_decodes` per input, the best kept) once on `layout`
   (`DecodeLayout.partition_predict`) and runs it over `batches`; `params`/`draft_params` as `layout.restore` placed them. Batch i is decoded
   with the rng fold_in(PRNGKey(seed), i), whatever batch a run starts at.
@@ -214,7 +226,9 @@ def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: An
   new ones are committed every `period` batches (and not kept in memory: the outputs returned
   are the committed chunks, read back), and a stop request (SIGTERM/SIGINT) ends the loop after
   the batch in flight: its batches are committed, then `stop_signals.Stopped`.
-  `progress(stage, batches done, batches)` is called when compiling starts and after each batch."""
+  `progress(stage, batches done, batches)` is called when compiling starts and after each batch.
+  `timed_calls`, where given, gets `name`: (the compiled predict, its arguments by batch) for
+  `infer_timing.side_by_side`, compiled here if no batch was left to decode."""
   run = infer_outputs.DecodeRun([], [], 0.0, 0.0)  # without checkpointing: kept in memory
   first, writer = 0, None
   if checkpointing is not None:
@@ -223,20 +237,24 @@ def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: An
     if first:
       print(f"{name}: {first} of {infer_outputs.count(len(batches), 'batch')} committed by an "
             f"earlier run, resuming after them", flush=True)
-  compiled = None
+  compiled, arguments = None, _batch_arguments(params, draft_params, batches, seed, layout)
+
+  def compile_for(args: tuple[Any, ...]) -> Any:
+    start = time.perf_counter()
+    executable = layout.partition_predict(decoder, eos_id, num_decodes).lower(*args).compile()
+    run.compile_seconds = time.perf_counter() - start
+    # One untimed call: the first execution of an executable pays one-off costs.
+    jax.block_until_ready(executable(*args))
+    return executable
+
   for i in range(first, len(batches)):
     if checkpointing is not None and checkpointing.stop.requested():
       break
-    batch, num_real = batches[i]
-    args = (params, draft_params, layout.put_batch(batch),
-            layout.put_replicated(jax.random.fold_in(jax.random.PRNGKey(seed), i)))
+    num_real = batches[i][1]
+    args = arguments(i)
     if compiled is None:
       progress("compiling", i, len(batches))
-      start = time.perf_counter()
-      compiled = layout.partition_predict(decoder, eos_id, num_decodes).lower(*args).compile()
-      run.compile_seconds = time.perf_counter() - start
-      # One untimed call: the first execution of an executable pays one-off costs.
-      jax.block_until_ready(compiled(*args))
+      compiled = compile_for(args)
     start = time.perf_counter()
     outputs = jax.block_until_ready(compiled(*args))
     seconds = time.perf_counter() - start
@@ -252,18 +270,19 @@ def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: An
     else:
       writer.add(i, decodes, aux, seconds, compile_seconds=run.compile_seconds)
       run.compile_seconds = 0.0  # counted once, in the chunk of the batch that compiled
-  if writer is None:
-    return run
-  writer.flush()
-  if writer.first < len(batches) and checkpointing.stop.requested():
-    raise stop_signals.Stopped(
-        checkpointing.stop.signum,
-        f"stopped by {checkpointing.stop.name} after {writer.first} of "
-        f"{infer_outputs.count(len(batches), 'batch')} of the {name} (committed in "
-        f"{checkpointing.store.directory}); rerun the same command to resume")
+  if writer is not None:
+    writer.flush()
+    if writer.first < len(batches) and checkpointing.stop.requested():
+      raise stop_signals.Stopped(
+          checkpointing.stop.signum,
+          f"stopped by {checkpointing.stop.name} after {writer.first} of "
+          f"{infer_outputs.count(len(batches), 'batch')} of the {name} (committed in "
+          f"{checkpointing.store.directory}); rerun the same command to resume")
+  if timed_calls is not None:
+    timed_calls[name] = (compiled or compile_for(arguments(0)), arguments)
   # The committed chunks are the outputs: memory stays flat while decoding, and a resumed run's
   # outputs are read exactly as an uninterrupted run's are.
-  return checkpointing.store.read(name)
+  return run if writer is None else checkpointing.store.read(name)
 
 
 def _check_batch_size(layout: decode_layout.DecodeLayout, batch_size: int) -> None:
@@ -276,44 +295,23 @@ def _check_batch_size(layout: decode_layout.DecodeLayout, batch_size: int) -> No
                      f" use {nearest}")
 
 
-def _check_memory(layout: decode_layout.DecodeLayout, batch_size: int, input_length: int,
-                  target_length: int, param_dtype: Any, budget_gib: float | None) -> None:
-  """UsageError when `spec_decode.plan`'s per-device bytes of this run exceed the budget
-  (DEVICE_MEMORY_GIB, or the device's own memory where its runtime reports it)."""
-  budget = (plan.local_device_memory_bytes() if budget_gib is None
-            else int(budget_gib * 2**30))
-  if budget is None:
-    return
-  target, draft = plan.layout_bytes(layout, batch_size, input_length, target_length,
-                                    param_dtype)
-  needed = target.total + (draft.total if draft is not None else 0)
-  if needed > budget:
-    draft_text = ("" if draft is None else
-                  f", draft params {plan.format_bytes(draft.params)} + cache "
-                  f"{plan.format_bytes(draft.cache)}")
-    raise UsageError(
-        f"num_partitions={layout.mesh.shape['model']} (mesh {dict(layout.mesh.shape)}) needs "
-        f"{plan.format_bytes(needed)} per device (target params "
-        f"{plan.format_bytes(target.params)} + cache {plan.format_bytes(target.cache)}"
-        f"{draft_text}; see python -m spec_decode.plan), more than the "
-        f"{plan.format_bytes(budget)} per device budget")
-
-
 def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
           dataset_cfg: DatasetConfig = gin.REQUIRED, checkpoint_path: str = gin.REQUIRED,
           output_dir: str = gin.REQUIRED, compare_with_baseline: bool = False,
           partitioner: Any = None, seed: int = 0, num_printed: int = 10,
           checkpoint_dtype: str | None = None,
           device_memory_gib: float | None = None, checkpoint_period: int = 100,
-          restart: bool = False) -> dict[str, Any] | None:
+          timing_rounds: int = 0, restart: bool = False) -> dict[str, Any] | None:
   """Runs inference as described in the module docstring; returns the summary.
 
   `checkpoint_dtype`: the target's parameters are cast to it on restore (T5X's infer restores
   in 'bfloat16'); None keeps the checkpoint's dtype. `device_memory_gib`: the per-device
   memory budget the run's plan must fit (None: the device's own memory where its runtime
   reports it, else unchecked). `checkpoint_period`: batches per committed chunk
-  (`infer_chunks`); `restart`: start over in an output dir that holds another run's chunks.
-  Returns the summary on process 0, None on the others.
+  (`infer_chunks`); `timing_rounds` > 0 (with `compare_with_baseline`): the speedup is also
+  measured side by side, that many interleaved rounds (`infer_timing`); `restart`: start over
+  in an output dir that holds another run's chunks. Returns the summary on process 0, None on
+  the others.
   """
   if not isinstance(model, models.EncoderDecoderModel):
     raise UsageError(f"MODEL must be a models.EncoderDecoderModel, got {type(model).__name__}")
@@ -323,6 +321,11 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   if isinstance(checkpoint_period, bool) or not isinstance(checkpoint_period, int) or (
       checkpoint_period < 1):
     raise UsageError(f"CHECKPOINT_PERIOD must be an integer >= 1, got {checkpoint_period!r}")
+  if isinstance(timing_rounds, bool) or not isinstance(timing_rounds, int) or timing_rounds < 0:
+    raise UsageError(f"TIMING_ROUNDS must be an integer >= 0, got {timing_rounds!r}")
+  if timing_rounds and not compare_with_baseline:
+    raise UsageError("TIMING_ROUNDS times the decoder beside the baseline: it needs "
+                     "COMPARE_WITH_BASELINE = True")
   infer_outputs.check_output_dir(output_dir)
   start = time.perf_counter()
   examples = read_examples(dataset_cfg, model)
@@ -338,8 +341,8 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
       partitioner, model.module.config, None if draft_module is None else draft_module.config)
   _check_batch_size(layout, dataset_cfg.batch_size)
   # Every decode of an input (a beam) has its own caches.
-  _check_memory(layout, dataset_cfg.batch_size * model.num_decodes, input_length, target_length,
-                checkpoint_dtype, device_memory_gib)
+  plan.check_fits(layout, dataset_cfg.batch_size * model.num_decodes, input_length,
+                  target_length, checkpoint_dtype, device_memory_gib)
   # Straight into their shards, once: the baseline run reuses the same arrays.
   params = layout.restore("target", model.module, checkpoint_path, checkpoint_dtype)
   draft_params = (None if draft_module is None else
@@ -354,13 +357,18 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   stop = stop_signals.StopRequest()
   with stop.handling():
     checkpointing = Checkpointing(store, checkpoint_period, stop)
+    timed_calls = {} if timing_rounds else None
     run = decode_all(model.decoder, eos_id, params, draft_params, batches, seed, layout,
-                     infer_outputs.progress(name), checkpointing, "decoder", model.num_decodes)
-    baseline = costs = None
+                     infer_outputs.progress(name), checkpointing, "decoder", model.num_decodes,
+                     timed_calls)
+    baseline = costs = side_by_side = None
     if compare_with_baseline:
       baseline = decode_all(model.decoder.baseline(), eos_id, params, None, batches, seed,
                             layout, infer_outputs.progress("baseline (target alone)"),
-                            checkpointing, "baseline", model.num_decodes)
+                            checkpointing, "baseline", model.num_decodes, timed_calls)
+    if timed_calls:
+      print(f"timing both side by side: {infer_outputs.count(timing_rounds, 'round')}")
+      side_by_side = infer_timing.side_by_side(timed_calls, len(batches), timing_rounds)
     # Theorem 3.8 is speculative sampling's; a lookup's calls cost ~nothing.
     if (baseline is not None and draft_module is not None
         and model.decoder.loop.stats is stats.SpeculativeStats):
@@ -371,7 +379,8 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   if jax.process_index() != 0:  # process 0 alone holds the committed outputs
     return None
   summary, records = infer_outputs.summarize(model, source, dataset_cfg, examples, run, baseline,
-                                             costs, model.output_vocabulary.eos_id)
+                                             costs, model.output_vocabulary.eos_id,
+                                             side_by_side, timing_rounds)
   summary["run_seconds"] = time.perf_counter() - start  # this run's inputs, restore, decode
   out = infer_outputs.write(output_dir, summary, records)
   store.finish()

@@ -27,7 +27,8 @@ What it prints, for num_partitions P in 1, 2, 4, 8, 16 on a ('data', 'model') me
     and whether each fits one device of `device_kind` (tpu_v4: 32 GiB HBM per chip; h200: 141 GB;
     cpu: this machine's RAM). The draft is replicated on every device, as
     `decode_layout.DecodeLayout` (what `spec_decode.infer` runs) places it by default;
-    `spec_decode.infer` refuses, before restoring, a run whose numbers exceed its budget.
+    `spec_decode.infer` refuses, before restoring, a run whose numbers exceed its budget
+    (`check_fits`).
 A mesh that does not divide a split dimension (heads, mlp_dim, vocabulary, batch) is shown as
 such instead of numbers. Not counted: activations, logits, the engine's small [B, L] buffers and
 XLA's temporaries, so leave headroom.
@@ -182,6 +183,28 @@ def local_device_memory_bytes() -> int | None:
   it reports none (CPU)."""
   stats = jax.local_devices()[0].memory_stats()
   return (stats or {}).get("bytes_limit")
+
+
+def check_fits(layout: decode_layout.DecodeLayout, batch_rows: int, input_length: int,
+               target_length: int, param_dtype: Any, budget_gib: float | None) -> None:
+  """`gin_utils.UsageError` when a run's per-device bytes (`layout_bytes`) exceed the budget
+  (infer's DEVICE_MEMORY_GIB, or the device's own memory where its runtime reports it)."""
+  budget = (local_device_memory_bytes() if budget_gib is None
+            else int(budget_gib * 2**30))
+  if budget is None:
+    return
+  target, draft = layout_bytes(layout, batch_rows, input_length, target_length, param_dtype)
+  needed = target.total + (draft.total if draft is not None else 0)
+  if needed > budget:
+    draft_text = ("" if draft is None else
+                  f", draft params {format_bytes(draft.params)} + cache "
+                  f"{format_bytes(draft.cache)}")
+    raise gin_utils.UsageError(
+        f"num_partitions={layout.mesh.shape['model']} (mesh {dict(layout.mesh.shape)}) needs "
+        f"{format_bytes(needed)} per device (target params "
+        f"{format_bytes(target.params)} + cache {format_bytes(target.cache)}"
+        f"{draft_text}; see python -m spec_decode.plan), more than the "
+        f"{format_bytes(budget)} per device budget")
 
 
 # --------------------------------------------------------------------------- printing

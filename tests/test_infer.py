@@ -261,3 +261,28 @@ def test_task_errors_name_the_problem(tmp_path):
       tasks.load_examples("wmt_ende_files", "test", {"inputs": 8, "targets": 8}, num_examples=1)
   finally:
     gin.clear_config()
+
+
+@needs_shared
+def test_timing_rounds_time_both_decoders_side_by_side(setup, run_main, tmp_path):
+  out = tmp_path / "out"
+  status, stderr = run_main([f"--gin_file={setup[3]}", "--text=Hello", "--text=Good morning",
+                             "--gin.TIMING_ROUNDS=2", f"--gin.INFER_OUTPUT_DIR='{out}'"])
+  assert status == 0, stderr
+  summary = json.loads((out / "summary.json").read_text())
+  timed = summary["side_by_side"]
+  assert timed["rounds"] == 2 and timed["decoder"] > 0 and timed["baseline"] > 0
+  assert summary["speedup"] == pytest.approx(timed["baseline"] / timed["decoder"])
+  assert summary["speedup_one_pass"] == pytest.approx(
+      summary["baseline"]["wall_seconds"] / summary["wall_seconds"])
+  assert summary["identical_outputs"] is True
+
+
+@pytest.mark.parametrize("bindings, message", [
+    (["--gin.TIMING_ROUNDS=3", "--gin.COMPARE_WITH_BASELINE=False"],
+     "TIMING_ROUNDS times the decoder beside the baseline: it needs COMPARE_WITH_BASELINE"),
+    (["--gin.TIMING_ROUNDS=-1"], "TIMING_ROUNDS must be an integer >= 0, got -1")])
+def test_bad_timing_rounds_are_one_line_errors(setup, run_main, tmp_path, bindings, message):
+  status, stderr = run_main([f"--gin_file={setup[3]}", "--text=Hello", *bindings,
+                             f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"])
+  _assert_one_line_error(status, stderr, message, tmp_path / "out")
