@@ -4,8 +4,9 @@
 median seconds of one pass through `calls`, a sequence of `Call`s, (module, params, num_tokens
 [, one_logits]) cached decoder calls (`network.make_tokens_to_logits`, feeding `num_tokens`
 tokens per row; with `one_logits`, asking for the last fed token's logits alone, as the draft's
-catch-up call does) made in that order. Timed as one jitted `fori_loop` of `loops` passes divided by `loops`: the engine
-makes its calls inside a `while_loop` too, so no per-call dispatch is counted. Every call's
+catch-up call does) made in that order. Timed as one jitted `fori_loop` of `loops` passes
+divided by `loops`: the engine makes its calls inside a `while_loop` too, so no per-call
+dispatch is counted. Every call's
 logits feed a running max, so none is optimized away. Each cache has `init_decode_cache`'s
 shapes with zero keys and values (every input position unmasked): a call's cost does not depend
 on them, and running the encoder would cost one more compilation.

@@ -7,8 +7,9 @@ without --gin_file, `configs/demo/infer.gin` (the shipped demo pair). Run config
 Hugging Face folder or Hub id hf://ORG/NAME, or demo .safetensors), MIXTURE_OR_TASK_NAME (a
 `spec_decode.tasks` task: --data_dir is the file tasks' data root, --tfds_data_dir where TFDS
 datasets are prepared), TASK_FEATURE_LENGTHS, BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT,
-NUM_EXAMPLES, INPUT_PREFIX, COMPARE_WITH_BASELINE, TIMING_ROUNDS and CHECKPOINT_PERIOD. `--text` (repeatable)
-and `--input_file` (one input per line) replace the task by text prefixed with INPUT_PREFIX.
+NUM_EXAMPLES, INPUT_PREFIX, COMPARE_WITH_BASELINE, TIMING_ROUNDS and CHECKPOINT_PERIOD.
+`--text` (repeatable) and `--input_file` (one input per line) replace the task by text
+prefixed with INPUT_PREFIX.
 
 What `infer` does, in this order (every check before anything is compiled or written):
   1. reads the inputs (task examples trimmed to TASK_FEATURE_LENGTHS with EOS kept, or text) and

@@ -121,7 +121,8 @@ def logits_of_one(tokens_to_logits: TokensToLogits, state: DecodingState,
   logits, cache = tokens_to_logits(dataclasses.replace(state, logits_index=index))
   if logits.shape[1] != 1:
     raise ValueError(f"a model asked for one fed token's logits (state.logits_index) returned "
-                     f"{logits.shape[1]}: see the model contract in spec_decode.engine.decoding")
+                     f"the logits of {logits.shape[1]}: see the model contract in "
+                     "spec_decode.engine.decoding")
   return logits[:, 0], cache
 
 
