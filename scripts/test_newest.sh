@@ -108,6 +108,6 @@ cd "$repo"
   tests/test_sampling.py tests/test_verify.py tests/test_exactness.py tests/test_decoding.py \
   tests/test_network.py tests/test_cpu_kernels.py tests/test_t5_decoding.py tests/test_models.py \
   tests/test_infer.py tests/test_cli.py tests/test_tree_calls.py tests/test_beam_search.py \
-  tests/t5x
+  tests/test_engine_cost.py tests/test_call_costs.py tests/test_infer_timing.py tests/t5x
 XLA_FLAGS=--xla_force_host_platform_device_count=8 "$venv_python" -m pytest -q -rs "$@" \
   tests/sharding

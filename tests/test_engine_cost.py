@@ -9,11 +9,12 @@ from spec_decode import bench
 from spec_decode.bench import kernels
 
 # Kernels one iteration (gamma 2: the catch-up and one draft-loop call) executes outside the
-# model calls, compiled as infer and the benchmark compile it. Before the greedy token
-# comparison, the per-decode uniforms, the two-level draw and few-query attention: 591 greedy,
-# 1178 at temperature 1 (jax 0.10, CPU).
-PINNED_ENGINE_KERNELS = {0.0: 80, 1.0: 200}
-MARGIN = 1.1  # a new XLA may fuse a little differently
+# model calls, compiled as infer and the benchmark compile it, per JAX release (each XLA fuses
+# and names kernels its own way). Before the greedy token comparison, the per-decode uniforms,
+# the two-level draw and few-query attention: 591 greedy, 1178 at temperature 1 (jax 0.10, CPU).
+PINNED_ENGINE_KERNELS = {(0, 10): {0.0: 80, 1.0: 200}, (0, 12): {0.0: 105, 1.0: 225}}
+MARGIN = 1.1  # a patch release may fuse a little differently
+JAX_RELEASE = tuple(int(part) for part in jax.__version__.split(".")[:2])
 
 
 @pytest.fixture(scope="module")
@@ -22,18 +23,21 @@ def demo_decoders():
     pytest.skip("the shipped demo pair's weights are not in this checkout")
   if jax.default_backend() != "cpu":
     pytest.skip("pinned for XLA:CPU's compilation")
+  if JAX_RELEASE not in PINNED_ENGINE_KERNELS:
+    pytest.skip(f"kernel counts are pinned for jax {sorted(PINNED_ENGINE_KERNELS)}, not "
+                f"{jax.__version__}")
   pair = bench.shipped_pair(["A man is riding a bicycle."], "translate English to German: ",
                             64, 64, "demo")
   from spec_decode import compile_options
   return bench.PairDecoders(pair, compile_options.decode_compiler_options())
 
 
-@pytest.mark.parametrize("temperature", sorted(PINNED_ENGINE_KERNELS))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_engine_kernels_per_iteration_are_pinned(demo_decoders, temperature):
   variant = bench.Variant(temperature, 2)
   loop = kernels.loop_kernels(demo_decoders.lower_loop(variant, 0, 1).compile().as_text())
   count = loop.kernels(draft_loop_iterations=1)
-  assert count.engine <= PINNED_ENGINE_KERNELS[temperature] * MARGIN, count
+  assert count.engine <= PINNED_ENGINE_KERNELS[JAX_RELEASE][temperature] * MARGIN, count
   # The counter sees both model calls of the body and the draft's loop.
   assert count.model > 100 and loop.calls_model
   assert any(nested.calls_model for nested in loop.nested)
