@@ -369,7 +369,12 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
                             checkpointing, "baseline", model.num_decodes, timed_calls)
     if timed_calls:
       print(f"timing both side by side: {infer_outputs.count(timing_rounds, 'round')}")
-      side_by_side = infer_timing.side_by_side(timed_calls, len(batches), timing_rounds)
+      side_by_side = infer_timing.side_by_side(timed_calls, len(batches), timing_rounds,
+                                               stop.requested)
+      if side_by_side is None:
+        raise stop_signals.Stopped(
+            stop.signum, f"stopped by {stop.name} while timing side by side (every output is "
+            f"committed in {store.directory}); rerun the same command to finish")
     # Theorem 3.8 is speculative sampling's; a lookup's calls cost ~nothing.
     if (baseline is not None and draft_module is not None
         and model.decoder.loop.stats is stats.SpeculativeStats):

@@ -20,10 +20,11 @@ import jax
 TimedCall = tuple[Callable[..., Any], Callable[[int], tuple[Any, ...]]]
 
 
-def side_by_side(calls: Mapping[str, TimedCall], num_batches: int, rounds: int
-                 ) -> dict[str, float]:
+def side_by_side(calls: Mapping[str, TimedCall], num_batches: int, rounds: int,
+                 stopped: Callable[[], bool] = lambda: False) -> dict[str, float] | None:
   """{name: seconds}: the sum over batches of each batch's fastest call in `rounds`
-  interleaved rounds (see the module docstring)."""
+  interleaved rounds (see the module docstring); None as soon as `stopped()` (asked after each
+  batch's calls) says to stop."""
   fastest = {name: [float("inf")] * num_batches for name in calls}
   for _ in range(rounds):
     for i in range(num_batches):
@@ -32,4 +33,6 @@ def side_by_side(calls: Mapping[str, TimedCall], num_batches: int, rounds: int
         start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         fastest[name][i] = min(fastest[name][i], time.perf_counter() - start)
+      if stopped():
+        return None
   return {name: sum(seconds) for name, seconds in fastest.items()}

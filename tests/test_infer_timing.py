@@ -1,5 +1,5 @@
 """`infer_timing.side_by_side` interleaves the decoders batch by batch and keeps each batch's
-fastest call (a scripted clock stands in for the machine)."""
+fastest call (a scripted clock stands in for the machine), and stops when asked."""
 
 from spec_decode import infer_timing
 
@@ -24,3 +24,11 @@ def test_interleaved_rounds_keep_each_batchs_fastest_call(monkeypatch):
       {"a": (call("a"), lambda i: (i,)), "b": (call("b"), lambda i: (i,))}, 2, rounds=2)
   assert order == [("a", 0), ("b", 0), ("a", 1), ("b", 1)] * 2
   assert seconds == {"a": 3.0 + 1.0, "b": 7.0 + 1.5}
+
+
+def test_a_stop_request_ends_the_timing_after_the_batch_in_flight():
+  order = []
+  call = lambda name: (lambda batch: order.append((name, batch)), lambda i: (i,))
+  seconds = infer_timing.side_by_side({"a": call("a"), "b": call("b")}, 3, rounds=2,
+                                      stopped=lambda: len(order) >= 2)
+  assert seconds is None and order == [("a", 0), ("b", 0)]

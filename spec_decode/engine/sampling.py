@@ -132,8 +132,11 @@ def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
   offset = jnp.minimum(count_at_most(before[..., None] + _prefix_sums(in_block)),
                        width - 1)
   token = block * width + offset
-  # A rounding tie can land on an id of probability 0; the likeliest id stands in for it.
-  drawn = jnp.take_along_axis(probs, token[..., None], axis=-1)[..., 0] > 0
+  # A rounding tie can land on an id of probability 0, or past the vocabulary in the padding;
+  # the likeliest id stands in for it.
+  in_vocab = jnp.minimum(token, vocab_size - 1)
+  drawn = (token < vocab_size) & (
+      jnp.take_along_axis(probs, in_vocab[..., None], axis=-1)[..., 0] > 0)
   return jnp.where(drawn, token, first_argmax(probs)).astype(jnp.int32)
 
 
