@@ -1,6 +1,6 @@
 """Timing of few-query attention on XLA:CPU: the einsums (`network.einsum_attention_*`) against
 the multiply-reduce loops (`cpu_kernels.few_query_attention_*`, forced for every query count),
-under `compile_options.decode_compiler_options()`.
+under the CPU platform's compiler options (`platforms.Platform`).
 
 Each case is a jitted loop of decode calls over a stack of layers, each writing its queries'
 keys and values into a [1, L, H, 64] cache held in the loop state (the cache's own layout, as
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import compile_options
+from spec_decode import platforms
 from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import network
 
@@ -55,7 +55,7 @@ def time_per_layer(heads: int, length: int, queries: int, loops: bool) -> float:
       return new
     return jax.lax.fori_loop(0, CALLS, call, caches)
 
-  run = jax.jit(run, compiler_options=compile_options.decode_compiler_options())
+  run = jax.jit(run, compiler_options=platforms.Platform.default().compiler_options())
   jax.block_until_ready(run(caches, fed))
   best = float("inf")
   for _ in range(7):

@@ -1,5 +1,5 @@
 """Go/no-go timing of the small-row matmul kernel (spec_decode/t5/small_rows_matmul.cc) against
-XLA:CPU's dot, both under `compile_options.decode_compiler_options()`.
+XLA:CPU's dot, both under the CPU platform's compiler options (`platforms.Platform`).
 
 For each T5.1.1-large weight shape [K, n] and m rows, one jitted function chains `copies` dots of
 x [m, K] against distinct weights (over 96 MiB in all, so weights come from memory as in a decode
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import compile_options
+from spec_decode import platforms
 
 SHAPES = [(1024, 1024), (1024, 2816), (2816, 1024), (1024, 32128)]
 ROWS = [1, 2, 4, 8]
@@ -68,7 +68,7 @@ def main() -> None:
   args = parser.parse_args()
   _load_kernel()
   rng = np.random.default_rng(0)
-  options = compile_options.decode_compiler_options()
+  options = platforms.Platform.default().compiler_options()
 
   # Correctness: np.dot to tolerance, rows bit-identical between 1-row and m-row calls.
   for k, n in [(1024, 1024), (37, 1000), (300, 5), (64, 263), (1024, 32128)]:

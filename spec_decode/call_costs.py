@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spec_decode import compile_options as options_lib
+from spec_decode import platforms
 from spec_decode.engine import decoding
 from spec_decode.t5 import cpu_kernels, network
 
@@ -48,12 +48,14 @@ def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: 
                           compiler_options: Mapping[str, Any] | None = None,
                           xla_defaults: bool = False) -> Callable[[], Any]:
   """A callable running `loops` passes through `calls` once (compiled on its first call) and
-  waiting for the result (see the module docstring). Compiled as the decoders are
-  (`compile_options.merged(compiler_options, xla_defaults)`); with `xla_defaults`, traced
-  with XLA's dots in place of `cpu_kernels`' (what XLA alone would do)."""
+  waiting for the result (see the module docstring). Compiled as the decoders are on the
+  default platform (`platforms.Platform.default()`: its products, and its compiler options
+  `merged(compiler_options, xla_defaults)`); with `xla_defaults`, traced with XLA's dots in
+  place of `cpu_kernels`' (what XLA alone would do)."""
   encoder_tokens = jnp.ones((batch_size, input_length), jnp.int32)
   calls = [Call(*call) for call in calls]
-  models = list({id(call.params): (cpu_kernels.with_backend_ops(call.module), call.params)
+  platform = platforms.Platform.default()
+  models = list({id(call.params): (platform.module(call.module), call.params)
                  for call in calls}.values())
   slot = {id(params): i for i, (_, params) in enumerate(models)}
   caches = []
@@ -69,7 +71,7 @@ def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: 
   order = [(slot[id(call.params)], call.num_tokens, call.one_logits) for call in calls]
 
   @functools.partial(jax.jit,
-                     compiler_options=options_lib.merged(compiler_options, xla_defaults))
+                     compiler_options=platform.merged(compiler_options, xla_defaults))
   def run_calls(all_params, caches):
     tokens_to_logits = [network.make_tokens_to_logits(module, params)
                         for (module, _), params in zip(models, all_params)]

@@ -42,10 +42,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from spec_decode import platforms
 from spec_decode.engine import decoding
 from spec_decode.engine import lookup
 from spec_decode.engine import loops
-from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import network
 
 Params = Any
@@ -118,21 +118,26 @@ class ModelCalls(Protocol):
     ...
 
 
+@dataclasses.dataclass(frozen=True)
 class NetworkCalls:
-  """`ModelCalls` of the network on JAX's default backend: its products chosen for that backend
-  (`cpu_kernels.with_backend_ops`: the small-row kernel on CPU), caches wherever the computation
-  puts them."""
+  """`ModelCalls` of the network as it is, on `platform` (None: `Platform.default()`, the devices
+  a plain jit runs on): its products chosen there (`platforms.Platform.module`), caches wherever
+  the computation puts them."""
+  platform: platforms.Platform | None = None
+
+  def _module(self, module: network.Transformer) -> network.Transformer:
+    return (self.platform or platforms.Platform.default()).module(module)
 
   def init_cache(self, role: str, module: network.Transformer, params: Params,
                  encoder_input_tokens: jax.Array, max_decode_len: int) -> network.DecodeCache:
     del role
-    return network.init_decode_cache(cpu_kernels.with_backend_ops(module), params,
-                                     encoder_input_tokens, max_decode_len)
+    return network.init_decode_cache(self._module(module), params, encoder_input_tokens,
+                                     max_decode_len)
 
   def tokens_to_logits(self, role: str, module: network.Transformer,
                        params: Params) -> TokensToLogits:
     del role
-    return network.make_tokens_to_logits(cpu_kernels.with_backend_ops(module), params)
+    return network.make_tokens_to_logits(self._module(module), params)
 
   def pin_cache(self, role: str, cache: network.DecodeCache) -> network.DecodeCache:
     del role

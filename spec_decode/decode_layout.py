@@ -18,9 +18,10 @@ resharded per step (checked on the compiled HLO of infer's and the
 benchmark's loops by tests/sharding). Batches go in split over 'data' (`put_batch`: a batch the
 'data' axis does not divide is a ValueError naming it), outputs come out split alike (a call
 that returns caches leaves them in their layouts: `DecodeLayout.partition`'s argument and output
-kinds) and are fetched by `gather` (`process_allgather`, multi-host safe). Decodes are compiled
-with `compile_options.decode_compiler_options()`, a layout's `compiler_options` on top (the
-benchmark's).
+kinds) and are fetched by `gather` (`process_allgather`, multi-host safe). The products and
+compiler options are the mesh's platform's (`platforms.Platform.of_mesh`), whatever the host: a
+layout over a TPU topology described from a CPU host compiles TPU programs
+(`python -m spec_decode.aot`); a layout's `compiler_options` go on top (the benchmark's).
 
 Restoring (`DecodeLayout.restore` -> `restore_params`): parameters go straight into their
 shards. T5X checkpoints (`restore_sharded`): every array stored as a TensorStore (zarr) array is
@@ -50,10 +51,10 @@ from jax.sharding import Mesh, PartitionSpec
 from spec_decode import core
 from spec_decode import models
 from spec_decode import partitioning
+from spec_decode import platforms
 from spec_decode.engine import decoding
 from spec_decode.t5 import checkpoint_faults
 from spec_decode.t5 import checkpoints
-from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import network
 
 Params = Any
@@ -137,8 +138,9 @@ class DecodeLayout:
   decode cache is pinned to its layout where it is created (`init_cache`) and after every model
   call (`tokens_to_logits`: the layout is a `core.ModelCalls`), so the
   engine's `lax.while_loop` carries it in one layout. Batches are split over 'data'; outputs
-  too, unless a call returns caches (`partition`; `gather` fetches outputs). Every decode is
-  compiled with `compiler_options` on top of `compile_options.decode_compiler_options()`.
+  too, unless a call returns caches (`partition`; `gather` fetches outputs). Models compute
+  with the mesh's platform's products (`platform`); every decode is compiled with
+  `compiler_options` on top of that platform's own.
   """
   partitioner: partitioning.PjitPartitioner
   target: network.T5Config
@@ -151,6 +153,11 @@ class DecodeLayout:
   @property
   def mesh(self) -> Mesh:
     return self.partitioner.mesh
+
+  @property
+  def platform(self) -> platforms.Platform:
+    """The platform of the mesh's devices: what the decode's products are chosen for."""
+    return platforms.Platform.of_mesh(self.mesh)
 
   def rules(self, role: str) -> tuple[tuple[str, Any], ...]:
     """The logical axis rules of the 'target' or the 'draft'."""
@@ -172,15 +179,14 @@ class DecodeLayout:
                  ) -> network.DecodeCache:
     """`network.init_decode_cache` of one model, in its layout (inside a jitted function)."""
     return self.pin_cache(role, network.init_decode_cache(
-        cpu_kernels.with_backend_ops(module_or_config), params, encoder_input_tokens,
-        max_decode_len))
+        self.platform.module(module_or_config), params, encoder_input_tokens, max_decode_len))
 
   def tokens_to_logits(self, role: str,
                        module_or_config: network.Transformer | network.T5Config,
                        params: Params) -> Callable:
     """`network.make_tokens_to_logits` of one model, its new cache kept in its layout."""
-    tokens_to_logits = network.make_tokens_to_logits(
-        cpu_kernels.with_backend_ops(module_or_config), params)
+    tokens_to_logits = network.make_tokens_to_logits(self.platform.module(module_or_config),
+                                                     params)
 
     def pinned_tokens_to_logits(state: decoding.DecodingState):
       logits, new_cache = tokens_to_logits(state)
@@ -273,7 +279,7 @@ def decode_layout(partitioner: partitioning.PjitPartitioner, target: network.T5C
   follow `draft_logical_axis_rules`, by default `partitioning.replicated_parameter_rules` of the
   partitioner's (a draft step is latency-bound and must not wait on collectives). Both models'
   parameter shapes are checked against the mesh here (ValueError). `compiler_options`: XLA
-  options merged on top of the decoders' own (`compile_options.merged`)."""
+  options merged on top of the mesh platform's own (`platforms.Platform.merged`)."""
   rules = partitioner.logical_axis_rules
   draft_rules = tuple(tuple(rule) for rule in
                       (draft_logical_axis_rules or partitioning.replicated_parameter_rules(rules)))

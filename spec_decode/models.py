@@ -340,7 +340,9 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
 
   `draft_checkpoint_path`: the draft's checkpoint (any format of `load_params`), read on first
   use; `draft_module`: the draft `network.Transformer`, by default the config read from that
-  checkpoint (`checkpoint_config`: no weight is read) in the target's dtype. The decode
+  checkpoint (`checkpoint_config`: no weight is read) in the target's dtype. A draft built or
+  trained in memory needs no checkpoint: give `draft_module` alone and pass its parameters to
+  `predict_batch_with_aux(draft_params=...)`. The decode
   settings (gamma, verifier, draft_policy, temperature, ...) are constructor arguments, as in
   the T5X hook (configs bind them from GAMMA, VERIFIER, DRAFT_POLICY, TEMPERATURE). With a loop
   that uses no draft (the baseline) the target runs alone and the draft is never read.
@@ -375,11 +377,13 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     return core.make_draft(draft_source, self._draft_network(decode_loop), max_ngram, min_ngram)
 
   def _draft_network(self, decode_loop: str) -> network.Transformer:
-    if self.draft_checkpoint_path is None:
-      raise ValueError(f"decode loop {decode_loop!r} needs a draft: set draft_checkpoint_path")
-    checkpoint_format(self.draft_checkpoint_path)  # FileNotFoundError when missing
-    if self._given_draft_module is not None:
+    if self.draft_checkpoint_path is not None:
+      checkpoint_format(self.draft_checkpoint_path)  # FileNotFoundError when missing
+    if self._given_draft_module is not None:  # built in memory: its params are given to decode
       return self._given_draft_module
+    if self.draft_checkpoint_path is None:
+      raise ValueError(f"decode loop {decode_loop!r} needs a draft: set draft_checkpoint_path "
+                       "(or give draft_module)")
     return network.Transformer(checkpoint_config(self.draft_checkpoint_path,
                                                  like=self.module.config))
 

@@ -49,7 +49,7 @@ from flax.linen import partitioning as nn_partitioning
 from jax.experimental import mesh_utils
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from spec_decode import compile_options
+from spec_decode import platforms
 from spec_decode.t5 import network
 
 MESH_AXES = ("data", "model")
@@ -351,9 +351,10 @@ class PjitPartitioner:
     """`jax.jit(fn)` with explicit shardings on this mesh (T5X's `partition`, under jit's names).
 
     Shardings inside `fn` must be NamedShardings (e.g. from `sharding`): no mesh context is set.
-    Compiled with `compile_options.decode_compiler_options()` (every caller partitions a
-    decoder), `compiler_options` merged on top (`compile_options.merged`).
+    Compiled with the mesh platform's options (`platforms.Platform.compiler_options`: every
+    caller partitions a decoder), `compiler_options` merged on top.
     """
     return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                    static_argnums=static_argnums, donate_argnums=donate_argnums,
-                   compiler_options=compile_options.merged(compiler_options))
+                   compiler_options=platforms.Platform.of_mesh(self._mesh).merged(
+                       compiler_options))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import core, decode_layout, partitioning
+from spec_decode import core, decode_layout, partitioning, platforms
 from spec_decode.engine import decoding
 from spec_decode.t5 import cpu_kernels, network
 
@@ -167,12 +167,13 @@ class PlainNetworkCalls(core.NetworkCalls):
 def test_decode_calls_on_cpu_use_the_kernel_and_a_plain_network_does_not(kernel, num_tokens):
   """Every runner decodes through the core's model calls (infer and the benchmark through the
   decode layout, the models and the T5X hook through `core.NetworkCalls`), which run every model
-  with `with_backend_ops`: 2 rows x k tokens (2..16 rows) go through the kernel; the network
-  alone (`network.Ops()`, plain XLA) never calls it."""
+  with their platform's products (one CPU device: `cpu_ops` with the kernel): 2 rows x k tokens
+  (2..16 rows) go through the kernel; the network alone (`network.Ops()`, plain XLA) never
+  calls it."""
   del kernel
   module = network.Transformer(TINY)
   assert module.ops == network.Ops()
-  assert cpu_kernels.with_backend_ops(module).ops == cpu_kernels.cpu_ops()
+  assert platforms.Platform.default().module(module).ops == cpu_kernels.cpu_ops()
   layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(1, 1)), TINY)
   for model_calls in (layout, core.NETWORK_CALLS):
     assert cpu_kernels.TARGET_NAME in lowered_decode_call(model_calls, module, num_tokens)
@@ -186,15 +187,17 @@ def test_decode_calls_on_cpu_use_the_kernel_and_a_plain_network_does_not(kernel,
                                                                        num_tokens)
 
 
-def test_ops_follow_the_backend_and_the_activation_dtype():
-  """The CPU choice on CPU, plain XLA elsewhere; a bfloat16 network keeps T5X's attention
-  einsums (whose rounding the loops would not reproduce) and the kernel where a product is
-  float32 (its logits)."""
-  assert cpu_kernels.ops_for("gpu") == cpu_kernels.ops_for("tpu") == network.Ops()
-  assert cpu_kernels.ops_for("cpu") == cpu_kernels.cpu_ops()
+def test_cpu_ops_follow_the_activation_dtype():
+  """A bfloat16 network keeps T5X's attention einsums (whose rounding the loops would not
+  reproduce) and the kernel where a product is float32 (its logits); without the kernel, XLA's
+  products with the float32 attention loops."""
   assert cpu_kernels.cpu_ops().attention_logits is cpu_kernels.few_query_attention_logits
   assert cpu_kernels.cpu_ops().embedding_product is cpu_kernels.embedding_product
-  bfloat16 = cpu_kernels.ops_for("cpu", "bfloat16")
+  no_kernel = cpu_kernels.cpu_ops(small_rows_kernel=False)
+  assert no_kernel.dense_product is network.Ops().dense_product
+  assert no_kernel.embedding_product is network.Ops().embedding_product
+  assert no_kernel.attention_logits is cpu_kernels.few_query_attention_logits
+  bfloat16 = cpu_kernels.cpu_ops("bfloat16")
   assert bfloat16.dense_product is cpu_kernels.dense_product
   assert bfloat16.embedding_product is cpu_kernels.embedding_product
   assert bfloat16.attention_logits is network.einsum_attention_logits

@@ -28,8 +28,8 @@ def demo_decoders():
                 f"{jax.__version__}")
   pair = bench.shipped_pair(["A man is riding a bicycle."], "translate English to German: ",
                             64, 64, "demo")
-  from spec_decode import compile_options
-  return bench.PairDecoders(pair, compile_options.decode_compiler_options())
+  from spec_decode import platforms
+  return bench.PairDecoders(pair, platforms.Platform.default().compiler_options())
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -196,6 +196,26 @@ def test_draft_params_load_once_from_either_format(pair, vocabulary):
     models.load_params(network.Transformer(target.config), "/nonexistent")
 
 
+def test_a_draft_built_in_memory_decodes_without_a_checkpoint(pair, vocabulary):
+  """`draft_module` alone (no draft_checkpoint_path) with its parameters given to the decode
+  gives the decodes of the same draft read from its checkpoint."""
+  target, draft = pair
+  from_disk = _model(pair, vocabulary, **GREEDY_SPECULATIVE)
+  in_memory = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(target.config), vocabulary, vocabulary,
+      draft_module=network.Transformer(draft.config), **GREEDY_SPECULATIVE)
+  draft_params = models.load_params(network.Transformer(draft.config), draft.t5x_checkpoint)
+  batch = _batch(seed=3)
+  expected, _ = from_disk.predict_batch_with_aux(target.params, batch)
+  decodes, aux = in_memory.predict_batch_with_aux(target.params, batch,
+                                                  draft_params=draft_params)
+  np.testing.assert_array_equal(decodes, expected)
+  assert int(np.sum(aux["draft_calls"])) > 0
+  with pytest.raises(ValueError, match="no draft parameters: set draft_checkpoint_path, or "
+                                       "pass draft_params"):
+    in_memory.predict_batch_with_aux(target.params, batch)
+
+
 def test_bad_configurations_fail_at_construction(pair, vocabulary):
   target, draft = pair
   module = network.Transformer(target.config)

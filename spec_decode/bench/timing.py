@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import call_costs
-from spec_decode import compile_options
+from spec_decode import platforms
 from spec_decode.bench.decoders import RunOutput
 from spec_decode.bench.pairs import Model
 from spec_decode.engine import decoding
@@ -136,7 +136,7 @@ def read_bandwidth(mib: int, repetitions: int, compiler_options: Mapping[str, An
   matrix-vector product of it as a [n, 1024] matrix ('xla_matvec': what a 1-token call does
   to each weight matrix, multithreaded, all in one array) and numpy's sum ('numpy_sum')."""
   size = mib * 2**20 // 4
-  options = compile_options.merged(compiler_options)
+  options = platforms.Platform.default().merged(compiler_options)
   matrix = jnp.ones((size // 1024, 1024), jnp.float32)
   vector = jnp.ones((1024,), jnp.float32)
   row_sums = jax.jit(lambda m: jnp.sum(m, axis=1), compiler_options=options)
@@ -162,7 +162,8 @@ def matmul_throughput(rows: int, size: int, repetitions: int,
   `repetitions` (each timing a loop of 8 products)."""
   products = 8
 
-  @functools.partial(jax.jit, compiler_options=compile_options.merged(compiler_options))
+  @functools.partial(jax.jit,
+                     compiler_options=platforms.Platform.default().merged(compiler_options))
   def chain(x, w):
     return jax.lax.fori_loop(0, products, lambda _, x: (x @ w) * (1.0 / size), x)
 

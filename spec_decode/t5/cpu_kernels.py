@@ -1,18 +1,15 @@
-"""The network's products on XLA:CPU (`ops_for`, `with_backend_ops`), among them a small-row
-matmul called from XLA as an FFI custom call: `dense_product`, and its transposed form for a
-tied embedding: `embedding_product`.
+"""The network's products on XLA:CPU (`cpu_ops`), among them a small-row matmul called from
+XLA as an FFI custom call: `dense_product`, and its transposed form for a tied embedding:
+`embedding_product`.
 
-`network.Transformer` takes its products as an injected `network.Ops` (default plain XLA); code
-that decodes picks them here: `ops_for(backend, dtype)` gives `cpu_ops(dtype)` on CPU
-(`dense_product`, `embedding_product`, and for float32 networks few-query attention as
-multiply-reduce loops) and
-plain XLA elsewhere; `with_backend_ops(module)` is that module with the default backend's ops
-(the decode layout, call_costs, models' default model calls, training's greedy decode and the
-T5X hook call it, so every decode call on CPU uses the kernel).
+`network.Transformer` takes its products as an injected `network.Ops` (default plain XLA); the
+program's platform (`spec_decode.platforms.Platform`, from the devices it is compiled for)
+picks `cpu_ops(dtype, small_rows_kernel=...)` on CPU and plain XLA elsewhere: this module
+offers the CPU's products, it does not decide where they run.
 
 Why: a batch-1 decode call of k = 1..16 tokens multiplies k activation rows by each weight
 matrix and is bound by reading the weights, so k rows should cost about what one row costs.
-XLA:CPU's dot does not get there (see `compile_options` and the verify_cost bench suite);
+XLA:CPU's dot does not get there (see `platforms` and the verify_cost bench suite);
 `small_rows_matmul.cc` reads each weight element once for all rows (measured: the docstring of
 scripts/small_rows_matmul_bench.py).
 
@@ -22,12 +19,11 @@ Contract:
   * `embedding_product(x [..., K], embedding [n, K]) -> [..., n]`: `jnp.dot(x, embedding.T)`,
     by the transposed kernel under the same condition. Why a second kernel: XLA:CPU's dot of
     2..8 rows against a transposed [n, K] matrix is over ten times slower than the kernel on a
-    pre-transposed copy (measured at [8000, 128] and [32128, 512], with `compile_options`'
-    settings), and a transposed copy per call would read the matrix twice.
-  * `kernel_applies(x, w)`: JAX's default backend is CPU, x and w are float32, w is 2-D, x has
-    `MIN_ROWS`..`MAX_ROWS` rows (the product of its leading axes), the process has one device (see below), kernels are not switched off
-    (`SPEC_DECODE_CPU_KERNELS=0` or `xla_dots()`), and the kernel is available (compiled and
-    registered on first use).
+    pre-transposed copy (measured at [8000, 128] and [32128, 512], with the CPU platform's
+    compiler options), and a transposed copy per call would read the matrix twice.
+  * `kernel_applies(x, w)`: x and w are float32, w is 2-D, x has `MIN_ROWS`..`MAX_ROWS` rows
+    (the product of its leading axes), kernels are not switched off (`SPEC_DECODE_CPU_KERNELS=0`
+    or `xla_dots()`), and the kernel is available (compiled and registered on first use).
   * `small_rows_matmul(x [m, K], w [K, n]) -> [m, n]` and
     `small_rows_matmul_transposed(x [m, K], w [n, K]) -> [m, n]`: the kernels themselves, any m
     (need `available()`). Their rows are bit-identical whatever the row count: row r of an
@@ -42,9 +38,8 @@ Contract:
     queries has its own code path).
   * Partitioning: a custom call is opaque to GSPMD, which would gather a model-split weight
     onto every device to run it, and inside `jax.jit` a traced value does not say how
-    `in_shardings` split it. So the kernel applies only in a process with one device (a CPU
-    process has one unless XLA is told to simulate more, as the sharding tests do); with
-    several, every product is XLA's dot.
+    `in_shardings` split it. So a program of several devices gets `cpu_ops` without the kernel
+    (`small_rows_kernel=False`: the platform decides), every product XLA's dot.
   * Compilation: on first use, `g++` (or `$CXX`) builds the kernel with -O3 -march=native into
     `$XDG_CACHE_HOME/spec_decode/cpu_kernels` (default ~/.cache/...), one file per hash of the
     source, flags, compiler version, jaxlib version and CPU flags, written under a temporary
@@ -105,10 +100,10 @@ def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
   """Whether `dense_product(x, w)` uses the kernel (see the module docstring)."""
   rows = math.prod(x.shape[:-1])
   if (_xla_dots.get() or os.environ.get(DISABLE_VARIABLE) == "0"
-      or jax.default_backend() != "cpu" or w.ndim != 2 or not MIN_ROWS <= rows <= MAX_ROWS
+      or w.ndim != 2 or not MIN_ROWS <= rows <= MAX_ROWS
       or x.dtype != jnp.float32 or w.dtype != jnp.float32):
     return False
-  return jax.device_count() == 1 and available()
+  return available()
 
 
 def few_query_attention_logits(query: jax.Array, key: jax.Array) -> jax.Array:
@@ -135,30 +130,18 @@ def few_query_attention_mix(weights: jax.Array, value: jax.Array) -> jax.Array:
   return jnp.sum(jnp.moveaxis(weights, 1, 3)[..., None] * value[:, None], axis=2)
 
 
-def cpu_ops(dtype: Any = jnp.float32) -> network.Ops:
-  """The products on XLA:CPU of a network of activation dtype `dtype`: `dense_product` (which
-  keeps XLA's dot where the kernel does not apply) and, for float32 networks only, the
-  few-query attention loops: in bfloat16 they would not round as T5X's einsums do."""
-  if jnp.dtype(dtype) != jnp.float32:
-    return network.Ops(dense_product=dense_product, embedding_product=embedding_product)
-  return network.Ops(dense_product=dense_product, embedding_product=embedding_product,
-                     attention_logits=few_query_attention_logits,
-                     attention_mix=few_query_attention_mix)
-
-
-def ops_for(backend: str | None = None, dtype: Any = jnp.float32) -> network.Ops:
-  """`cpu_ops(dtype)` for 'cpu', plain XLA (`network.Ops()`) for any other backend; None: JAX's
-  default backend."""
-  return cpu_ops(dtype) if (backend or jax.default_backend()) == "cpu" else network.Ops()
-
-
-def with_backend_ops(module_or_config: network.Transformer | network.T5Config
-                     ) -> network.Transformer:
-  """The module (or a Transformer of the config) computing with `ops_for()` for JAX's default
-  backend and its activation dtype: what every decode entry point runs."""
-  if isinstance(module_or_config, network.T5Config):
-    module_or_config = network.Transformer(module_or_config)
-  return module_or_config.clone(ops=ops_for(dtype=module_or_config.config.dtype))
+def cpu_ops(dtype: Any = jnp.float32, small_rows_kernel: bool = True) -> network.Ops:
+  """The products on XLA:CPU of a network of activation dtype `dtype`: with
+  `small_rows_kernel`, `dense_product` and `embedding_product` (which keep XLA's dot where the
+  kernel does not apply); for float32 networks only, the few-query attention loops: in bfloat16
+  they would not round as T5X's einsums do."""
+  products = {}
+  if small_rows_kernel:
+    products.update(dense_product=dense_product, embedding_product=embedding_product)
+  if jnp.dtype(dtype) == jnp.float32:
+    products.update(attention_logits=few_query_attention_logits,
+                    attention_mix=few_query_attention_mix)
+  return network.Ops(**products)
 
 
 def available() -> bool:

@@ -18,7 +18,8 @@ calls, 1 or k tokens, give T5X's 1-token `decode=True` logits: every bfloat16 ac
 bit-identical, the float32 logits up to the accumulation order of the last projection
 (tests/t5x/test_t5x_bfloat16.py).
 `Transformer(config, ops)`: `ops` (`Ops`, default plain XLA) are the products it computes with,
-chosen by the code that runs it (`cpu_kernels.with_backend_ops`); this module knows no backend.
+chosen by the platform of the program that runs it (`spec_decode.platforms`); this module
+knows no backend.
 
 Shapes: B batch, Le encoder length, Ld decoder length, L cache length (max_decode_len),
 k tokens per decode call, E emb_dim, H num_heads, D head_dim, V vocab_size.
@@ -117,7 +118,8 @@ def transposed_dot(x: Array, embedding: Array) -> Array:
 @dataclasses.dataclass(frozen=True)
 class Ops:
   """The products the network computes with, injected as flax's examples inject `dot_general`:
-  this module knows no backend, the code that runs a model picks them (`cpu_kernels.ops_for`).
+  this module knows no backend, the platform of the program that runs a model picks them
+  (`spec_decode.platforms.Platform.ops`).
   The default is plain XLA, T5X's own ops.
 
   `dense_product(x [..., K], w [K, N]) -> [..., N]`: every `Dense` layer's product.

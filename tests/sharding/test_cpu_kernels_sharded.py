@@ -1,37 +1,33 @@
-"""In a process with several devices (here 8 simulated CPU devices) the CPU kernel never
-applies: GSPMD could not split its custom call and would gather model-split weights onto every
-device, and a traced value does not say how jit's in_shardings split it."""
+"""A program of several devices (here 8 simulated CPU devices) never gets the CPU kernel: GSPMD
+could not split its custom call and would gather model-split weights onto every device, and a
+traced value does not say how jit's in_shardings split it. Its platform decides
+(`platforms.Platform`), from the devices the program is compiled for."""
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec
 
-from spec_decode import decode_layout, partitioning
+from spec_decode import decode_layout, partitioning, platforms
 from spec_decode.t5 import cpu_kernels, network
 
 
-def test_dense_products_use_xla_dots_with_several_devices():
-  if jax.default_backend() != "cpu" or not cpu_kernels.available():
-    pytest.skip("no CPU kernel here")
+def test_several_cpu_devices_get_xla_products():
   assert jax.device_count() > 1
-  x, w = jnp.ones((4, 64)), jnp.ones((64, 128))
-  assert not cpu_kernels.kernel_applies(x, w)
-  partitioner = partitioning.PjitPartitioner(num_partitions=4)
-  split = NamedSharding(partitioner.mesh, PartitionSpec(None, "model"))
-  partitioned = partitioner.partition(lambda x, w: cpu_kernels.dense_product(x, w),
-                                      (partitioner.replicated, split), partitioner.replicated)
-  lowered = partitioned.lower(x, w).as_text()
-  assert "custom_call" not in lowered and "dot_general" in lowered
-  np.testing.assert_array_equal(partitioned(x, jax.device_put(w, split)), np.full((4, 128), 64))
-  assert "custom_call" not in jax.jit(cpu_kernels.dense_product).lower(x, w).as_text()
+  partitioner = partitioning.PjitPartitioner(mesh_shape=(1, 4))
+  platform = platforms.Platform.of_mesh(partitioner.mesh)
+  assert platform == platforms.Platform("cpu", 4)
+  assert platform.ops() == cpu_kernels.cpu_ops(small_rows_kernel=False)
+  assert platform.ops().dense_product is network.Ops().dense_product
+  # JAX's default devices are all 8: a plain jit there may be handed any of their layouts.
+  assert platforms.Platform.default().ops() == cpu_kernels.cpu_ops(small_rows_kernel=False)
+  # One device of them, as a 1 x 1 mesh: the kernel.
+  one = partitioning.PjitPartitioner(mesh_shape=(1, 1))
+  assert platforms.Platform.of_mesh(one.mesh).ops() == cpu_kernels.cpu_ops()
 
 
 def test_decode_calls_through_the_layout_use_xla_dots_with_several_devices():
-  """infer's and the benchmark's decode calls (the decode layout's model calls, the CPU ops
-  chosen) on a 2 x 2 mesh: the kernel stays out, the products are XLA's dots."""
-  if jax.default_backend() != "cpu" or not cpu_kernels.available():
+  """infer's and the benchmark's decode calls (the decode layout's model calls, the mesh
+  platform's products) on a 2 x 2 mesh: the kernel stays out, the products are XLA's dots."""
+  if not cpu_kernels.available():
     pytest.skip("no CPU kernel here")
   import test_cpu_kernels  # pylint: disable=g-import-not-at-top  (tests/ is on the path)
   layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(2, 2)),

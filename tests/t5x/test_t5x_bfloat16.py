@@ -23,6 +23,7 @@ pytest.importorskip("t5x.models", reason="needs t5x: pip install --no-deps ../sh
                                          "and its dependencies (../shared/README.md)")
 
 import t5x_setup  # pylint: disable=g-import-not-at-top
+from spec_decode import platforms  # pylint: disable=g-import-not-at-top
 from spec_decode.engine import decoding  # pylint: disable=g-import-not-at-top
 from spec_decode.t5 import cpu_kernels, network  # pylint: disable=g-import-not-at-top
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
@@ -199,7 +200,7 @@ def test_greedy_decodes_equal_t5x_temperature_sample(draft_checkpoint):
   expected = np.asarray(jax.jit(t5x_model.predict_batch)(params, batch))
   assert len({tuple(row) for row in expected}) > GREEDY_BATCH // 2  # not one degenerate decode
 
-  module = cpu_kernels.with_backend_ops(
+  module = platforms.Platform.default().module(
       network.Transformer(speculative.config_from_t5x(BF16)))
 
   @jax.jit

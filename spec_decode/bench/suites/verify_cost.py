@@ -8,7 +8,7 @@ and k rows of activations instead of one add FLOPs, not bytes. Per model:
 
   * measured: each k's call timed in one jitted loop (`call_costs`), all k interleaved
     (k=1, 2, ..., 8, k=1, 2, ... so load drift hits all alike), compiled as our decoders are
-    (`compile_options.decode_compiler_options()`, dense layers by `cpu_kernels` on CPU); with
+    (the default platform's compiler options and products: `platforms.Platform`); with
     `compare_xla_defaults` the same calls as XLA alone compiles them too (its default options,
     its own dots), interleaved with ours ('xla_v').
   * roofline: weight_s = weight bytes a step reads / the measured read bandwidth; flop_s(k) =

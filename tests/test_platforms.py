@@ -1,0 +1,64 @@
+"""The platform of a program (`platforms.Platform`) comes from the devices it is compiled for,
+never from the host's backend: CPU devices get the CPU's products (the small-row kernel on one
+device only), TPU and GPU devices plain XLA, whatever `jax.default_backend()` says."""
+
+import dataclasses
+
+import jax
+import pytest
+
+from spec_decode import platforms
+from spec_decode.t5 import cpu_kernels, network
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+  """What `Platform.of_devices` reads of a device: its platform's name."""
+  platform: str
+
+
+def test_the_devices_decide_not_the_host():
+  assert jax.default_backend() == "cpu"  # this suite's host
+  tpu = platforms.Platform.of_devices([Device("tpu")] * 4)
+  assert tpu == platforms.Platform("tpu", 4)
+  assert tpu.ops() == tpu.ops("bfloat16") == network.Ops()
+  assert tpu.compiler_options() == {}
+  for name in ("cuda", "rocm"):
+    gpu = platforms.Platform.of_devices([Device(name)])
+    assert gpu == platforms.Platform("gpu", 1) and gpu.ops() == network.Ops()
+    assert gpu.compiler_options() == {}
+  cpu = platforms.Platform.of_devices([Device("cpu")])
+  assert cpu.ops() == cpu_kernels.cpu_ops()
+  assert cpu.ops().dense_product is cpu_kernels.dense_product
+  assert cpu.ops("bfloat16") == cpu_kernels.cpu_ops("bfloat16")
+  several = platforms.Platform.of_devices([Device("cpu")] * 2)
+  assert several.ops() == cpu_kernels.cpu_ops(small_rows_kernel=False)
+
+
+def test_the_module_computes_with_the_platforms_products():
+  config = network.T5Config(vocab_size=8, emb_dim=4, num_heads=1, num_encoder_layers=1,
+                            num_decoder_layers=1, head_dim=4, mlp_dim=8)
+  tpu = platforms.Platform("tpu", 2)
+  assert tpu.module(config).ops == network.Ops()
+  cpu = platforms.Platform("cpu")
+  assert cpu.module(network.Transformer(config)).ops == cpu_kernels.cpu_ops()
+
+
+def test_compiler_options_are_the_cpus_own_and_merge_under_explicit_ones():
+  cpu = platforms.Platform("cpu")
+  own = cpu.compiler_options()
+  # Kept only where this jaxlib's compiler accepts the option (see the module docstring).
+  assert set(own) <= set(platforms.CPU_DECODE_OPTIONS)
+  assert cpu.merged({"xla_cpu_enable_fast_math": False}) == {
+      **own, "xla_cpu_enable_fast_math": False}
+  assert cpu.merged({"a": 1}, xla_defaults=True) == {"a": 1}
+  assert platforms.Platform("tpu").merged({"a": 1}) == {"a": 1}
+
+
+def test_bad_platforms_are_one_line_errors():
+  with pytest.raises(ValueError, match="one platform"):
+    platforms.Platform.of_devices([Device("cpu"), Device("tpu")])
+  with pytest.raises(ValueError, match="one platform"):
+    platforms.Platform.of_devices([])
+  with pytest.raises(ValueError, match="platform must be one of"):
+    platforms.Platform("ipu")
