@@ -12,7 +12,6 @@ and every test reads the cached result.
 
 import dataclasses
 import functools
-import re
 import types
 
 import jax
@@ -25,6 +24,7 @@ from spec_decode.engine import decoding
 from spec_decode.t5 import network
 from spec_decode import decode_layout
 from spec_decode import partitioning
+from spec_decode.aot import programs
 
 MESH_SHAPES = [(1, 8), (2, 4), (4, 2), (8, 1)]
 EOS = 1
@@ -187,52 +187,17 @@ def test_draft_may_follow_its_own_rules():
 
 # --------------------------------------------------------------------------- the compiled loop
 
-_COLLECTIVES = ("all-to-all", "collective-permute", "all-gather", "all-reduce", "reduce-scatter")
-
-
-def collectives_in_loop(hlo: str) -> list[tuple[str, str]]:
-  """(collective, op_name) of every collective inside a while loop of a compiled HLO module."""
-  computations: dict[str, list[str]] = {}
-  lines: list[str] = []
-  for line in hlo.splitlines():
-    header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
-    if header and not line.startswith(" "):
-      lines = computations.setdefault(header.group(1), [])
-    elif line.startswith("  "):
-      lines.append(line)
-  called = {name: set(re.findall(r"%([\w.\-]+)", " ".join(
-      re.findall(r"(?:calls|body|condition|to_apply|branch_computations)=(\{[^}]*\}|%[\w.\-]+)",
-                 "\n".join(body)))))
-            for name, body in computations.items()}
-  pending = [m for body in computations.values() for line in body
-             for m in re.findall(r" while\(.*body=%([\w.\-]+)", line)]
-  in_loop: set[str] = set()
-  while pending:
-    name = pending.pop()
-    if name not in in_loop:
-      in_loop.add(name)
-      pending.extend(called.get(name, ()))
-  found = []
-  for name in in_loop:
-    for line in computations.get(name, ()):
-      for op in _COLLECTIVES:
-        if re.search(rf"\s{op}(-start)?\(", line):
-          op_name = re.search(r'op_name="([^"]*)"', line)
-          found.append((op, op_name.group(1) if op_name else "?"))
-  return found
-
-
 def comparable_loop_collectives(compiled: jax.stages.Compiled) -> list[tuple[str, str]]:
   """`collectives_in_loop` of a compiled decode, sorted, each op_name without the jitted
   function's name: what two decoders' loops are compared by."""
   return sorted((op, name.split("/", 1)[1])
-                for op, name in collectives_in_loop(compiled.as_text()))
+                for op, name in programs.collectives_in_loop(compiled.as_text()))
 
 
 @pytest.fixture(scope="module")
 def loop_collectives():
   *_, compiled, _ = _sharded((2, 4), "sampled")
-  found = collectives_in_loop(compiled.as_text())
+  found = programs.collectives_in_loop(compiled.as_text())
   assert any(op == "all-reduce" for op, _ in found), "the HLO parser found no loop collectives"
   return found
 

@@ -1,0 +1,264 @@
+"""The command: read a run config as `spec_decode.infer` would (nothing restored), lay it out on
+a topology's devices, compile its programs, print the report (see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import gin
+import jax
+import jax.numpy as jnp
+
+from spec_decode import decode_layout
+from spec_decode import gin_utils
+from spec_decode import infer
+from spec_decode import models
+from spec_decode import plan
+from spec_decode.aot import programs
+from spec_decode.aot import report
+from spec_decode.aot import topologies
+from spec_decode.bench import paper
+from spec_decode.t5 import network
+
+PROGRAMS = ("decode", "baseline", "calls")
+# T5's EOS id, which every vocabulary of the project's configs has. The vocabulary is not read
+# (it may be a gs:// file): a compiled program takes the id as a constant, whose value does not
+# change the program's size or cost.
+EOS_ID = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class StandInVocabulary:
+  """What the model reads of a vocabulary when it is only compiled: its size and EOS id."""
+  vocab_size: int
+  eos_id: int = EOS_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What a run config decodes, read without restoring anything."""
+  model: models.EncoderDecoderModel
+  layout: decode_layout.DecodeLayout
+  checkpoint_dtype: Any
+  batch_size: int
+  input_length: int
+  target_length: int
+  table2_row: str | None  # the paper's row a configs/table2 row file names
+
+
+def _resolved(value: Any) -> Any:
+  """A bound value with gin's macro references evaluated."""
+  if isinstance(value, gin.config.ConfigurableReference):
+    return value.scoped_configurable_fn()
+  return value
+
+
+def _bound(selector: str, default: Any = None) -> Any:
+  try:
+    return _resolved(gin.query_parameter(selector))
+  except ValueError:  # not bound
+    return default
+
+
+def read_run(args: argparse.Namespace, bindings: Sequence[str],
+             devices: Sequence[jax.Device]) -> Run:
+  """The model, layout and sizes of `spec_decode.infer`'s run of this config on `devices`."""
+  config = plan.read_config(args.gin_file, bindings, args.draft_gin_file)
+  model_reference = gin.query_parameter("%MODEL")
+  # Bound over the config's own (gin evaluates every binding of a call, so passing these as
+  # arguments would still read the config's vocabulary and draft checkpoint).
+  overrides: dict[str, Any] = {
+      "input_vocabulary": StandInVocabulary(config.target.vocab_size),
+      "output_vocabulary": StandInVocabulary(config.target.vocab_size)}
+  if issubclass(model_reference.configurable.wrapped, models.SpeculativeEncoderDecoderModel):
+    overrides["draft_checkpoint_path"] = None  # the draft's config is `config.draft`
+    if config.draft is not None:
+      overrides["draft_module"] = network.Transformer(
+          dataclasses.replace(config.draft, dtype=config.target.dtype))
+  for name, value in overrides.items():
+    gin.bind_parameter(f"{model_reference.configurable.selector}.{name}", value)
+  model = model_reference.scoped_configurable_fn()
+  partitioner_reference = gin.query_parameter("infer.infer.partitioner")
+  partitioner_overrides: dict[str, Any] = {"devices": devices}
+  if args.num_partitions is not None:
+    partitioner_overrides.update(num_partitions=args.num_partitions, mesh_shape=None)
+  partitioner = partitioner_reference.scoped_configurable_fn(**partitioner_overrides)
+  draft_module = model.draft_module if model.is_speculative else None
+  layout = decode_layout.decode_layout(
+      partitioner, model.module.config, None if draft_module is None else draft_module.config)
+  sizes = {"batch size": args.batch_size or config.batch_size,
+           "input length": args.input_length or config.input_length,
+           "target length": args.target_length or config.target_length}
+  for name, value in sizes.items():
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"{name} must be a positive integer (set it in the config or by its "
+                       f"flag), got {value!r}")
+  data = layout.mesh.shape["data"]
+  if sizes["batch size"] % data:
+    raise ValueError(f"batch size {sizes['batch size']} is not a multiple of the mesh's 'data' "
+                     f"axis ({dict(layout.mesh.shape)}): give --num_partitions or a topology "
+                     "of fewer chips")
+  dtype = _bound("infer.infer.checkpoint_dtype")
+  row = os.path.splitext(os.path.basename(args.gin_file[-1]))[0]
+  return Run(model, layout, None if dtype is None else jnp.dtype(dtype), sizes["batch size"],
+             sizes["input length"], sizes["target length"],
+             row if row in paper.TABLE2 else None)
+
+
+def compile_run(run: Run, wanted: Sequence[str], call_tokens: Sequence[int],
+                progress: Any) -> dict[str, Any]:
+  """Every program asked for: {'decode': Program, 'baseline': Program, 'target_calls':
+  {k: Program}, 'draft_call': Program}, each present when compiled."""
+  model, layout = run.model, run.layout
+  sizes = dict(batch_size=run.batch_size, input_length=run.input_length,
+               target_length=run.target_length, param_dtype=run.checkpoint_dtype,
+               eos_id=EOS_ID, num_decodes=model.num_decodes, progress=progress)
+  compiled: dict[str, Any] = {}
+  if "decode" in wanted:
+    name = "speculative decode" if model.is_speculative else "decode"
+    compiled["decode"] = programs.predict_program(layout, model.decoder, name=name, **sizes)
+  if "baseline" in wanted and model.is_speculative:
+    compiled["baseline"] = programs.predict_program(
+        layout, model.decoder.baseline(), name="baseline (target alone)", **sizes)
+  if "calls" in wanted:
+    rows = dict(batch_rows=run.batch_size * model.num_decodes, input_length=run.input_length,
+                max_decode_len=run.target_length, progress=progress)
+    compiled["target_calls"] = {
+        k: programs.call_program(layout, "target", num_tokens=k,
+                                 param_dtype=run.checkpoint_dtype, **rows)
+        for k in call_tokens}
+    if layout.draft is not None:
+      compiled["draft_call"] = programs.call_program(layout, "draft", num_tokens=1, **rows)
+  return compiled
+
+
+def _report(args: argparse.Namespace, topology: topologies.Topology, run: Run,
+            compiled: dict[str, Any], seconds: float) -> dict[str, Any]:
+  model, layout, chip = run.model, run.layout, topology.chip
+  settings = model.decode_settings
+  gamma = settings.get("gamma")
+  row = paper.TABLE2.get(run.table2_row) if run.table2_row else None
+  alpha = args.alpha if args.alpha is not None else (row.alpha if row else None)
+  batch_rows = run.batch_size * model.num_decodes
+  target, draft = plan.layout_bytes(layout, batch_rows, run.input_length, run.target_length,
+                                    run.checkpoint_dtype)
+  whole = [compiled[name] for name in ("decode", "baseline") if name in compiled]
+  plans = {}
+  if "decode" in compiled:
+    plans[compiled["decode"].name] = report.compare_with_plan(
+        compiled["decode"], target, draft if model.is_speculative else None, chip)
+  if "baseline" in compiled:
+    plans[compiled["baseline"].name] = report.compare_with_plan(compiled["baseline"], target,
+                                                                None, chip)
+  lines = [
+      f"{' '.join(args.gin_file)} on {topology.name} ({topology.libtpu_name}: "
+      f"{topology.num_chips} x {chip.kind}, {topology.num_hosts} host"
+      f"{'s' if topology.num_hosts > 1 else ''}), mesh {dict(layout.mesh.shape)}, platform "
+      f"{layout.platform.name}",
+      f"decode loop {model.decoder.loop_name} {settings}; batch {run.batch_size} x "
+      f"{model.num_decodes} decodes, inputs {run.input_length}, targets {run.target_length}; "
+      f"target params {jnp.dtype(run.checkpoint_dtype or layout.target.dtype).name}",
+      f"Compiled by XLA for {chip.kind} on this host in {seconds:.0f} s, not run: figures per "
+      f"device; 'XLA' is XLA's cost model and 'roofline' a bound from the chip's published "
+      f"peaks ({chip.bf16_flops_per_second / 1e12:.0f} TFLOP/s bf16, "
+      f"{chip.hbm_bytes_per_second / 1e9:.0f} GB/s, {chip.hbm_bytes / 2**30:.0f} GiB HBM)."]
+  lines += report.format_programs(whole + list(compiled.get("target_calls", {}).values())
+                                  + ([compiled["draft_call"]] if "draft_call" in compiled
+                                     else []), plans)
+  for program in whole:
+    lines.append(report.format_collectives(program))
+    foreign = [name for name in program.custom_calls if name.startswith("spec_decode")]
+    if foreign:
+      lines.append(f"{program.name}: holds the CPU custom calls {foreign}")
+  found = []
+  if compiled.get("target_calls"):
+    lines += report.format_calls(compiled["target_calls"], compiled.get("draft_call"), chip)
+    found = report.estimates(compiled["target_calls"], compiled.get("draft_call"), chip,
+                             alpha if model.is_speculative else None, gamma)
+    lines += report.format_estimates(found, alpha, gamma, row.speedup if row else None)
+  print("\n".join(lines))
+  return {
+      "gin_files": list(args.gin_file), "topology": topology.name,
+      "libtpu_topology": topology.libtpu_name, "chip": dataclasses.asdict(chip),
+      "num_hosts": topology.num_hosts, "mesh": dict(layout.mesh.shape),
+      "decode_loop": model.decoder.loop_name, "decode_settings": settings,
+      "batch_size": run.batch_size, "num_decodes": model.num_decodes,
+      "input_length": run.input_length, "target_length": run.target_length,
+      "table2_row": run.table2_row, "alpha": alpha,
+      "paper_speedup": row.speedup if row else None, "seconds": seconds,
+      "programs": [report.as_json(p) for p in whole],
+      "plan": {name: {**dataclasses.asdict(c), "fits": c.fits} for name, c in plans.items()},
+      "target_calls": {k: report.as_json(p)
+                       for k, p in compiled.get("target_calls", {}).items()},
+      "draft_call": (report.as_json(compiled["draft_call"]) if "draft_call" in compiled
+                     else None),
+      "estimates": [dataclasses.asdict(e) for e in found]}
+
+
+def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+  parser = argparse.ArgumentParser(
+      prog="python -m spec_decode.aot",
+      description="A run config's decode compiled for a TPU topology from this host (see the "
+                  "spec_decode.aot docstring).")
+  gin_utils.add_gin_arguments(parser, infer.DEFAULT_GIN_FILE)
+  parser.add_argument("--topology", default="v4-8",
+                      help=f"a Cloud TPU name ({', '.join(topologies.NAMED)}) or libtpu's "
+                           "<generation>:<chips per axis>, e.g. v4:1x1x1 (one v4 chip); "
+                           "default v4-8")
+  parser.add_argument("--num_partitions", type=int, default=None,
+                      help="the mesh's 'model' axis (default: the config's partitioner)")
+  parser.add_argument("--draft_gin_file", default=None,
+                      help="model gin file of the draft (default: the config's draft, else "
+                           "the config DRAFT_CHECKPOINT_PATH's checkpoint holds)")
+  parser.add_argument("--batch_size", type=int, default=None, help="default: BATCH_SIZE")
+  parser.add_argument("--input_length", type=int, default=None)
+  parser.add_argument("--target_length", type=int, default=None)
+  parser.add_argument("--programs", default=",".join(PROGRAMS),
+                      help=f"which to compile, of {', '.join(PROGRAMS)}")
+  parser.add_argument("--call_tokens", default="1,2,3,4,5,6,7,8",
+                      help="fed tokens k of the target calls compiled alone")
+  parser.add_argument("--alpha", type=float, default=None,
+                      help="alpha for Theorem 3.8 (default: the paper's, for a Table 2 row)")
+  parser.add_argument("--output_json", default=None, help="also write the figures here")
+  args, bindings = gin_utils.parse_args(parser, argv)
+  args.gin_file = args.gin_file or [infer.DEFAULT_GIN_FILE]
+  return args, bindings
+
+
+def _run(args: argparse.Namespace, bindings: list[str]) -> None:
+  start = time.perf_counter()
+  try:
+    wanted = [name for name in args.programs.split(",") if name]
+    unknown = sorted(set(wanted) - set(PROGRAMS))
+    if unknown:
+      raise ValueError(f"--programs takes {', '.join(PROGRAMS)}, got {', '.join(unknown)}")
+    call_tokens = sorted({int(k) for k in args.call_tokens.split(",") if k})
+    if "calls" in wanted and (not call_tokens or call_tokens[0] < 1 or 1 not in call_tokens):
+      raise ValueError(f"--call_tokens needs 1 (v(k) is relative to it), got {args.call_tokens}")
+    topology = topologies.topology(args.topology)
+    devices = topology.devices()
+    run = read_run(args, bindings, devices)
+  except (ValueError, FileNotFoundError, TypeError) as e:  # what the config or flags name
+    raise gin_utils.UsageError(gin_utils.first_line(e)) from None
+
+  def progress(message: str) -> None:
+    print(f"[{time.perf_counter() - start:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+  compiled = compile_run(run, wanted, call_tokens, progress)
+  figures = _report(args, topology, run, compiled, time.perf_counter() - start)
+  if args.output_json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
+    with open(args.output_json, "w", encoding="utf-8") as out:
+      json.dump(figures, out, indent=1, default=str)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args, bindings = _parse_args(sys.argv[1:] if argv is None else argv)
+  return gin_utils.run("spec_decode.aot", lambda: _run(args, bindings))

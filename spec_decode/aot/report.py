@@ -1,0 +1,164 @@
+"""The reading of a run's compiled programs (`programs.Program`): memory against the plan's
+formula and the chip's HBM, call costs as v(k) and c, Theorem 3.8's prediction from them.
+
+Two estimates of a call's time, each labelled where it is printed, neither a measurement:
+  * 'XLA': `optimal_seconds`, XLA's own cost model; used only where it is positive (XLA:TPU
+    gives negative values for some programs, which no reading can use);
+  * 'roofline': max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth) per chip, with
+    the chip's published peaks (`topologies.Chip`): the time a call cannot beat on that chip.
+v(k) = time of a k-token target call / time of a 1-token call; c = time of a 1-token draft call
+/ time of a 1-token target call (the paper's c and, where v = 1, its Theorem 3.8).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from spec_decode import plan
+from spec_decode.aot import programs
+from spec_decode.aot import topologies
+from spec_decode.bench import theory
+
+
+def roofline_seconds(program: programs.Program, chip: topologies.Chip) -> float:
+  return max(program.flops / chip.bf16_flops_per_second,
+             program.bytes_accessed / chip.hbm_bytes_per_second)
+
+
+def xla_seconds(program: programs.Program) -> float | None:
+  """XLA's `optimal_seconds` where it is usable (positive), else None."""
+  seconds = program.optimal_seconds
+  return seconds if seconds is not None and seconds > 0 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """v(k) for each k compiled, c, and Theorem 3.8's speedup, by one way of timing a call."""
+  name: str  # 'roofline' or 'XLA'
+  v: Mapping[int, float]
+  c: float | None
+  predicted_speedup: float | None  # at the run's alpha and gamma, with v(gamma + 1)
+
+
+def estimates(target_calls: Mapping[int, programs.Program],
+              draft_call: programs.Program | None, chip: topologies.Chip,
+              alpha: float | None, gamma: int | None) -> list[Estimate]:
+  """Both estimates (see the module docstring) from calls compiled alone."""
+  found = []
+  for name, seconds_of in (("roofline", lambda p: roofline_seconds(p, chip)),
+                           ("XLA", xla_seconds)):
+    seconds = {k: seconds_of(program) for k, program in target_calls.items()}
+    one = seconds.get(1)
+    if not one:
+      found.append(Estimate(name, {}, None, None))
+      continue
+    v = {k: s / one for k, s in sorted(seconds.items()) if s is not None}
+    draft = None if draft_call is None else seconds_of(draft_call)
+    c = None if draft is None else draft / one
+    predicted = None
+    if alpha is not None and gamma is not None and c is not None and gamma + 1 in v:
+      predicted = theory.predicted_speedup(alpha, gamma, c, v[gamma + 1])
+    found.append(Estimate(name, v, c, predicted))
+  return found
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanComparison:
+  """A whole decode's per-device bytes by XLA next to `spec_decode.plan`'s formula (which
+  counts parameters and caches only)."""
+  formula_bytes: int
+  argument_bytes: int
+  temp_bytes: int
+  device_bytes: int
+  hbm_bytes: int
+
+  @property
+  def argument_difference(self) -> float:
+    """XLA's argument bytes over the formula's, minus one (the formula's caches are made
+    inside the program, so XLA's arguments are parameters and inputs)."""
+    return self.argument_bytes / self.formula_bytes - 1
+
+  @property
+  def fits(self) -> bool:
+    return self.device_bytes <= self.hbm_bytes
+
+
+def compare_with_plan(program: programs.Program, target: plan.DeviceBytes,
+                      draft: plan.DeviceBytes | None, chip: topologies.Chip) -> PlanComparison:
+  formula = target.total + (draft.total if draft is not None else 0)
+  return PlanComparison(formula, program.argument_bytes, program.temp_bytes,
+                        program.device_bytes, chip.hbm_bytes)
+
+
+def _gib(n: float) -> str:
+  return f"{n / 2**30:.2f}"
+
+
+def format_programs(compiled: Sequence[programs.Program],
+                    plans: Mapping[str, PlanComparison]) -> list[str]:
+  header = ["program", "lower s", "compile s", "arguments", "temporaries", "output", "code",
+            "total GiB", "fits HBM", "plan formula", "args vs formula"]
+  rows = [header]
+  for program in compiled:
+    comparison = plans.get(program.name)
+    rows.append([
+        program.name, f"{program.lower_seconds:.1f}", f"{program.compile_seconds:.1f}",
+        _gib(program.argument_bytes), _gib(program.temp_bytes),
+        _gib(program.output_bytes - program.alias_bytes), f"{program.code_bytes / 2**20:.1f} MiB",
+        _gib(program.device_bytes),
+        "-" if comparison is None else ("yes" if comparison.fits else "NO"),
+        "-" if comparison is None else _gib(comparison.formula_bytes),
+        "-" if comparison is None else f"{comparison.argument_difference:+.1%}"])
+  return _table(rows)
+
+
+def format_calls(target_calls: Mapping[int, programs.Program],
+                 draft_call: programs.Program | None, chip: topologies.Chip) -> list[str]:
+  rows = [["call", "GFLOP", "GiB accessed", "XLA optimal_seconds", "roofline s"]]
+  calls = [(f"target k={k}", p) for k, p in sorted(target_calls.items())]
+  if draft_call is not None:
+    calls.append(("draft k=1", draft_call))
+  for label, program in calls:
+    rows.append([label, f"{program.flops / 1e9:.2f}", _gib(program.bytes_accessed),
+                 "-" if program.optimal_seconds is None else f"{program.optimal_seconds:.3g}",
+                 f"{roofline_seconds(program, chip):.3g}"])
+  return _table(rows)
+
+
+def format_estimates(found: Sequence[Estimate], alpha: float | None, gamma: int | None,
+                     paper_speedup: float | None) -> list[str]:
+  lines = []
+  for estimate in found:
+    if not estimate.v:
+      lines.append(f"{estimate.name}: no usable estimate of a 1-token target call")
+      continue
+    v = ", ".join(f"v({k})={value:.2f}" for k, value in estimate.v.items())
+    c = "-" if estimate.c is None else f"{estimate.c:.3f}"
+    line = f"{estimate.name}: {v}; c={c}"
+    if estimate.predicted_speedup is not None:
+      line += (f"; Theorem 3.8 at alpha {alpha:.2f}, gamma {gamma}: "
+               f"{estimate.predicted_speedup:.2f}x")
+    lines.append(line)
+  if paper_speedup is not None:
+    lines.append(f"the paper measured {paper_speedup}x (TPU-v4, batch 1)")
+  return lines
+
+
+def format_collectives(program: programs.Program) -> str:
+  counts: dict[str, int] = {}
+  for op, _ in program.loop_collectives:
+    counts[op] = counts.get(op, 0) + 1
+  found = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items())) or "none"
+  return f"{program.name}: collectives inside its loops: {found}"
+
+
+def as_json(program: programs.Program) -> dict[str, Any]:
+  return {**dataclasses.asdict(program), "device_bytes": program.device_bytes}
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+  return ["  ".join(cell.rjust(width) if i else cell.ljust(width)
+                    for i, (cell, width) in enumerate(zip(row, widths))) for row in rows]

@@ -1,0 +1,121 @@
+"""Accelerator topologies a decode can be compiled for from any host (`python -m
+spec_decode.aot --topology=...`), and the published figures of their chips.
+
+A topology is described to XLA's TPU compiler by libtpu's compile-only client
+(`jax.experimental.topologies.get_topology_desc`): its devices are real `TpuDevice`s of that
+slice, none of them attached, so a `Mesh` over them builds real XLA:TPU executables on a host
+without a TPU (`pip install "jax[tpu]"` brings libtpu on Python 3.12).
+
+Names: Cloud TPU's (`v4-8`: 8 TensorCores = 4 v4 chips, one device per chip as JAX sees a v4
+in megacore mode; `v5litepod-8` = `v5e-8`: 8 chips), or libtpu's own `<generation>:<chips per
+axis>` (`v4:1x1x1`: one v4 chip, the paper's Table 2 setting; `v4:2x2x4`: 16 chips on 4 hosts).
+
+Chip figures (`Chip`) are Google's published per-chip peak numbers (HBM capacity, HBM
+bandwidth, bfloat16 FLOP/s): a roofline's bounds, not measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+import jax
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One chip generation: libtpu's name and its published peak figures."""
+  generation: str  # libtpu's topology prefix: 'v4', 'v5e', 'v5p', 'v6e'
+  kind: str  # as JAX names its devices, e.g. 'TPU v4'
+  hbm_bytes: int
+  hbm_bytes_per_second: float
+  bf16_flops_per_second: float
+  megacore: bool  # two TensorCores seen as one device
+  chips_per_host: tuple[int, int, int]  # the largest block of chips one host drives
+
+
+CHIPS = {
+    "v4": Chip("v4", "TPU v4", 32 * GIB, 1200e9, 275e12, True, (2, 2, 1)),
+    "v5e": Chip("v5e", "TPU v5 lite", 16 * GIB, 819e9, 197e12, False, (2, 4, 1)),
+    "v5p": Chip("v5p", "TPU v5", 95 * GIB, 2765e9, 459e12, True, (2, 2, 1)),
+    "v6e": Chip("v6e", "TPU v6 lite", 32 * GIB, 1640e9, 918e12, False, (2, 4, 1)),
+}
+
+# Cloud TPU names -> libtpu topology names.
+NAMED = {
+    "v4-8": "v4:2x2x1", "v4-16": "v4:2x2x2", "v4-32": "v4:2x2x4", "v4-64": "v4:2x4x4",
+    "v5e-1": "v5e:1x1", "v5e-4": "v5e:2x2", "v5e-8": "v5e:2x4", "v5e-16": "v5e:4x4",
+    "v5p-8": "v5p:2x2x1", "v5p-16": "v5p:2x2x2",
+    "v6e-1": "v6e:1x1", "v6e-4": "v6e:2x2", "v6e-8": "v6e:2x4", "v6e-16": "v6e:4x4",
+}
+NAMED.update({name.replace("v5e-", "v5litepod-"): value for name, value in NAMED.items()
+              if name.startswith("v5e-")})
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A slice: its chip, the chips along each axis, and how many hosts drive them."""
+  name: str  # as given
+  chip: Chip
+  shape: tuple[int, ...]  # chips per axis, e.g. (2, 2, 1)
+
+  @property
+  def num_chips(self) -> int:
+    return math.prod(self.shape)
+
+  @property
+  def chips_per_host_bounds(self) -> tuple[int, int, int]:
+    shape = tuple(self.shape) + (1,) * (3 - len(self.shape))
+    return tuple(min(n, bound) for n, bound in zip(shape, self.chip.chips_per_host))
+
+  @property
+  def num_hosts(self) -> int:
+    return self.num_chips // math.prod(self.chips_per_host_bounds)
+
+  @property
+  def libtpu_name(self) -> str:
+    return f"{self.chip.generation}:{'x'.join(map(str, self.shape))}"
+
+  def devices(self) -> list[jax.Device]:
+    """The slice's devices from libtpu's compile-only client (one per chip)."""
+    # libtpu probes the host for a TPU unless told what it is; the compile-only client needs
+    # none, and the probe's warnings would bury the report.
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{self.chip.generation}-8")
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    options = {"chip_config_name": "megacore"} if self.chip.megacore else {}
+    try:
+      description = topologies.get_topology_desc(
+          platform="tpu", topology_name=self.libtpu_name,
+          chips_per_host_bounds=self.chips_per_host_bounds, num_slices=1,
+          wrap=(False, False, False), **options)
+    except Exception as error:  # pylint: disable=broad-except  (libtpu's errors vary by release)
+      raise ValueError(f"cannot describe TPU topology {self.name} ({self.libtpu_name}): "
+                       f"{str(error).splitlines()[0] if str(error) else type(error).__name__}; "
+                       "the TPU compiler comes with `pip install \"jax[tpu]\"` (Python 3.12+)"
+                       ) from None
+    devices = list(description.devices)
+    if len(devices) != self.num_chips:
+      raise ValueError(f"libtpu describes {self.libtpu_name} with {len(devices)} devices, "
+                       f"expected {self.num_chips} (one per chip)")
+    return devices
+
+
+def topology(name: str) -> Topology:
+  """The `Topology` of a Cloud TPU name (`v4-8`) or a libtpu name (`v4:2x2x1`); ValueError
+  naming the known ones otherwise."""
+  spec = NAMED.get(name, name)
+  match = re.fullmatch(r"(v\d+[a-z]?):(\d+(?:x\d+){1,2})", spec)
+  if not match or match.group(1) not in CHIPS:
+    raise ValueError(f"unknown topology {name!r}: give a Cloud TPU name ({', '.join(NAMED)}) "
+                     f"or <generation>:<chips per axis> with a generation of "
+                     f"{', '.join(CHIPS)} (e.g. v4:1x1x1)")
+  chip = CHIPS[match.group(1)]
+  shape = tuple(int(n) for n in match.group(2).split("x"))
+  if len(shape) != (3 if chip.megacore else 2) or min(shape) < 1:
+    raise ValueError(f"a {chip.generation} topology has {3 if chip.megacore else 2} axes of at "
+                     f"least one chip, got {spec!r}")
+  return Topology(name, chip, shape)
