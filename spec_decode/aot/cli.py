@@ -27,7 +27,7 @@ from spec_decode.aot import topologies
 from spec_decode.bench import paper
 from spec_decode.t5 import network
 
-PROGRAMS = ("decode", "baseline", "calls")
+PROGRAMS = ("decode", "baseline", "target_calls", "draft_call")
 # T5's EOS id, which every vocabulary of the project's configs has. The vocabulary is not read
 # (it may be a gs:// file): a compiled program takes the id as a constant, whose value does not
 # change the program's size or cost.
@@ -127,15 +127,15 @@ def compile_run(run: Run, wanted: Sequence[str], call_tokens: Sequence[int],
   if "baseline" in wanted and model.is_speculative:
     compiled["baseline"] = programs.predict_program(
         layout, model.decoder.baseline(), name="baseline (target alone)", **sizes)
-  if "calls" in wanted:
-    rows = dict(batch_rows=run.batch_size * model.num_decodes, input_length=run.input_length,
-                max_decode_len=run.target_length, progress=progress)
+  rows = dict(batch_rows=run.batch_size * model.num_decodes, input_length=run.input_length,
+              max_decode_len=run.target_length, progress=progress)
+  if "target_calls" in wanted:
     compiled["target_calls"] = {
         k: programs.call_program(layout, "target", num_tokens=k,
                                  param_dtype=run.checkpoint_dtype, **rows)
         for k in call_tokens}
-    if layout.draft is not None:
-      compiled["draft_call"] = programs.call_program(layout, "draft", num_tokens=1, **rows)
+  if "draft_call" in wanted and layout.draft is not None:
+    compiled["draft_call"] = programs.call_program(layout, "draft", num_tokens=1, **rows)
   return compiled
 
 
@@ -178,8 +178,10 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: Run,
     if foreign:
       lines.append(f"{program.name}: holds the CPU custom calls {foreign}")
   found = []
+  if compiled.get("target_calls") or "draft_call" in compiled:
+    lines += report.format_calls(compiled.get("target_calls", {}), compiled.get("draft_call"),
+                                 chip)
   if compiled.get("target_calls"):
-    lines += report.format_calls(compiled["target_calls"], compiled.get("draft_call"), chip)
     found = report.estimates(compiled["target_calls"], compiled.get("draft_call"), chip,
                              alpha if model.is_speculative else None, gamma)
     lines += report.format_estimates(found, alpha, gamma, row.speedup if row else None)
@@ -240,7 +242,8 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
     if unknown:
       raise ValueError(f"--programs takes {', '.join(PROGRAMS)}, got {', '.join(unknown)}")
     call_tokens = sorted({int(k) for k in args.call_tokens.split(",") if k})
-    if "calls" in wanted and (not call_tokens or call_tokens[0] < 1 or 1 not in call_tokens):
+    if "target_calls" in wanted and (not call_tokens or call_tokens[0] < 1
+                                     or 1 not in call_tokens):
       raise ValueError(f"--call_tokens needs 1 (v(k) is relative to it), got {args.call_tokens}")
     topology = topologies.topology(args.topology)
     devices = topology.devices()

@@ -1,0 +1,219 @@
+"""Table 2 as XLA:TPU compiles it: every row of configs/table2/ (T5.1.1-XXL target) and of
+configs/table2/t5_1_0/ (T5 1.0 11B target) compiled by `python -m spec_decode.aot` for one v4
+chip (P = 1, topology v4:1x1x1) and for the 4 chips of a v4-8 (P = 4), plus target calls at
+batch 1 / 8 / 32 and one row on a v4-32 slice (16 chips, 4 hosts); then docs/table2/compiled.md
+written from the figures.
+
+Run (Python 3.12 with `pip install -e . "jax[tpu]"`): `python scripts/compile_table2.py
+[--family t5_1_1|t5_1_0 ...] [--render_only]`. Each job writes
+docs/table2/compiled/<family>/<job>.json and is skipped when that file exists, so an interrupted
+run resumes. Per family and P: each row's speculative decode, one baseline per (task,
+temperature), the target's calls of k = 1 and every row's gamma + 1 once per task, and each
+draft's call. Nothing here is run on a TPU: memory and costs are the compiler's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+from spec_decode import paths
+from spec_decode.aot import cli
+from spec_decode.bench import paper
+
+OUT = paths.ROOT / "docs" / "table2" / "compiled"
+FAMILIES = {
+    # family: (harness gin file, row folder, the drafts' model gin files)
+    "t5_1_1": ("configs/table2/spec_decode.gin", "configs/table2", "configs/models/t5_1_1"),
+    "t5_1_0": ("configs/table2/t5_1_0/spec_decode.gin", "configs/table2/t5_1_0",
+               "configs/models/t5_1_0"),
+}
+TARGET = {"t5_1_1": "T5.1.1-XXL", "t5_1_0": "T5 1.0 11B"}
+PARTITIONS = {1: "v4:1x1x1", 4: "v4-8"}  # P: topology
+CALL_BATCHES = (1, 8, 32)
+
+
+def _row_args(family: str, row: str) -> list[str]:
+  harness, folder, drafts = FAMILIES[family]
+  draft_size = row.split("_")[1]
+  return [f"--gin_file={harness}", f"--gin_file={folder}/{row}.gin",
+          f"--draft_gin_file={drafts}/{draft_size}.gin"]
+
+
+def jobs(family: str) -> list[tuple[str, list[str]]]:
+  """(job name, aot arguments) in the order they run: the P = 1 and P = 4 programs of every
+  row first, then the batch sweep and the multi-host row."""
+  found = []
+  for num_partitions, topology in PARTITIONS.items():
+    where = [f"--topology={topology}", f"--num_partitions={num_partitions}"]
+    for task in ("ende", "cnndm"):
+      rows = [name for name in paper.TABLE2 if name.startswith(task)]
+      tokens = sorted({1} | {paper.TABLE2[name].gamma + 1 for name in rows})
+      found.append((f"p{num_partitions}_{task}_target_calls",
+                    _row_args(family, rows[0]) + where + [
+                        "--programs=target_calls",
+                        f"--call_tokens={','.join(map(str, tokens))}"]))
+      for name in rows:
+        programs = ["decode"]
+        if name.split("_")[1] == "small":  # one baseline per (task, temperature)
+          programs.append("baseline")
+        if name.endswith("_t0"):  # one call per draft
+          programs.append("draft_call")
+        found.append((f"p{num_partitions}_{name}",
+                      _row_args(family, name) + where + [f"--programs={','.join(programs)}"]))
+  for batch in CALL_BATCHES[1:]:
+    found.append((f"p4_ende_target_calls_b{batch}",
+                  _row_args(family, "ende_small_t0") + [
+                      "--topology=v4-8", "--num_partitions=4", f"--batch_size={batch}",
+                      "--programs=target_calls,draft_call", "--call_tokens=1,8"]))
+  found.append(("p16_v4-32_ende_small_t0",
+                _row_args(family, "ende_small_t0") + ["--topology=v4-32", "--num_partitions=16",
+                                                      "--programs=decode"]))
+  return found
+
+
+def run(family: str) -> None:
+  folder = OUT / family
+  folder.mkdir(parents=True, exist_ok=True)
+  for name, arguments in jobs(family):
+    out = folder / f"{name}.json"
+    if out.exists():
+      continue
+    print(f"=== {family} {name}", flush=True)
+    start = time.perf_counter()
+    status = cli.main(arguments + [f"--output_json={out}"])
+    print(f"=== {family} {name}: status {status} in {time.perf_counter() - start:.0f} s",
+          flush=True)
+
+
+# --------------------------------------------------------------------------- the document
+
+
+def _load(family: str) -> dict[str, dict]:
+  return {path.stem: json.loads(path.read_text())
+          for path in sorted((OUT / family).glob("*.json"))}
+
+
+def _gib(n: float) -> str:
+  return f"{n / 2**30:.2f}"
+
+
+def _roofline(call: dict, chip: dict) -> float:
+  return max(call["flops"] / chip["bf16_flops_per_second"],
+             call["argument_bytes"] / chip["hbm_bytes_per_second"])
+
+
+def render() -> str:
+  from spec_decode.bench import theory  # pylint: disable=g-import-not-at-top
+  lines = [
+      "# Table 2 as XLA:TPU compiles it",
+      "",
+      "Every program below was **compiled, not run**: XLA's TPU compiler (libtpu's "
+      "compile-only client) built it on a 2-core CPU host with no TPU "
+      "(`python scripts/compile_table2.py`, one `python -m spec_decode.aot` per job). Memory "
+      "is XLA's per-device `memory_analysis()`. Call times are not measurements: 'roofline' "
+      "is max(flops / 275 TFLOP/s, argument bytes / 1200 GB/s), the published bf16 and HBM "
+      "peaks of a v4 chip, a bound no call beats; XLA's own `optimal_seconds` is negative "
+      "for these programs and is left out (see docs/TPU_COMPILE.md). Theorem 3.8's speedup "
+      "uses the paper's alpha for the row with c and v(gamma+1) from those rooflines; the "
+      "paper's measured speedup is beside it. `scripts/accelerator_check.sh` is the check "
+      "for when a TPU is lent.",
+      ""]
+  for family in FAMILIES:
+    figures = _load(family)
+    if not figures:
+      continue
+    lines += [f"## {TARGET[family]} target ({FAMILIES[family][1]})", ""]
+    for num_partitions, topology in PARTITIONS.items():
+      prefix = f"p{num_partitions}_"
+      lines += [f"### P = {num_partitions} ({topology}: {num_partitions} v4 chip"
+                f"{'s' if num_partitions > 1 else ''}, batch 1, bfloat16 target)", "",
+                "| row | gamma | decode: arguments + temporaries + code GiB (plan formula: "
+                "params + cache) | fits 32 GiB | baseline GiB | loop collectives | c | "
+                "v(gamma+1) | Theorem 3.8 (roofline) | paper |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+      for row_name, row in paper.TABLE2.items():
+        decode = figures.get(prefix + row_name)
+        if decode is None:
+          lines.append(f"| {row_name} | {row.gamma} | not compiled | | | | | | | "
+                       f"{row.speedup}x |")
+          continue
+        program = decode["programs"][0]
+        plan = decode["plan"][program["name"]]
+        task = row_name.split("_")[0]
+        calls = figures.get(f"{prefix}{task}_target_calls", {}).get("target_calls", {})
+        draft = figures.get(f"{prefix}{row_name.split('_t')[0]}_t0", {}).get("draft_call")
+        baseline = figures.get(f"{prefix}{task}_small_t{row_name[-1]}", {}).get("programs", [])
+        chip = decode["chip"]
+        c = v = predicted = None
+        if calls and draft:
+          one = _roofline(calls["1"], chip)
+          c = _roofline(draft, chip) / one
+          if str(row.gamma + 1) in calls:
+            v = _roofline(calls[str(row.gamma + 1)], chip) / one
+            predicted = theory.predicted_speedup(row.alpha, row.gamma, c, v)
+        collectives = {}
+        for op, _ in program["loop_collectives"]:
+          collectives[op] = collectives.get(op, 0) + 1
+        lines.append(
+            f"| {row_name} | {row.gamma} | {_gib(program['argument_bytes'])} + "
+            f"{_gib(program['temp_bytes'])} + {program['code_bytes'] / 2**30:.2f} "
+            f"({_gib(plan['formula_params'])} + {_gib(plan['formula_cache'])}) | "
+            f"{'yes' if plan['fits'] else 'NO'} | "
+            f"{_gib(baseline[1]['device_bytes']) if len(baseline) > 1 else '-'} | "
+            f"{', '.join(f'{op} x{n}' for op, n in sorted(collectives.items())) or 'none'} | "
+            f"{'-' if c is None else f'{c:.3f}'} | {'-' if v is None else f'{v:.2f}'} | "
+            f"{'-' if predicted is None else f'{predicted:.2f}x'} | {row.speedup}x |")
+      lines.append("")
+    sweep = [(batch, figures.get("p4_ende_target_calls" if batch == 1 else
+                                 f"p4_ende_target_calls_b{batch}")) for batch in CALL_BATCHES]
+    sweep = [(batch, found) for batch, found in sweep if found]
+    if sweep:
+      lines += ["### How v grows with the batch (EnDe, P = 4, roofline)", "",
+                "| batch | target k=1 GFLOP / chip | k=8 GFLOP / chip | arguments GiB | "
+                "v(8) | c |", "|---|---|---|---|---|---|"]
+      for batch, found in sweep:
+        calls, chip = found["target_calls"], found["chip"]
+        one = _roofline(calls["1"], chip)
+        draft = found.get("draft_call") or figures.get("p4_ende_small_t0", {}).get("draft_call")
+        lines.append(f"| {batch} | {calls['1']['flops'] / 1e9:.1f} | "
+                     f"{calls['8']['flops'] / 1e9:.1f} | {_gib(calls['1']['argument_bytes'])} | "
+                     f"{_roofline(calls['8'], chip) / one:.2f} | "
+                     f"{'-' if not draft else f'{_roofline(draft, chip) / one:.3f}'} |")
+      lines.append("")
+    multi = figures.get("p16_v4-32_ende_small_t0")
+    if multi:
+      program = multi["programs"][0]
+      lines += [f"### Multi-host: ende_small_t0 on a v4-32 (16 chips, {multi['num_hosts']} "
+                f"hosts, mesh {multi['mesh']})", "",
+                f"Compiled in {program['compile_seconds']:.0f} s: "
+                f"{_gib(program['argument_bytes'])} GiB arguments, "
+                f"{_gib(program['temp_bytes'])} GiB temporaries, "
+                f"{program['code_bytes'] / 2**20:.0f} MiB code per chip; collectives inside "
+                f"the loop: {len(program['loop_collectives'])}, all "
+                f"{sorted({op for op, _ in program['loop_collectives']})}.", ""]
+    times = [p["compile_seconds"] for f in figures.values() for p in f.get("programs", [])]
+    if times:
+      lines += [f"Whole decodes compiled in {min(times):.0f}-{max(times):.0f} s each on this "
+                "host.", ""]
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--family", action="append", choices=sorted(FAMILIES))
+  parser.add_argument("--render_only", action="store_true")
+  args = parser.parse_args(argv)
+  if not args.render_only:
+    for family in args.family or list(FAMILIES):
+      run(family)
+  (OUT.parent / "compiled.md").write_text(render() + "\n")
+  print(f"wrote {OUT.parent / 'compiled.md'}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
