@@ -5,12 +5,14 @@
 #
 # 1. Installs this checkout with the "test-core" extra (no torch: the registry has only CUDA
 #    builds of several GB for Python 3.12, so the Hugging Face parity tests skip here) and
-#    checks that pip chose the newest JAX release that setup.py admits.
+#    `jax[tpu]` (libtpu: XLA's TPU compiler, for the decodes compiled for TPU topologies from
+#    this CPU host, tests/test_aot.py), and checks that pip chose the newest JAX release that
+#    setup.py admits.
 # 2. Installs the wheel of this checkout into a second fresh environment, its dependencies
 #    resolved from the wheel alone, and runs the default demo (`python -m spec_decode.infer`, no
 #    flags) from an empty folder outside the repository.
-# 3. Runs the engine, network, CPU-kernel, model, infer, command-line and T5X-hook tests, then
-#    the 8-device sharding tests, in that environment.
+# 3. Runs the engine, network, platform, CPU-kernel, TPU-compile, model, infer, command-line and
+#    T5X-hook tests, then the 8-device sharding tests, in that environment.
 #
 # The interpreter: $NEWEST_PYTHON, else `python3.12` where it runs, else pyenv's newest 3.12.
 # Extra arguments go to pytest.
@@ -35,7 +37,7 @@ rm -rf .venv312
 "$python" -m venv .venv312
 venv_python=$repo/.venv312/bin/python
 started=$SECONDS
-"$venv_python" -m pip install -q -e '.[test-core]'
+"$venv_python" -m pip install -q -e '.[test-core]' 'jax[tpu]'
 if [ -d ../shared/wheels ]; then
   # T5X is not on the registry; the "t5x" extra (inside "test-core") brought what it imports.
   "$venv_python" -m pip install -q --no-deps ../shared/wheels/*.whl
@@ -108,6 +110,7 @@ cd "$repo"
   tests/test_sampling.py tests/test_verify.py tests/test_exactness.py tests/test_decoding.py \
   tests/test_network.py tests/test_cpu_kernels.py tests/test_t5_decoding.py tests/test_models.py \
   tests/test_infer.py tests/test_cli.py tests/test_tree_calls.py tests/test_beam_search.py \
-  tests/test_engine_cost.py tests/test_call_costs.py tests/test_infer_timing.py tests/t5x
+  tests/test_engine_cost.py tests/test_call_costs.py tests/test_infer_timing.py \
+  tests/test_platforms.py tests/test_aot.py tests/t5x
 XLA_FLAGS=--xla_force_host_platform_device_count=8 "$venv_python" -m pytest -q -rs "$@" \
   tests/sharding

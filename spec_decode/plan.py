@@ -4,7 +4,7 @@ Run: `python -m spec_decode.plan --gin_file=configs/table2/spec_decode.gin
 --gin_file=configs/table2/ende_small_t0.gin
 [--device_kind=tpu_v4|h200|cpu] [--num_devices=N] [--batch_size=B] [--input_length=Le]
 [--target_length=L] [--num_decodes=n] [--param_dtype=D] [--draft_gin_file=F]
-[--parameter_partitioning_dims=1|2] [--gin_bindings=B ...]`.
+[--parameter_partitioning_dims=1|2] [--compile_for=TOPOLOGY] [--gin_bindings=B ...]`.
 
 What it reads (the gin config is parsed, nothing is built or allocated):
   * the target: the `network.T5Config` the config binds;
@@ -31,7 +31,10 @@ What it prints, for num_partitions P in 1, 2, 4, 8, 16 on a ('data', 'model') me
     (`check_fits`).
 A mesh that does not divide a split dimension (heads, mlp_dim, vocabulary, batch) is shown as
 such instead of numbers. Not counted: activations, logits, the engine's small [B, L] buffers and
-XLA's temporaries, so leave headroom.
+XLA's temporaries, so leave headroom. With `--compile_for=TOPOLOGY` (a TPU topology of
+`spec_decode.aot`, e.g. v4-8; needs `jax[tpu]`), the decode is also compiled by XLA for each P
+the topology has chips for, on P of them, and XLA's own per-device arguments, temporaries and
+code are printed under the formula's (`python -m spec_decode.aot` says more).
 """
 
 from __future__ import annotations
@@ -344,6 +347,9 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--param_dtype", default=None,
                       help="dtype of floating parameters (default: the target config's dtype)")
   parser.add_argument("--parameter_partitioning_dims", type=int, default=1, choices=(1, 2))
+  parser.add_argument("--compile_for", default=None,
+                      help="also compile the decode for this TPU topology (e.g. v4-8) and "
+                           "print XLA's memory per device")
   args, bindings = gin_utils.parse_args(parser, argv)
   if not args.gin_file:
     parser.error("give --gin_file, e.g. --gin_file=configs/table2/spec_decode.gin "
@@ -374,6 +380,43 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
     raise gin_utils.UsageError(gin_utils.first_line(e)) from None
   print(format_plan(rows, target, draft, param_dtype, args.device_kind, batch_rows,
                     sizes["input length"], sizes["target length"]))
+  if args.compile_for:
+    _print_compiled(args, bindings, rows)
+
+
+def _print_compiled(args: argparse.Namespace, bindings: list[str],
+                    rows: Sequence[PlanRow]) -> None:
+  """XLA's per-device memory of the decode for each P the topology holds (`spec_decode.aot`)."""
+  from spec_decode.aot import cli as aot_cli  # pylint: disable=g-import-not-at-top  (jax[tpu])
+  from spec_decode.aot import programs  # pylint: disable=g-import-not-at-top
+  from spec_decode.aot import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    topology = topologies.topology(args.compile_for)
+    devices = topology.devices()
+  except ValueError as e:
+    raise gin_utils.UsageError(gin_utils.first_line(e)) from None
+  print(f"compiled by XLA for {topology.name} ({topology.chip.kind}), per device, not run:")
+  for row in rows:
+    if row.mesh_shape is None or math.prod(row.mesh_shape) > len(devices):
+      continue
+    aot_args = argparse.Namespace(
+        gin_file=args.gin_file, draft_gin_file=args.draft_gin_file,
+        num_partitions=row.num_partitions, batch_size=args.batch_size,
+        input_length=args.input_length, target_length=args.target_length)
+    try:
+      run = aot_cli.read_run(aot_args, bindings, devices[:math.prod(row.mesh_shape)])
+    except ValueError as e:
+      print(f"P={row.num_partitions}: not compiled: {gin_utils.first_line(e)}")
+      continue
+    program = programs.predict_program(
+        run.layout, run.model.decoder, eos_id=aot_cli.EOS_ID, num_decodes=run.model.num_decodes,
+        batch_size=run.batch_size, input_length=run.input_length,
+        target_length=run.target_length, param_dtype=run.checkpoint_dtype)
+    fits = "yes" if program.device_bytes <= topology.chip.hbm_bytes else "NO"
+    print(f"P={row.num_partitions}: arguments {format_bytes(program.argument_bytes)}, "
+          f"temporaries {format_bytes(program.temp_bytes)}, code "
+          f"{format_bytes(program.code_bytes)}: {format_bytes(program.device_bytes)} "
+          f"(fits {format_bytes(topology.chip.hbm_bytes)}: {fits})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

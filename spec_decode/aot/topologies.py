@@ -85,6 +85,9 @@ class Topology:
     # libtpu probes the host for a TPU unless told what it is; the compile-only client needs
     # none, and the probe's warnings would bury the report.
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{self.chip.generation}-8")
+    # libtpu lets one process at a time hold it (a lockfile) to guard a chip; a compile-only
+    # client holds no chip, so several may compile at once (parallel tests, a plan beside aot).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
     options = {"chip_config_name": "megacore"} if self.chip.megacore else {}
     try:

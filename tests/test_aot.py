@@ -1,0 +1,148 @@
+"""Decodes compiled for a TPU topology from this CPU host (`spec_decode.aot`, libtpu's
+compile-only client): the speculative decode, its baseline and speculative beam search compile
+for TPU v4 devices with no CPU custom call (the platform follows the devices, not the host), XLA's
+memory analysis agrees with the plan's formula, and the command reports it."""
+
+import importlib.util
+import json
+
+import jax
+import pytest
+
+import tiny_t5
+from spec_decode import core
+from spec_decode import decode_layout
+from spec_decode import partitioning
+from spec_decode import plan
+from spec_decode import platforms
+from spec_decode.aot import cli
+from spec_decode.aot import programs
+from spec_decode.aot import topologies
+from spec_decode.t5 import cpu_kernels
+from spec_decode.t5 import network
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="needs libtpu, XLA's TPU compiler: pip install 'jax[tpu]' (Python 3.12; "
+           "scripts/test_newest.sh installs it)")
+
+VOCAB_SIZE = 512
+# Small, but in whole TPU tiles (128 lanes): XLA:TPU pads an array to its tiles, so a model of
+# 8- or 16-wide matrices takes several times its bytes there, which no formula of shapes sees.
+TPU_SHAPED = dict(tiny_t5.SHRINK, emb_dim=128, num_heads=2, head_dim=64, mlp_dim=256)
+TARGET = tiny_t5.tiny_config(VOCAB_SIZE, TPU_SHAPED)
+DRAFT = tiny_t5.tiny_config(VOCAB_SIZE, dict(TPU_SHAPED, mlp_dim=128))
+BATCH, INPUT_LENGTH, TARGET_LENGTH = 2, 16, 12
+DECODERS = {
+    "speculative_sample": dict(gamma=3, temperature=1.0),
+    "speculative_beam_search": dict(gamma=2, draft_beams=4),
+}
+
+
+@pytest.fixture(scope="module")
+def tpu_devices():
+  return topologies.topology("v4-8").devices()
+
+
+@pytest.fixture(scope="module")
+def layout(tpu_devices):
+  """A ('data', 'model') = (1, 2) mesh over two of a v4-8's chips."""
+  partitioner = partitioning.PjitPartitioner(num_partitions=2, devices=tpu_devices[:2])
+  return decode_layout.decode_layout(partitioner, TARGET, DRAFT)
+
+
+def test_the_platform_follows_the_devices_not_the_host(layout):
+  assert jax.default_backend() == "cpu"
+  assert layout.platform == platforms.Platform("tpu", 2)
+  assert layout.platform.module(TARGET).ops == network.Ops()
+
+
+def _compile(layout, decoder, num_decodes=1):
+  return programs.predict_program(layout, decoder, eos_id=1, num_decodes=num_decodes,
+                                  batch_size=BATCH, input_length=INPUT_LENGTH,
+                                  target_length=TARGET_LENGTH)
+
+
+@pytest.mark.parametrize("loop", sorted(DECODERS))
+def test_decodes_compile_for_tpu_with_no_cpu_custom_call(layout, loop):
+  """The decode and its baseline, as infer compiles them: TPU programs, their arguments the
+  plan formula's parameters (plus the batch and rng), caches and activations in temporaries,
+  and inside the loop no collective but all-reduces."""
+  num_decodes = 4 if loop == "speculative_beam_search" else 1
+  speculative = core.Decoder.create(loop, network.Transformer(TARGET), network.Transformer(DRAFT),
+                                    **DECODERS[loop])
+  target, draft = plan.layout_bytes(layout, BATCH * num_decodes, INPUT_LENGTH, TARGET_LENGTH)
+  inputs = BATCH * (INPUT_LENGTH + TARGET_LENGTH) * 4 + 8  # int32 tokens and the rng
+  for decoder, params in ((speculative, target.params + draft.params),
+                          (speculative.baseline(), target.params)):
+    program = _compile(layout, decoder, num_decodes)
+    assert not [name for name in program.custom_calls if name.startswith("spec_decode")]
+    # The formula's shapes against XLA's buffers: within 2% (the vectors' tile padding).
+    assert abs(program.argument_bytes - (params + inputs)) <= 0.02 * params, (
+        program.argument_bytes, params, inputs)
+    assert program.temp_bytes > 0 and program.code_bytes > 0
+    # Never a permute or an all-to-all. Beam search's top-k runs over beams x vocabulary,
+    # which 'model' splits: each step gathers the [B, beams, V] log-probs (T5X's beam_search
+    # compiles to the same). Sampling: the matmuls' all-reduces, and the draw's block sums
+    # ([B, blocks] per shard), which XLA:TPU sums across shards by gathering them.
+    collectives = program.loop_collectives
+    assert {op for op, _ in collectives} <= {"all-reduce", "all-gather"}, collectives
+    if "beam" not in decoder.loop_name:
+      gathered = [name for op, name in collectives if op == "all-gather"]
+      assert all(name.endswith("reduce_sum") for name in gathered), gathered
+
+
+def test_the_same_decode_on_this_cpu_holds_the_kernel():
+  """The control: on the host's one CPU device the same program holds the CPU custom call that
+  the TPU program must not (so the check above can fail)."""
+  if not cpu_kernels.available():
+    pytest.skip("no CPU kernel here")
+  cpu = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(1, 1)), TARGET,
+                                    DRAFT)
+  decoder = core.Decoder.create("speculative_sample", network.Transformer(TARGET),
+                                network.Transformer(DRAFT), gamma=3, temperature=1.0)
+  assert cpu_kernels.TARGET_NAME in _compile(cpu, decoder).custom_calls
+
+
+def test_single_calls_report_their_costs(layout):
+  one = programs.call_program(layout, "target", batch_rows=BATCH, input_length=INPUT_LENGTH,
+                              max_decode_len=TARGET_LENGTH, num_tokens=1)
+  four = programs.call_program(layout, "target", batch_rows=BATCH, input_length=INPUT_LENGTH,
+                               max_decode_len=TARGET_LENGTH, num_tokens=4)
+  assert 3 * one.flops < four.flops < 5 * one.flops  # the products grow with the fed tokens
+  # The same weights and cache: only the fed tokens [B, k] grow (within a tile's padding).
+  assert 0 <= four.argument_bytes - one.argument_bytes <= 4096
+
+
+def test_the_command_compiles_the_demo_for_one_v4_chip(tmp_path, capsys):
+  out = tmp_path / "demo.json"
+  assert cli.main(["--topology=v4:1x1x1", "--call_tokens=1,2", f"--output_json={out}"]) == 0
+  printed = capsys.readouterr().out
+  assert "Compiled by XLA for TPU v4" in printed and "not run" in printed
+  figures = json.loads(out.read_text())
+  assert figures["mesh"] == {"data": 1, "model": 1}
+  assert [p["name"] for p in figures["programs"]] == ["speculative decode",
+                                                      "baseline (target alone)"]
+  assert all(p["custom_calls"] == [] or not any(c.startswith("spec_decode")
+                                                for c in p["custom_calls"])
+             for p in figures["programs"])
+  assert all(entry["fits"] for entry in figures["plan"].values())
+  roofline = figures["estimates"][0]
+  assert roofline["name"] == "roofline" and set(roofline["v"]) == {"1", "2"}
+  assert 0 < roofline["c"] < 1  # the demo's draft is the smaller model
+
+
+def test_bad_topologies_and_meshes_are_one_line_errors(capsys):
+  assert cli.main(["--topology=v9-8"]) == 2
+  assert "unknown topology 'v9-8'" in capsys.readouterr().err
+  # The demo's batch of 1 on a v4-8 with P = 1: a 'data' axis of 4 cannot split it.
+  assert cli.main(["--topology=v4-8", "--num_partitions=1"]) == 2
+  assert "batch size 1 is not a multiple of the mesh's 'data' axis" in capsys.readouterr().err
+
+
+def test_plan_prints_xlas_temporaries_beside_its_formula(capsys):
+  assert plan.main(["--gin_file=configs/demo/infer.gin", "--compile_for=v4-8"]) == 0
+  printed = capsys.readouterr().out
+  compiled = [line for line in printed.splitlines() if line.startswith("P=")
+              and "temporaries" in line]
+  assert [line.split(":")[0] for line in compiled] == ["P=1", "P=2", "P=4"], printed
