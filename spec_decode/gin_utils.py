@@ -15,6 +15,8 @@ anything is built:
   program's entry points through the config's references (`@x`, `%MACRO`); one that is not
   (a macro nothing uses, a setting of a decode_fn the model does not use) cannot take effect;
 * `run(program, main)`: prints a `UsageError` as `program: error: ...` and returns 2.
+* `add_distributed_arguments(parser)`, `initialize_distributed(args)`: T5X's multi-process
+  flags, and the one place JAX's distributed system is started (an entry point calls it first).
 * `configured(fn)`: `fn` with the bindings a config gave it. A module that reads a setting
   from gin at call time (e.g. `tasks.data_dir`) calls through it, because a config registers
   only what it binds.
@@ -35,6 +37,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import gin
+import jax
 from gin import config_parser
 
 from spec_decode import paths
@@ -222,6 +225,62 @@ def check_bindings_take_effect(entry_points: Sequence[Callable[..., Any]]) -> No
       what = f"{scope}{'.'.join(first.selector.split('.')[-2:])}.{{{names}}}"
     raise UsageError(f"gin binding of {what} cannot take effect: nothing this run calls "
                      "uses it")
+
+
+def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
+  """T5X's multi-process flags (its train.py's), for `initialize_distributed`."""
+  parser.add_argument("--multiprocess_gpu", action="store_true",
+                      help="start JAX's distributed system (T5X's flag; any backend), from "
+                           "the three flags below")
+  parser.add_argument("--coordinator_address", default=None,
+                      help="host:port of process 0 (with --multiprocess_gpu)")
+  parser.add_argument("--process_count", type=int, default=None,
+                      help="number of processes (with --multiprocess_gpu)")
+  parser.add_argument("--process_index", type=int, default=None,
+                      help="this process's index, 0 first (with --multiprocess_gpu)")
+
+
+def initialize_distributed(args: argparse.Namespace) -> None:
+  """Starts JAX's distributed system when this process is one of several, before anything
+  touches the devices: from `add_distributed_arguments`' flags, else from a cluster's
+  environment: JAX_COORDINATOR_ADDRESS (read by JAX) with JAX_NUM_PROCESSES and JAX_PROCESS_ID
+  (read here), or SLURM_NTASKS / OMPI_COMM_WORLD_SIZE > 1 or a comma-separated
+  TPU_WORKER_HOSTNAMES (JAX's cluster detection fills in the rest). Elsewhere, a multi-host
+  TPU VM without these variables say, give --multiprocess_gpu. UsageError for flags that
+  contradict each other or a start that fails."""
+  given = [f"--{name}" for name in ("coordinator_address", "process_count", "process_index")
+           if getattr(args, name) is not None]
+  if not args.multiprocess_gpu:
+    if given:
+      raise UsageError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} "
+                       "--multiprocess_gpu")
+    _initialize_from_environment()
+    return
+  if args.process_count is not None and args.process_index is not None and not (
+      0 <= args.process_index < args.process_count):
+    raise UsageError(f"--process_index={args.process_index} is not in 0..{args.process_count - 1} "
+                     f"(--process_count={args.process_count})")
+  try:
+    jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index)
+  except (ValueError, RuntimeError) as error:  # e.g. no coordinator given or detected
+    raise UsageError("--multiprocess_gpu: JAX's distributed system did not start: "
+                     f"{first_line(error)}") from error
+
+
+def _env_int(name: str) -> int | None:
+  value = os.environ.get(name)
+  return int(value) if value else None
+
+
+def _initialize_from_environment() -> None:
+  if jax.distributed.is_initialized():
+    return
+  if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+    jax.distributed.initialize(num_processes=_env_int("JAX_NUM_PROCESSES"),
+                               process_id=_env_int("JAX_PROCESS_ID"))
+  elif ((_env_int("SLURM_NTASKS") or 1) > 1 or (_env_int("OMPI_COMM_WORLD_SIZE") or 1) > 1
+        or "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")):
+    jax.distributed.initialize()
 
 
 def run(program: str, main: Callable[[], int | None]) -> int:

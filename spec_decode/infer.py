@@ -416,27 +416,6 @@ def _run_identity(model: models.EncoderDecoderModel, cfg: DatasetConfig, source:
 # --------------------------------------------------------------------------- command line
 
 
-def _initialize_distributed(args: argparse.Namespace) -> None:
-  """T5X's multi-process start (its train.py flags): `jax.distributed.initialize` with the
-  flags given (None: JAX detects them from a cluster's environment)."""
-  given = [f"--{name}" for name in ("coordinator_address", "process_count", "process_index")
-           if getattr(args, name) is not None]
-  if not args.multiprocess_gpu:
-    if given:
-      raise UsageError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} "
-                       "--multiprocess_gpu")
-    return
-  if args.process_count is not None and args.process_index is not None and not (
-      0 <= args.process_index < args.process_count):
-    raise UsageError(f"--process_index={args.process_index} is not in 0..{args.process_count - 1} "
-                     f"(--process_count={args.process_count})")
-  try:
-    jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index)
-  except (ValueError, RuntimeError) as error:  # e.g. no coordinator given or detected
-    raise UsageError("--multiprocess_gpu: JAX's distributed system did not start: "
-                     f"{gin_utils.first_line(error)}") from error
-
-
 def _task_directory_bindings(args: argparse.Namespace) -> list[str]:
   """--data_dir and --tfds_data_dir as the bindings of `spec_decode.tasks` they stand for."""
   bindings = [f"tasks.{name}.path = {value!r}" for name, value in (
@@ -459,7 +438,7 @@ def _task_settings(dataset_config_cls: type[DatasetConfig]) -> list[Callable[...
 def _run(args: argparse.Namespace, bindings: list[str]) -> int:
   if args.text is not None and args.input_file is not None:
     raise UsageError("give --text or --input_file, not both")
-  _initialize_distributed(args)
+  gin_utils.initialize_distributed(args)
   # The flags replace the config's input source, so they come after every other binding.
   if args.text is not None:
     bindings += ["MIXTURE_OR_TASK_NAME = None", "infer.DatasetConfig.input_file = None",
@@ -500,15 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--restart", action="store_true",
                       help="start over in an INFER_OUTPUT_DIR holding another run's chunks "
                            "(without it a rerun resumes there, or is refused if it differs)")
-  parser.add_argument("--multiprocess_gpu", action="store_true",
-                      help="start JAX's distributed system (T5X's flag; any backend), from "
-                           "the three flags below")
-  parser.add_argument("--coordinator_address", default=None,
-                      help="host:port of process 0 (with --multiprocess_gpu)")
-  parser.add_argument("--process_count", type=int, default=None,
-                      help="number of processes (with --multiprocess_gpu)")
-  parser.add_argument("--process_index", type=int, default=None,
-                      help="this process's index, 0 first (with --multiprocess_gpu)")
+  gin_utils.add_distributed_arguments(parser)
   args, bindings = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
   return gin_utils.run("spec_decode.infer", lambda: _run(args, bindings))
 

@@ -24,10 +24,9 @@ axis, its size, the mesh axis and its size.
 
 Decoding and restoring on such a mesh: `spec_decode.decode_layout`.
 
-Multi-host: `initialize_distributed` (called by `PjitPartitioner`) runs
-`jax.distributed.initialize()` when the environment says this process is one of several (see
-its docstring); it must happen before anything else touches JAX's devices. Each process then
-builds the same global mesh, reads only its own shards, and gets its own shards of the outputs
+Multi-host: the entry point starts JAX's distributed system before anything touches JAX's
+devices (`spec_decode.infer`: T5X's --multiprocess_gpu flags, or a cluster's environment);
+this module never does. Each process then builds the same global mesh, reads only its own shards, and gets its own shards of the outputs
 (gather them with `jax.experimental.multihost_utils.process_allgather`). tests/sharding runs
 `spec_decode.infer` as 2 processes of 4 CPU devices (T5X's --multiprocess_gpu flags).
 """
@@ -37,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -249,41 +247,6 @@ def abstract_decode_cache(config: network.T5Config, batch_size: int, input_lengt
                         jax.ShapeDtypeStruct((batch_size, input_length), jnp.int32))
 
 
-# --------------------------------------------------------------------------- multi-host
-
-
-def _env_int(name: str) -> int | None:
-  value = os.environ.get(name)
-  return int(value) if value else None
-
-
-def initialize_distributed() -> bool:
-  """Calls `jax.distributed.initialize()` when this process is one of several; returns whether
-  it did (False when single-process or already initialized).
-
-  Several processes are detected from the environment:
-    * JAX_COORDINATOR_ADDRESS (host:port of process 0, read by JAX itself) with
-      JAX_NUM_PROCESSES and JAX_PROCESS_ID (read here; JAX auto-detects them when unset);
-    * SLURM_NTASKS > 1 (srun), OMPI_COMM_WORLD_SIZE > 1 (mpirun), or a comma-separated
-      TPU_WORKER_HOSTNAMES (multi-host Cloud TPU on GKE): JAX's own cluster detection fills in
-      the coordinator, process count and id.
-  Elsewhere (e.g. a multi-host TPU VM without these variables) call
-  `jax.distributed.initialize()` yourself before building a partitioner (`spec_decode.infer`
-  does with T5X's --multiprocess_gpu flags).
-  """
-  if jax.distributed.is_initialized():
-    return False
-  if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-    jax.distributed.initialize(num_processes=_env_int("JAX_NUM_PROCESSES"),
-                               process_id=_env_int("JAX_PROCESS_ID"))
-    return True
-  several = ((_env_int("SLURM_NTASKS") or 1) > 1 or (_env_int("OMPI_COMM_WORLD_SIZE") or 1) > 1
-             or "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""))
-  if several:
-    jax.distributed.initialize()
-  return several
-
-
 # --------------------------------------------------------------------------- partitioner
 
 
@@ -300,7 +263,6 @@ class PjitPartitioner:
     rules = standard_logical_axis_rules() if logical_axis_rules is None else logical_axis_rules
     rules = tuple(tuple(rule) for rule in rules)
     check_rules(rules)
-    initialize_distributed()
     self._mesh = make_mesh(num_partitions, mesh_shape, devices)
     self._rules = rules
 

@@ -387,8 +387,8 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
 def _print_compiled(args: argparse.Namespace, bindings: list[str],
                     rows: Sequence[PlanRow]) -> None:
   """XLA's per-device memory of the decode for each P the topology holds (`spec_decode.aot`)."""
-  from spec_decode.aot import cli as aot_cli  # pylint: disable=g-import-not-at-top  (jax[tpu])
-  from spec_decode.aot import programs  # pylint: disable=g-import-not-at-top
+  from spec_decode.aot import programs  # pylint: disable=g-import-not-at-top  (imports plan)
+  from spec_decode.aot import runs  # pylint: disable=g-import-not-at-top
   from spec_decode.aot import topologies  # pylint: disable=g-import-not-at-top
   try:
     topology = topologies.topology(args.compile_for)
@@ -404,12 +404,12 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
         num_partitions=row.num_partitions, batch_size=args.batch_size,
         input_length=args.input_length, target_length=args.target_length)
     try:
-      run = aot_cli.read_run(aot_args, bindings, devices[:math.prod(row.mesh_shape)])
+      run = runs.read_run(aot_args, bindings, devices[:math.prod(row.mesh_shape)])
     except ValueError as e:
       print(f"P={row.num_partitions}: not compiled: {gin_utils.first_line(e)}")
       continue
     program = programs.predict_program(
-        run.layout, run.model.decoder, eos_id=aot_cli.EOS_ID, num_decodes=run.model.num_decodes,
+        run.layout, run.model.decoder, eos_id=runs.EOS_ID, num_decodes=run.model.num_decodes,
         batch_size=run.batch_size, input_length=run.input_length,
         target_length=run.target_length, param_dtype=run.checkpoint_dtype)
     fits = "yes" if program.device_bytes <= topology.chip.hbm_bytes else "NO"

@@ -15,7 +15,8 @@ import pytest
 from spec_decode import paths
 
 MODULES = sorted(paths.PACKAGE.rglob("*.py"))
-TOOLS = ("spec_decode.training", "spec_decode.bench", "spec_decode.t5x")
+TOOLS = ("spec_decode.training", "spec_decode.bench", "spec_decode.t5x", "spec_decode.aot.cli",
+         "spec_decode.aot.__main__")
 # Modules above ~500 lines, with the reason a reader would accept.
 LONG_MODULES = {
     "spec_decode/t5/network.py": "the whole T5 network, as one definition (T5X splits "
@@ -136,3 +137,34 @@ def test_the_network_knows_no_backend():
            if isinstance(node, (ast.Attribute, ast.Name))}
   assert not names & {"default_backend", "devices", "local_devices", "device_count", "ffi",
                       "cpu_kernels"}, sorted(names)
+
+
+def _calls(path: pathlib.Path) -> set[str]:
+  """Dotted names of everything `path` calls or refers to (`jax.distributed.initialize`)."""
+  def dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Attribute):
+      return f"{dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else "?"
+  return {dotted(node) for node in ast.walk(ast.parse(path.read_text()))
+          if isinstance(node, (ast.Attribute, ast.Name))}
+
+
+def test_one_place_chooses_the_platforms_products():
+  """`platforms.Platform` alone picks a program's products and options from its devices: no
+  other module of the package picks CPU ops or asks for the host's backend (the benchmark's
+  machine report only records it)."""
+  choosers = {str(path.relative_to(paths.ROOT)) for path in MODULES
+              if {"cpu_kernels.cpu_ops", "cpu_ops"} & _calls(path)
+              and path.name != "cpu_kernels.py"}
+  assert choosers == {"spec_decode/platforms.py"}, choosers
+  asking = {str(path.relative_to(paths.ROOT)) for path in MODULES
+            if "jax.default_backend" in _calls(path)}
+  assert asking <= {"spec_decode/bench/machine.py"}, asking
+
+
+def test_jax_distributed_starts_at_the_edge_only():
+  """Setup happens once, where a program starts: `gin_utils.initialize_distributed`, called by
+  the entry points; no library module starts JAX's distributed system."""
+  starting = {str(path.relative_to(paths.ROOT)) for path in MODULES
+              if any(name.startswith("jax.distributed") for name in _calls(path))}
+  assert starting == {"spec_decode/gin_utils.py"}, starting

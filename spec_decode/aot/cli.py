@@ -12,107 +12,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import gin
-import jax
 import jax.numpy as jnp
 
-from spec_decode import decode_layout
 from spec_decode import gin_utils
 from spec_decode import infer
-from spec_decode import models
 from spec_decode import plan
 from spec_decode.aot import programs
 from spec_decode.aot import report
+from spec_decode.aot import runs
 from spec_decode.aot import topologies
 from spec_decode.bench import paper
-from spec_decode.t5 import network
 
 PROGRAMS = ("decode", "baseline", "target_calls", "draft_call")
-# T5's EOS id, which every vocabulary of the project's configs has. The vocabulary is not read
-# (it may be a gs:// file): a compiled program takes the id as a constant, whose value does not
-# change the program's size or cost.
-EOS_ID = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class StandInVocabulary:
-  """What the model reads of a vocabulary when it is only compiled: its size and EOS id."""
-  vocab_size: int
-  eos_id: int = EOS_ID
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  """What a run config decodes, read without restoring anything."""
-  model: models.EncoderDecoderModel
-  layout: decode_layout.DecodeLayout
-  checkpoint_dtype: Any
-  batch_size: int
-  input_length: int
-  target_length: int
-  table2_row: str | None  # the paper's row a configs/table2 row file names
-
-
-def _resolved(value: Any) -> Any:
-  """A bound value with gin's macro references evaluated."""
-  if isinstance(value, gin.config.ConfigurableReference):
-    return value.scoped_configurable_fn()
-  return value
-
-
-def _bound(selector: str, default: Any = None) -> Any:
-  try:
-    return _resolved(gin.query_parameter(selector))
-  except ValueError:  # not bound
-    return default
-
-
-def read_run(args: argparse.Namespace, bindings: Sequence[str],
-             devices: Sequence[jax.Device]) -> Run:
-  """The model, layout and sizes of `spec_decode.infer`'s run of this config on `devices`."""
-  config = plan.read_config(args.gin_file, bindings, args.draft_gin_file)
-  model_reference = gin.query_parameter("%MODEL")
-  # Bound over the config's own (gin evaluates every binding of a call, so passing these as
-  # arguments would still read the config's vocabulary and draft checkpoint).
-  overrides: dict[str, Any] = {
-      "input_vocabulary": StandInVocabulary(config.target.vocab_size),
-      "output_vocabulary": StandInVocabulary(config.target.vocab_size)}
-  if issubclass(model_reference.configurable.wrapped, models.SpeculativeEncoderDecoderModel):
-    overrides["draft_checkpoint_path"] = None  # the draft's config is `config.draft`
-    if config.draft is not None:
-      overrides["draft_module"] = network.Transformer(
-          dataclasses.replace(config.draft, dtype=config.target.dtype))
-  for name, value in overrides.items():
-    gin.bind_parameter(f"{model_reference.configurable.selector}.{name}", value)
-  model = model_reference.scoped_configurable_fn()
-  partitioner_reference = gin.query_parameter("infer.infer.partitioner")
-  partitioner_overrides: dict[str, Any] = {"devices": devices}
-  if args.num_partitions is not None:
-    partitioner_overrides.update(num_partitions=args.num_partitions, mesh_shape=None)
-  partitioner = partitioner_reference.scoped_configurable_fn(**partitioner_overrides)
-  draft_module = model.draft_module if model.is_speculative else None
-  layout = decode_layout.decode_layout(
-      partitioner, model.module.config, None if draft_module is None else draft_module.config)
-  sizes = {"batch size": args.batch_size or config.batch_size,
-           "input length": args.input_length or config.input_length,
-           "target length": args.target_length or config.target_length}
-  for name, value in sizes.items():
-    if not isinstance(value, int) or value < 1:
-      raise ValueError(f"{name} must be a positive integer (set it in the config or by its "
-                       f"flag), got {value!r}")
-  data = layout.mesh.shape["data"]
-  if sizes["batch size"] % data:
-    raise ValueError(f"batch size {sizes['batch size']} is not a multiple of the mesh's 'data' "
-                     f"axis ({dict(layout.mesh.shape)}): give --num_partitions or a topology "
-                     "of fewer chips")
-  dtype = _bound("infer.infer.checkpoint_dtype")
-  row = os.path.splitext(os.path.basename(args.gin_file[-1]))[0]
-  return Run(model, layout, None if dtype is None else jnp.dtype(dtype), sizes["batch size"],
-             sizes["input length"], sizes["target length"],
-             row if row in paper.TABLE2 else None)
-
-
-def compile_run(run: Run, wanted: Sequence[str], call_tokens: Sequence[int],
+EOS_ID = runs.EOS_ID
+def compile_run(run: runs.Run, wanted: Sequence[str], call_tokens: Sequence[int],
                 progress: Any) -> dict[str, Any]:
   """Every program asked for: {'decode': Program, 'baseline': Program, 'target_calls':
   {k: Program}, 'draft_call': Program}, each present when compiled."""
@@ -139,12 +52,12 @@ def compile_run(run: Run, wanted: Sequence[str], call_tokens: Sequence[int],
   return compiled
 
 
-def _report(args: argparse.Namespace, topology: topologies.Topology, run: Run,
+def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.Run,
             compiled: dict[str, Any], seconds: float) -> dict[str, Any]:
   model, layout, chip = run.model, run.layout, topology.chip
   settings = model.decode_settings
   gamma = settings.get("gamma")
-  row = paper.TABLE2.get(run.table2_row) if run.table2_row else None
+  row = paper.TABLE2.get(run.row_name)
   alpha = args.alpha if args.alpha is not None else (row.alpha if row else None)
   batch_rows = run.batch_size * model.num_decodes
   target, draft = plan.layout_bytes(layout, batch_rows, run.input_length, run.target_length,
@@ -193,7 +106,7 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: Run,
       "decode_loop": model.decoder.loop_name, "decode_settings": settings,
       "batch_size": run.batch_size, "num_decodes": model.num_decodes,
       "input_length": run.input_length, "target_length": run.target_length,
-      "table2_row": run.table2_row, "alpha": alpha,
+      "table2_row": run.row_name if row else None, "alpha": alpha,
       "paper_speedup": row.speedup if row else None, "seconds": seconds,
       "programs": [report.as_json(p) for p in whole],
       "plan": {name: {**dataclasses.asdict(c), "fits": c.fits} for name, c in plans.items()},
@@ -247,7 +160,7 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
       raise ValueError(f"--call_tokens needs 1 (v(k) is relative to it), got {args.call_tokens}")
     topology = topologies.topology(args.topology)
     devices = topology.devices()
-    run = read_run(args, bindings, devices)
+    run = runs.read_run(args, bindings, devices)
   except (ValueError, FileNotFoundError, TypeError) as e:  # what the config or flags name
     raise gin_utils.UsageError(gin_utils.first_line(e)) from None
 

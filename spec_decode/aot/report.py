@@ -26,7 +26,7 @@ from typing import Any
 from spec_decode import plan
 from spec_decode.aot import programs
 from spec_decode.aot import topologies
-from spec_decode.bench import theory
+from spec_decode.engine import drafting
 
 
 def roofline_seconds(program: programs.Program, chip: topologies.Chip) -> float:
@@ -66,7 +66,7 @@ def estimates(target_calls: Mapping[int, programs.Program],
     c = None if draft is None else draft / one
     predicted = None
     if alpha is not None and gamma is not None and c is not None and gamma + 1 in v:
-      predicted = theory.predicted_speedup(alpha, gamma, c, v[gamma + 1])
+      predicted = float(drafting.expected_tokens_per_cost(alpha, gamma, c, v[gamma + 1]))
     found.append(Estimate(name, v, c, predicted))
   return found
 
