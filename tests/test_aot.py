@@ -146,3 +146,15 @@ def test_plan_prints_xlas_temporaries_beside_its_formula(capsys):
   compiled = [line for line in printed.splitlines() if line.startswith("P=")
               and "temporaries" in line]
   assert [line.split(":")[0] for line in compiled] == ["P=1", "P=2", "P=4"], printed
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_plugins.xla_cuda13") is None,
+                    reason="needs JAX's CUDA plugin, XLA's GPU compiler: pip install "
+                           "'jax[cuda13]' (several GB; not in CI)")
+def test_the_demo_compiles_for_an_h200_without_a_gpu(tmp_path):
+  out = tmp_path / "h200.json"
+  assert cli.main(["--topology=h200", "--programs=decode", f"--output_json={out}"]) == 0
+  figures = json.loads(out.read_text())
+  program = figures["programs"][0]
+  assert program["argument_bytes"] > 0
+  assert not any(name.startswith("spec_decode") for name in program["custom_calls"])

@@ -1,14 +1,19 @@
 """Accelerator topologies a decode can be compiled for from any host (`python -m
 spec_decode.aot --topology=...`), and the published figures of their chips.
 
-A topology is described to XLA's TPU compiler by libtpu's compile-only client
+A TPU topology is described to XLA's TPU compiler by libtpu's compile-only client
 (`jax.experimental.topologies.get_topology_desc`): its devices are real `TpuDevice`s of that
 slice, none of them attached, so a `Mesh` over them builds real XLA:TPU executables on a host
-without a TPU (`pip install "jax[tpu]"` brings libtpu on Python 3.12).
+without a TPU (`pip install "jax[tpu]"` brings libtpu on Python 3.12). A GPU topology is
+described to XLA:GPU by JAX's CUDA plugin from a target description of the GPU (compute
+capability, memory, bandwidth), with no GPU and no driver (`pip install "jax[cuda13]"`; the
+plugin's driver-version check is skipped, since no driver is used). XLA:GPU gives memory but
+no cost analysis for such programs.
 
 Names: Cloud TPU's (`v4-8`: 8 TensorCores = 4 v4 chips, one device per chip as JAX sees a v4
 in megacore mode; `v5litepod-8` = `v5e-8`: 8 chips), or libtpu's own `<generation>:<chips per
-axis>` (`v4:1x1x1`: one v4 chip, the paper's Table 2 setting; `v4:2x2x4`: 16 chips on 4 hosts).
+axis>` (`v4:1x1x1`: one v4 chip, the paper's Table 2 setting; `v4:2x2x4`: 16 chips on 4 hosts);
+GPUs as `h200` (one) or `h200:8` (eight on one host).
 
 Chip figures (`Chip`) are Google's published per-chip peak numbers (HBM capacity, HBM
 bandwidth, bfloat16 FLOP/s): a roofline's bounds, not measurements.
@@ -36,6 +41,27 @@ class Chip:
   bf16_flops_per_second: float
   megacore: bool  # two TensorCores seen as one device
   chips_per_host: tuple[int, int, int]  # the largest block of chips one host drives
+  platform: str = "tpu"
+  # XLA:GPU's description of the device (its GpuTargetConfig, text format), for GPUs.
+  gpu_target_config: str = ""
+
+
+# NVIDIA's published H200 SXM figures: 141 GB HBM3e at 4.8 TB/s, 989 dense bf16 TFLOP/s, 132
+# SMs of compute capability 9.0 (Hopper's per-SM limits).
+H200_TARGET_CONFIG = """
+gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 4800000000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 141000000000 shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 } registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 }
+device_description_str: "NVIDIA H200"
+"""
 
 
 CHIPS = {
@@ -43,6 +69,8 @@ CHIPS = {
     "v5e": Chip("v5e", "TPU v5 lite", 16 * GIB, 819e9, 197e12, False, (2, 4, 1)),
     "v5p": Chip("v5p", "TPU v5", 95 * GIB, 2765e9, 459e12, True, (2, 2, 1)),
     "v6e": Chip("v6e", "TPU v6 lite", 32 * GIB, 1640e9, 918e12, False, (2, 4, 1)),
+    "h200": Chip("h200", "NVIDIA H200", 141 * 10**9, 4.8e12, 989e12, False, (8, 1, 1),
+                 platform="gpu", gpu_target_config=H200_TARGET_CONFIG),
 }
 
 # Cloud TPU names -> libtpu topology names.
@@ -81,7 +109,9 @@ class Topology:
     return f"{self.chip.generation}:{'x'.join(map(str, self.shape))}"
 
   def devices(self) -> list[jax.Device]:
-    """The slice's devices from libtpu's compile-only client (one per chip)."""
+    """The topology's devices from a compile-only client (one per chip)."""
+    if self.chip.platform == "gpu":
+      return self._gpu_devices()
     # libtpu probes the host for a TPU unless told what it is; the compile-only client needs
     # none, and the probe's warnings would bury the report.
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{self.chip.generation}-8")
@@ -107,10 +137,28 @@ class Topology:
     return devices
 
 
+  def _gpu_devices(self) -> list[jax.Device]:
+    # No driver is used: its version check would refuse to load the plugin without one.
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    try:
+      description = topologies.get_topology_desc(
+          platform="cuda", target_config=self.chip.gpu_target_config,
+          topology=f"1x1x{self.num_chips}")
+    except Exception as error:  # pylint: disable=broad-except  (the plugin's errors vary)
+      raise ValueError(f"cannot describe GPU topology {self.name}: "
+                       f"{str(error).splitlines()[0] if str(error) else type(error).__name__}; "
+                       "XLA:GPU comes with `pip install \"jax[cuda13]\"`") from None
+    return list(description.devices)
+
+
 def topology(name: str) -> Topology:
   """The `Topology` of a Cloud TPU name (`v4-8`) or a libtpu name (`v4:2x2x1`); ValueError
   naming the known ones otherwise."""
   spec = NAMED.get(name, name)
+  gpu = re.fullmatch(r"(h200)(?::(\d+))?", spec)
+  if gpu:
+    return Topology(name, CHIPS[gpu.group(1)], (int(gpu.group(2) or 1),))
   match = re.fullmatch(r"(v\d+[a-z]?):(\d+(?:x\d+){1,2})", spec)
   if not match or match.group(1) not in CHIPS:
     raise ValueError(f"unknown topology {name!r}: give a Cloud TPU name ({', '.join(NAMED)}) "
