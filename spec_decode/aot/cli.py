@@ -4,6 +4,7 @@ a topology's devices, compile its programs, print the report (see the package do
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -24,32 +25,37 @@ from spec_decode.aot import topologies
 from spec_decode.bench import paper
 
 PROGRAMS = ("decode", "baseline", "target_calls", "draft_call")
-EOS_ID = runs.EOS_ID
 def compile_run(run: runs.Run, wanted: Sequence[str], call_tokens: Sequence[int],
-                progress: Any) -> dict[str, Any]:
+                progress: Any, jobs: int = 1) -> dict[str, Any]:
   """Every program asked for: {'decode': Program, 'baseline': Program, 'target_calls':
-  {k: Program}, 'draft_call': Program}, each present when compiled."""
+  {k: Program}, 'draft_call': Program}, each present when compiled; `jobs` compile at once
+  (XLA compiles a program on one core)."""
   model, layout = run.model, run.layout
   sizes = dict(batch_size=run.batch_size, input_length=run.input_length,
                target_length=run.target_length, param_dtype=run.checkpoint_dtype,
-               eos_id=EOS_ID, num_decodes=model.num_decodes, progress=progress)
-  compiled: dict[str, Any] = {}
-  if "decode" in wanted:
-    name = "speculative decode" if model.is_speculative else "decode"
-    compiled["decode"] = programs.predict_program(layout, model.decoder, name=name, **sizes)
-  if "baseline" in wanted and model.is_speculative:
-    compiled["baseline"] = programs.predict_program(
-        layout, model.decoder.baseline(), name="baseline (target alone)", **sizes)
+               eos_id=runs.EOS_ID, num_decodes=model.num_decodes, progress=progress)
   rows = dict(batch_rows=run.batch_size * model.num_decodes, input_length=run.input_length,
               max_decode_len=run.target_length, progress=progress)
-  if "target_calls" in wanted:
-    compiled["target_calls"] = {
-        k: programs.call_program(layout, "target", num_tokens=k,
-                                 param_dtype=run.checkpoint_dtype, **rows)
-        for k in call_tokens}
-  if "draft_call" in wanted and layout.draft is not None:
-    compiled["draft_call"] = programs.call_program(layout, "draft", num_tokens=1, **rows)
-  return compiled
+  with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    pending: dict[str, Any] = {}
+    if "decode" in wanted:
+      name = "speculative decode" if model.is_speculative else "decode"
+      pending["decode"] = pool.submit(programs.predict_program, layout, model.decoder,
+                                      name=name, **sizes)
+    if "baseline" in wanted and model.is_speculative:
+      pending["baseline"] = pool.submit(programs.predict_program, layout,
+                                        model.decoder.baseline(),
+                                        name="baseline (target alone)", **sizes)
+    if "target_calls" in wanted:
+      pending["target_calls"] = {
+          k: pool.submit(programs.call_program, layout, "target", num_tokens=k,
+                         param_dtype=run.checkpoint_dtype, **rows) for k in call_tokens}
+    if "draft_call" in wanted and layout.draft is not None:
+      pending["draft_call"] = pool.submit(programs.call_program, layout, "draft",
+                                          num_tokens=1, **rows)
+    return {name: ({k: future.result() for k, future in value.items()}
+                   if isinstance(value, dict) else value.result())
+            for name, value in pending.items()}
 
 
 def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.Run,
@@ -142,6 +148,8 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--alpha", type=float, default=None,
                       help="alpha for Theorem 3.8 (default: the paper's, for a Table 2 row)")
   parser.add_argument("--output_json", default=None, help="also write the figures here")
+  parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                      help="programs compiled at once (default: 2, or this host's cores)")
   args, bindings = gin_utils.parse_args(parser, argv)
   args.gin_file = args.gin_file or [infer.DEFAULT_GIN_FILE]
   return args, bindings
@@ -167,7 +175,7 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
   def progress(message: str) -> None:
     print(f"[{time.perf_counter() - start:6.0f} s] {message}", file=sys.stderr, flush=True)
 
-  compiled = compile_run(run, wanted, call_tokens, progress)
+  compiled = compile_run(run, wanted, call_tokens, progress, max(1, args.jobs))
   figures = _report(args, topology, run, compiled, time.perf_counter() - start)
   if args.output_json:
     os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
