@@ -305,8 +305,8 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
           timing_rounds: int = 0, restart: bool = False) -> dict[str, Any] | None:
   """Runs inference as described in the module docstring; returns the summary.
 
-  `checkpoint_dtype`: the target's parameters are cast to it on restore (T5X's infer restores
-  in 'bfloat16'); None keeps the checkpoint's dtype. `device_memory_gib`: the per-device
+  `checkpoint_dtype`: both models' parameters are cast to it on restore (T5X's infer restores
+  in 'bfloat16', the hook's draft too); None keeps the checkpoints' dtypes. `device_memory_gib`: the per-device
   memory budget the run's plan must fit (None: the device's own memory where its runtime
   reports it, else unchecked). `checkpoint_period`: batches per committed chunk
   (`infer_chunks`); `timing_rounds` > 0 (with `compare_with_baseline`): the speedup is also
@@ -347,7 +347,8 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   # Straight into their shards, once: the baseline run reuses the same arrays.
   params = layout.restore("target", model.module, checkpoint_path, checkpoint_dtype)
   draft_params = (None if draft_module is None else
-                  layout.restore("draft", draft_module, model.draft_checkpoint_path))
+                  layout.restore("draft", draft_module, model.draft_checkpoint_path,
+                                 checkpoint_dtype))
   batches = make_batches(examples, dataset_cfg.batch_size, input_length, target_length)
   print(f"{infer_outputs.count(len(examples), 'example')} in "
         f"{infer_outputs.count(len(batches), 'batch')} of {dataset_cfg.batch_size}")

@@ -166,18 +166,18 @@ def plan(target: ModelShapes, draft: ModelShapes | None, param_dtype: Any,
 
 
 def layout_bytes(layout: decode_layout.DecodeLayout, batch_rows: int, input_length: int,
-                 max_decode_len: int, param_dtype: Any = None, draft_param_dtype: Any = None
+                 max_decode_len: int, param_dtype: Any = None
                  ) -> tuple[DeviceBytes, DeviceBytes | None]:
   """(target, draft or None) per-device bytes of a run's `decode_layout.DecodeLayout`: its mesh
-  and rules, `batch_rows` = batch size x num_decodes. These are what each device holds after
-  `layout.restore` (parameters) and in the decode loop (caches)."""
+  and rules, `batch_rows` = batch size x num_decodes, both models' floating parameters in
+  `param_dtype` (None: float32). These are what each device holds after `layout.restore`
+  (parameters) and in the decode loop (caches)."""
   mesh_shape = tuple(layout.mesh.shape[axis] for axis in partitioning.MESH_AXES)
   shapes = functools.partial(model_shapes, batch_rows=batch_rows, input_length=input_length,
                              max_decode_len=max_decode_len)
   target = device_bytes(shapes(layout.target), mesh_shape, layout.rules("target"), param_dtype)
   draft = (None if layout.draft is None else
-           device_bytes(shapes(layout.draft), mesh_shape, layout.rules("draft"),
-                        draft_param_dtype))
+           device_bytes(shapes(layout.draft), mesh_shape, layout.rules("draft"), param_dtype))
   return target, draft
 
 

@@ -52,7 +52,8 @@ def compile_run(run: runs.Run, wanted: Sequence[str], call_tokens: Sequence[int]
                          param_dtype=run.checkpoint_dtype, **rows) for k in call_tokens}
     if "draft_call" in wanted and layout.draft is not None:
       pending["draft_call"] = pool.submit(programs.call_program, layout, "draft",
-                                          num_tokens=1, **rows)
+                                          num_tokens=1, param_dtype=run.checkpoint_dtype,
+                                          **rows)
     return {name: ({k: future.result() for k, future in value.items()}
                    if isinstance(value, dict) else value.result())
             for name, value in pending.items()}

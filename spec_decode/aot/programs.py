@@ -3,8 +3,8 @@ local devices or a TPU topology described from this host), and what XLA says of 
 
   * `predict_program`: the decode exactly as `spec_decode.infer` compiles it
     (`DecodeLayout.partition_predict`: prefill and loop in one program), with abstract
-    arguments: the parameters as `layout.restore` places them (the target's floating ones in
-    the run's checkpoint dtype, the draft's as stored: float32), a batch and an rng;
+    arguments: the parameters as `layout.restore` places them (floating ones in the run's
+    checkpoint dtype), a batch and an rng;
   * `call_program`: one cached model call of k fed tokens, alone: the call the loop makes,
     with the layout's products and cache layout, the cache donated (the loop updates it in
     place, so a copy of it would be an artefact of compiling the call alone).
@@ -103,11 +103,12 @@ def predict_program(layout: decode_layout.DecodeLayout, decoder: core.Decoder, *
                     param_dtype: Any = None, name: str = "decode",
                     progress: Callable[[str], None] = lambda _: None) -> Program:
   """`decoder.predict` compiled as `spec_decode.infer` compiles it (see the module
-  docstring); `param_dtype`: the target's floating parameters' dtype (the run's
+  docstring); `param_dtype`: both models' floating parameters' dtype (the run's
   CHECKPOINT_DTYPE)."""
   predict = layout.partition_predict(decoder, eos_id, num_decodes)
   params = abstract_params(layout.target, param_dtype)
-  draft_params = None if decoder.draft_network is None else abstract_params(layout.draft)
+  draft_params = (None if decoder.draft_network is None
+                  else abstract_params(layout.draft, param_dtype))
   batch = {"encoder_input_tokens": jax.ShapeDtypeStruct((batch_size, input_length), jnp.int32),
            "decoder_input_tokens": jax.ShapeDtypeStruct((batch_size, target_length), jnp.int32)}
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32)  # jax.random.PRNGKey's
