@@ -8,7 +8,7 @@ Two estimates of a call's time, each labelled where it is printed, neither a mea
     the chip's published peaks (`topologies.Chip`): a call reads every parameter and its cache
     once from HBM, and cannot beat that or its flops on that chip.
 Why the argument bytes and not XLA's 'bytes accessed': XLA:TPU streams each weight from HBM into
-the chip's alternate memory (v4's CMEM: memory space S(3) in the compiled HLO) as four async
+the chip's alternate memory (memory space S(3) in the compiled HLO) as four async
 slices, and its cost analysis charges every slice the whole weight, then the consuming
 matrix product the prefetched copy again: a T5.1.1-XXL call on 4 v4 chips "accesses" 10.9 GiB
 for 2.7 GiB of arguments. That is accounting, not a copy: no buffer of the weights' size is
