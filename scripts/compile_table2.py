@@ -43,16 +43,17 @@ def _row_args(family: str, row: str) -> list[str]:
           f"--draft_gin_file={drafts}/{draft_size}.gin"]
 
 
-def jobs(family: str) -> list[tuple[str, list[str]]]:
-  """(job name, aot arguments) in the order they run: the P = 1 and P = 4 programs of every
-  row first, then the batch sweep and the multi-host row."""
+def jobs(family: str) -> list[tuple[str, str, list[str]]]:
+  """(stage, job name, aot arguments) of one family: stage 'p1' and 'p4' the programs of every
+  row on one chip and on four, 'more' the batch sweep and the multi-host row."""
   found = []
   for num_partitions, topology in PARTITIONS.items():
+    stage = f"p{num_partitions}"
     where = [f"--topology={topology}", f"--num_partitions={num_partitions}"]
     for task in ("ende", "cnndm"):
       rows = [name for name in paper.TABLE2 if name.startswith(task)]
       tokens = sorted({1} | {paper.TABLE2[name].gamma + 1 for name in rows})
-      found.append((f"p{num_partitions}_{task}_target_calls",
+      found.append((stage, f"p{num_partitions}_{task}_target_calls",
                     _row_args(family, rows[0]) + where + [
                         "--programs=target_calls",
                         f"--call_tokens={','.join(map(str, tokens))}"]))
@@ -62,31 +63,39 @@ def jobs(family: str) -> list[tuple[str, list[str]]]:
           programs.append("baseline")
         if name.endswith("_t0"):  # one call per draft
           programs.append("draft_call")
-        found.append((f"p{num_partitions}_{name}",
+        found.append((stage, f"p{num_partitions}_{name}",
                       _row_args(family, name) + where + [f"--programs={','.join(programs)}"]))
   for batch in CALL_BATCHES[1:]:
-    found.append((f"p4_ende_target_calls_b{batch}",
+    found.append(("more", f"p4_ende_target_calls_b{batch}",
                   _row_args(family, "ende_small_t0") + [
                       "--topology=v4-8", "--num_partitions=4", f"--batch_size={batch}",
                       "--programs=target_calls,draft_call", "--call_tokens=1,8"]))
-  found.append(("p16_v4-32_ende_small_t0",
+  found.append(("more", "p16_v4-32_ende_small_t0",
                 _row_args(family, "ende_small_t0") + ["--topology=v4-32", "--num_partitions=16",
                                                       "--programs=decode"]))
   return found
 
 
-def run(family: str) -> None:
-  folder = OUT / family
-  folder.mkdir(parents=True, exist_ok=True)
-  for name, arguments in jobs(family):
-    out = folder / f"{name}.json"
-    if out.exists():
-      continue
-    print(f"=== {family} {name}", flush=True)
-    start = time.perf_counter()
-    status = cli.main(arguments + [f"--output_json={out}"])
-    print(f"=== {family} {name}: status {status} in {time.perf_counter() - start:.0f} s",
-          flush=True)
+def run(families: list[str]) -> None:
+  """Every job not yet written, stage by stage (one chip, then four, then the rest), so an
+  interrupted run has the paper's own setting for both targets first."""
+  for stage in ("p1", "p4", "more"):
+    for family in families:
+      (OUT / family).mkdir(parents=True, exist_ok=True)
+      for job_stage, name, arguments in jobs(family):
+        if job_stage == stage:
+          _run_job(family, name, arguments)
+
+
+def _run_job(family: str, name: str, arguments: list[str]) -> None:
+  out = OUT / family / f"{name}.json"
+  if out.exists():
+    return
+  print(f"=== {family} {name}", flush=True)
+  start = time.perf_counter()
+  status = cli.main(arguments + [f"--output_json={out}"])
+  print(f"=== {family} {name}: status {status} in {time.perf_counter() - start:.0f} s",
+        flush=True)
 
 
 # --------------------------------------------------------------------------- the document
@@ -208,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--render_only", action="store_true")
   args = parser.parse_args(argv)
   if not args.render_only:
-    for family in args.family or list(FAMILIES):
-      run(family)
+    run(args.family or list(FAMILIES))
   (OUT.parent / "compiled.md").write_text(render() + "\n")
   print(f"wrote {OUT.parent / 'compiled.md'}")
   return 0
