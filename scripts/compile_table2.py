@@ -140,14 +140,14 @@ def render() -> str:
       prefix = f"p{num_partitions}_"
       lines += [f"### P = {num_partitions} ({topology}: {num_partitions} v4 chip"
                 f"{'s' if num_partitions > 1 else ''}, batch 1, bfloat16 target)", "",
-                "| row | gamma | decode: arguments + temporaries + code GiB (plan formula: "
-                "params + cache) | fits 32 GiB | baseline GiB | loop collectives | c | "
+                "| row | gamma | decode: arguments + temporaries GiB (plan formula: params + "
+                "cache) | code MiB | fits 32 GiB | baseline GiB | loop collectives | c | "
                 "v(gamma+1) | Theorem 3.8 (roofline) | paper |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
       for row_name, row in paper.TABLE2.items():
         decode = figures.get(prefix + row_name)
         if decode is None:
-          lines.append(f"| {row_name} | {row.gamma} | not compiled | | | | | | | "
+          lines.append(f"| {row_name} | {row.gamma} | not compiled | | | | | | | | "
                        f"{row.speedup}x |")
           continue
         program = decode["programs"][0]
@@ -169,8 +169,8 @@ def render() -> str:
           collectives[op] = collectives.get(op, 0) + 1
         lines.append(
             f"| {row_name} | {row.gamma} | {_gib(program['argument_bytes'])} + "
-            f"{_gib(program['temp_bytes'])} + {program['code_bytes'] / 2**30:.2f} "
-            f"({_gib(plan['formula_params'])} + {_gib(plan['formula_cache'])}) | "
+            f"{_gib(program['temp_bytes'])} ({_gib(plan['formula_params'])} + "
+            f"{_gib(plan['formula_cache'])}) | {program['code_bytes'] / 2**20:.0f} | "
             f"{'yes' if plan['fits'] else 'NO'} | "
             f"{_gib(baseline[1]['device_bytes']) if len(baseline) > 1 else '-'} | "
             f"{', '.join(f'{op} x{n}' for op, n in sorted(collectives.items())) or 'none'} | "
