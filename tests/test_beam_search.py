@@ -20,7 +20,7 @@ from spec_decode.t5 import checkpoints
 from spec_decode.t5 import network
 
 t5x_decoding = pytest.importorskip(
-    "t5x.decoding", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl")
+    "t5x.decoding", reason="needs t5x, installed from its repository (README: Tests)")
 
 VOCAB = 24
 LENGTH = 9

@@ -19,6 +19,7 @@ import re
 import gin
 import pytest
 
+import shared_data
 import tiny_t5
 from spec_decode import paths
 from spec_decode.bench import paper
@@ -99,7 +100,7 @@ def test_train_file_binds_the_trainer(gin_file):
 @pytest.mark.parametrize("gin_file", FRAGMENTS)
 def test_fragment_parses(gin_file):
   if "table2" in gin_file and not tiny_t5.T5_VOCAB_FILE.is_file():
-    pytest.skip("../shared is absent")
+    pytest.skip(shared_data.missing("the T5 vocabulary (the Table 2 rows bind it)"))
   gin.parse_config_file(gin_file)
 
 
@@ -122,7 +123,7 @@ def checkpoint_dir(tmp_path_factory):
 def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
   generation = ROW_GENERATION.get(gin_file)
   if generation and not tiny_t5.T5_VOCAB_FILE.is_file():
-    pytest.skip("../shared is absent")
+    pytest.skip(shared_data.missing("the T5 vocabulary (the Table 2 rows bind it)"))
   shrink = [f"network.T5Config.{name} = {value!r}" for name, value in tiny_t5.SHRINK.items()]
   if generation:  # their default is T5X's gs:// copy
     shrink.append(f"T5_VOCABULARY_FILE = '{tiny_t5.T5_VOCAB_FILE}'")

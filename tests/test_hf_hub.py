@@ -11,6 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 
+import shared_data
 import tiny_t5
 from spec_decode import models
 from spec_decode.t5 import checkpoints

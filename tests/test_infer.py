@@ -16,6 +16,7 @@ import gin
 import numpy as np
 import pytest
 
+import shared_data
 import tiny_t5
 from spec_decode import infer
 from spec_decode import infer_outputs
@@ -28,7 +29,7 @@ PREFIX = "translate English to German: "
 WMT_TEST = tiny_t5.SHARED / "data" / "wmt_ende" / "test"
 needs_shared = pytest.mark.skipif(
     not (tiny_t5.T5_VOCAB_FILE.is_file() and pathlib.Path(f"{WMT_TEST}.en").is_file()),
-    reason="../shared (T5 vocabulary, WMT data) is absent")
+    reason=shared_data.missing("the T5 vocabulary and the WMT newstest2014 text"))
 
 
 def _run_gin(directory: pathlib.Path, target: tiny_t5.TinyModel, draft: tiny_t5.TinyModel,

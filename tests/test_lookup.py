@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import shared_data
 import tiny_t5
 import toy_setup
 from spec_decode import core
@@ -218,7 +219,7 @@ def test_table2_lookup_rows_bind_with_spec_decode_s_harness(row, tmp_path):
   """Each lookup row, after configs/table2/spec_decode.gin, builds the lookup model it says
   (tiny checkpoints in the gs:// ones' places)."""
   if not tiny_t5.T5_VOCAB_FILE.is_file():
-    pytest.skip("../shared is absent")
+    pytest.skip(shared_data.missing("the T5 vocabulary (the Table 2 rows bind it)"))
   import gin  # pylint: disable=g-import-not-at-top
   from spec_decode import gin_utils, infer  # pylint: disable=g-import-not-at-top
   gin.clear_config()
@@ -254,7 +255,7 @@ def test_table2_lookup_rows_bind_with_spec_decode_s_harness(row, tmp_path):
 
 # spec_decode.infer with lookup drafts, in this process (tests/test_infer.py runs the rest).
 needs_shared = pytest.mark.skipif(not tiny_t5.T5_VOCAB_FILE.is_file(),
-                                  reason="../shared (the T5 vocabulary) is absent")
+                                  reason=shared_data.missing("the T5 vocabulary"))
 INFER_TEXTS = ["The cat sat on the mat. The cat sat on the mat again.",
                "Where is the station? Where is the station, please?", "Hello"]
 

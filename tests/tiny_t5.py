@@ -14,14 +14,15 @@ import pathlib
 
 import gin
 
+import shared_data
 from spec_decode import infer
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import network
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-SHARED = REPO_ROOT.parent / "shared"
-T5_VOCAB_FILE = SHARED / "vocab" / "t5_cc_all_32000.model"
+SHARED = shared_data.SHARED
+T5_VOCAB_FILE = shared_data.T5_VOCAB_FILE
 DEMO_VOCAB_FILE = REPO_ROOT / "spec_decode" / "assets" / "demo" / "spm_ende_8k.model"
 T5_VOCAB_SIZE = 32128  # T5.1.1 checkpoints' padded embedding
 

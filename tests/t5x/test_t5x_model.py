@@ -1,9 +1,9 @@
 """The T5X hook's model against T5X itself, in process: greedy speculative decodes equal T5X's
 own model, network and `t5x.decoding.temperature_sample(temperature=0)`, token for token, on
-T5X's tiny checkpoint (draft: a noisy copy, so drafts are both accepted and rejected) and on a
-random tiny T5.1.1 saved by T5X's Checkpointer (draft: a smaller random T5.1.1); scores are the
-target's; the parameter tree is T5X's plus the draft's; the draft's config is read from its
-checkpoint; the sampled distribution follows the T5X decode_fn."""
+the tiny T5.1.1 checkpoint (conftest.py; draft: a noisy copy, so drafts are both accepted and
+rejected) and on a random tiny T5.1.1 saved by T5X's Checkpointer (draft: a smaller random
+T5.1.1); scores are the target's; the parameter tree is T5X's plus the draft's; the draft's
+config is read from its checkpoint; the sampled distribution follows the T5X decode_fn."""
 
 import functools
 
@@ -13,8 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-pytest.importorskip("t5x.models", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
-                                         "and its dependencies (../shared/README.md)")
+pytest.importorskip("t5x.models",
+                    reason="needs t5x, installed from its repository (README: Tests)")
 
 import t5x_setup  # pylint: disable=g-import-not-at-top
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
@@ -26,17 +26,18 @@ CASES = {"t5x_tiny": [(4, 1), (4, 3), (4, 6), (1, 3)], "random_tiny": [(4, 4), (
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory) -> dict[str, tuple[str, str]]:
-  """(target checkpoint, draft checkpoint) per target, all written by T5X's Checkpointer
-  except T5X's own tiny checkpoint."""
+def pairs(tmp_path_factory, tiny_checkpoint) -> dict[str, tuple[str, str]]:
+  """(target checkpoint, draft checkpoint) per target, all written by T5X's Checkpointer: the
+  tiny checkpoint (arrays inline, conftest.py) and a noisy copy of it; a random tiny T5.1.1 and
+  a smaller random draft (TensorStore arrays)."""
   directory = tmp_path_factory.mktemp("t5x_checkpoints")
-  shared = str(t5x_setup.SHARED_TINY_CHECKPOINT)
-  noisy_copy = t5x_setup.perturbed(t5x_setup.load_params(shared), relative_noise=0.3, seed=1)
+  tiny = str(tiny_checkpoint)
+  noisy_copy = t5x_setup.perturbed(t5x_setup.load_params(tiny), relative_noise=0.3, seed=1)
   random_target = t5x_setup.initial_variables(t5x_setup.TINY, seed=3)["params"]
   random_draft = t5x_setup.initial_variables(t5x_setup.TINY_DRAFT, seed=4)["params"]
   save = t5x_setup.save_checkpoint
   return {
-      "t5x_tiny": (shared, save(directory / "noisy_copy", t5x_setup.TINY, noisy_copy)),
+      "t5x_tiny": (tiny, save(directory / "noisy_copy", t5x_setup.TINY, noisy_copy)),
       "random_tiny": (save(directory / "random_target", t5x_setup.TINY, random_target),
                       save(directory / "random_draft", t5x_setup.TINY_DRAFT, random_draft)),
   }
