@@ -87,6 +87,8 @@ def _lines(path: str) -> list[str]:
     return [next(f).rstrip("\n") for _ in range(NUM_EXAMPLES)]
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 @needs_shared
 @pytest.mark.parametrize("run", ["task", "text"])
 def test_end_to_end_predictions_and_summary(end_to_end, run):
@@ -204,6 +206,8 @@ def test_draft_with_another_vocabulary(setup, run_main, tmp_path):
   assert directory.exists()
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 @needs_shared
 def test_missing_checkpoint_exits_nonzero(setup, tmp_path):
   run = subprocess.run(
@@ -264,6 +268,8 @@ def test_task_errors_name_the_problem(tmp_path):
     gin.clear_config()
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 @needs_shared
 def test_timing_rounds_time_both_decoders_side_by_side(setup, run_main, tmp_path):
   out = tmp_path / "out"

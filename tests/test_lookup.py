@@ -169,6 +169,7 @@ def _batch(batch_size=4, input_length=12, target_length=16):
           "decoder_input_tokens": np.zeros((batch_size, target_length), np.int32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft_source", ["lookup", "lookup+model"])
 def test_models_greedy_lookup_equals_the_baseline(pair, vocabulary, draft_source):
   target, draft = pair
@@ -269,6 +270,7 @@ def infer_run_gin(tmp_path_factory):
       {"inputs": 32, "targets": 16}, batch_size=2)
 
 
+@pytest.mark.slow
 @needs_shared
 @pytest.mark.parametrize("draft_source", ["lookup", "lookup+model"])
 def test_infer_greedy_lookup_equals_the_baseline(infer_run_gin, capsys, tmp_path, draft_source):

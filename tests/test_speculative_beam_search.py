@@ -73,6 +73,7 @@ def _compare(draft_kind, gamma, num_beams, nodes_per_beam=None, draft_beams=None
       yield want, got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma,draft_kind,num_beams,nodes_per_beam,draft_beams", GRID)
 def test_equals_beam_search(gamma, draft_kind, num_beams, nodes_per_beam, draft_beams):
   target_calls = beam_steps = 0
@@ -103,6 +104,7 @@ def test_the_cases_finish_early_and_run_to_the_length_limit():
   assert finished > 0 and unfinished > 0
 
 
+@pytest.mark.slow
 def test_a_replay_past_coverage_fails(monkeypatch):
   """The negative control: continuing the replay where a new beam is not in the tree (using
   some node's log-probs) must break the identity above."""

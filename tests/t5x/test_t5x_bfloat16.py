@@ -29,6 +29,9 @@ from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
 from t5x.examples.t5 import layers as t5x_layers  # pylint: disable=g-import-not-at-top
 from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
 
+# The slow tier (compiles T5X's and our decodes in bfloat16).
+pytestmark = [pytest.mark.slow, pytest.mark.newest]
+
 BF16 = dataclasses.replace(t5x_setup.TINY, dtype="bfloat16")  # float32_attention_logits: False
 BATCH, ENCODER_LENGTH, DECODER_LENGTH = 4, 10, 12
 GREEDY_BATCH = 32

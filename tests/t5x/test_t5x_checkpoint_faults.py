@@ -23,6 +23,9 @@ from test_t5x_runs import run_t5x  # pylint: disable=g-import-not-at-top
 from test_t5x_runs import setup  # pylint: disable=g-import-not-at-top,unused-import (a fixture)
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
 
+# The slow tier (python -m t5x.infer as subprocesses).
+pytestmark = [pytest.mark.slow, pytest.mark.newest]
+
 PARAMETER = "decoder/layers_0/mlp/wo/kernel"
 ARRAY_DIR = "target.decoder.layers_0.mlp.wo.kernel"  # where T5X's Checkpointer stores PARAMETER
 

@@ -35,16 +35,19 @@ pytest.importorskip("t5x.infer",
 import t5x_setup  # pylint: disable=g-import-not-at-top
 import t5x_tasks  # pylint: disable=g-import-not-at-top
 
+# The slow tier (python -m t5x.infer and t5x.eval as subprocesses).
+pytestmark = [pytest.mark.slow, pytest.mark.newest]
+
 HERE = pathlib.Path(__file__).resolve().parent
-SIMULATED_DEVICES = 8
-GAMMA = 3
-# A T5X user's tiny T5.1.1 model on the test task: T5X's model gin, greedy temperature_sample.
 # The runs' model: the tiny T5.1.1 with 128 ids, seqio's test vocabulary (126 ids) padded as T5
 # pads its own. With T5's 32128 ids a random model's tokens are ones no prompt holds: no lookup
 # draft would ever match.
 RUN_CONFIG = dataclasses.replace(t5x_setup.TINY, vocab_size=128)
 # A draft of another vocabulary, refused.
 OTHER_VOCABULARY = dataclasses.replace(t5x_setup.TINY_DRAFT, vocab_size=256)
+SIMULATED_DEVICES = 8
+GAMMA = 3
+# A T5X user's tiny T5.1.1 model on the test task: T5X's model gin, greedy temperature_sample.
 # Included by the run files below, after T5X's run defaults, which it overrides.
 TINY_MODEL_GIN = f"""
 from __gin__ import dynamic_registration
