@@ -127,6 +127,8 @@ def test_end_to_end_predictions_and_summary(end_to_end, run):
   assert "identical output: yes" in stdout and "tokens per target call" in stdout
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 @needs_shared
 def test_task_and_text_file_runs_agree(end_to_end):
   # Same weights (T5X vs Hugging Face files) and same ids (seqio vs our tokenizer).

@@ -94,6 +94,7 @@ def test_equals_beam_search(gamma, draft_kind, num_beams, nodes_per_beam, draft_
     assert covered[0] > 0.5 * target_calls
 
 
+@pytest.mark.slow
 def test_the_cases_finish_early_and_run_to_the_length_limit():
   finished = unfinished = 0
   for (want, _), _ in _compare("same", 1, 4):
@@ -143,6 +144,7 @@ def test_it_is_a_registered_loop_with_checked_settings():
     _speculative(target, draft, inputs, gamma=2, num_beams=4, alpha=0.6, draft_beams=2)
 
 
+@pytest.mark.slow
 def test_a_wider_draft_search_covers_more():
   """The draft's search with 2K beams holds all K of the target's choices more often than one
   with K (same outputs: test_equals_beam_search)."""
