@@ -11,8 +11,10 @@
 # 2. Installs the wheel of this checkout into a second fresh environment, its dependencies
 #    resolved from the wheel alone, and runs the default demo (`python -m spec_decode.infer`, no
 #    flags) from an empty folder outside the repository.
-# 3. Runs the engine, network, platform, CPU-kernel, TPU-compile, model, infer, command-line and
-#    T5X-hook tests, then the 8-device sharding tests, in that environment.
+# 3. Runs the fast tier and the slow tests marked `newest` (pytest.ini: the exactness suite, the
+#    decoders' identity, the network, CPU-kernel, model, infer and T5X-hook tests), the
+#    TPU-compile tests among them (libtpu is installed here), then the 8-device sharding tests,
+#    in that environment.
 #
 # The interpreter: $NEWEST_PYTHON, else `python3.12` where it runs, else pyenv's newest 3.12.
 # Extra arguments go to pytest.
@@ -38,9 +40,10 @@ rm -rf .venv312
 venv_python=$repo/.venv312/bin/python
 started=$SECONDS
 "$venv_python" -m pip install -q -e '.[test-core]' 'jax[tpu]'
-if [ -d ../shared/wheels ]; then
+shared=${SPEC_DECODE_SHARED:-../shared}
+if [ -d "$shared/wheels" ]; then
   # T5X is not on the registry; the "t5x" extra (inside "test-core") brought what it imports.
-  "$venv_python" -m pip install -q --no-deps ../shared/wheels/*.whl
+  "$venv_python" -m pip install -q --no-deps "$shared"/wheels/*.whl
 fi
 echo "test_newest.sh: installed in $((SECONDS - started)) s"
 # pip resolves the newest release setup.py admits unless another package holds JAX back: that
@@ -106,11 +109,7 @@ cd "$repo"
 
 # --- 3. the tests ---------------------------------------------------------------------------
 # Two workers, one file each at a time, as in scripts/test.sh.
-"$venv_python" -m pytest -q -rs -n 2 --dist loadfile "$@" \
-  tests/test_sampling.py tests/test_verify.py tests/test_exactness.py tests/test_decoding.py \
-  tests/test_network.py tests/test_cpu_kernels.py tests/test_t5_decoding.py tests/test_models.py \
-  tests/test_infer.py tests/test_cli.py tests/test_tree_calls.py tests/test_beam_search.py \
-  tests/test_engine_cost.py tests/test_call_costs.py tests/test_infer_timing.py \
-  tests/test_platforms.py tests/test_aot.py tests/t5x
+"$venv_python" -m pytest -q -rs -n 2 --dist loadfile -m "not slow or newest" "$@" \
+  tests --ignore=tests/sharding
 XLA_FLAGS=--xla_force_host_platform_device_count=8 "$venv_python" -m pytest -q -rs "$@" \
   tests/sharding

@@ -1,15 +1,26 @@
-"""The whole suite reads the developers' data folder `../shared` (real text, the T5 vocabulary,
-T5X-written checkpoints) where it exists: the library knows no folder of its own, so the runs
-under test (in process and in subprocesses) get it as a user's environment would give it."""
+"""The whole suite reads the developers' data folder (`shared_data.SHARED`: real text, the T5
+vocabulary) where it exists: the library knows no folder of its own, so the runs under test (in
+process and in subprocesses) get it as a user's environment would give it."""
 
 import os
 import pathlib
 
+import pytest
+
+import shared_data
 from spec_decode import paths
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared"
+if shared_data.SHARED.is_dir():
+  os.environ.setdefault(paths.DATA_ROOT_VARIABLE, str(shared_data.DATA))
+  os.environ.setdefault(paths.T5_VOCABULARY_VARIABLE, str(shared_data.T5_VOCAB_FILE))
 
-if SHARED.is_dir():
-  os.environ.setdefault(paths.DATA_ROOT_VARIABLE, str(SHARED / "data"))
-  os.environ.setdefault(paths.T5_VOCABULARY_VARIABLE,
-                        str(SHARED / "vocab" / "t5_cc_all_32000.model"))
+
+@pytest.fixture(scope="session")
+def real_text() -> pathlib.Path:
+  """The data folder's real text (data/: WMT, CNN/DailyMail, Multi30k, Tatoeba), with the T5
+  vocabulary the tasks over it tokenize with: the one fixture behind every test that reads it;
+  without the folder, those tests skip saying so."""
+  if not (shared_data.DATA.is_dir() and shared_data.T5_VOCAB_FILE.is_file()):
+    pytest.skip(shared_data.missing("the real text (WMT, CNN/DailyMail, Multi30k, Tatoeba) and "
+                                    "the T5 vocabulary"))
+  return shared_data.DATA

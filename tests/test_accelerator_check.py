@@ -40,6 +40,7 @@ def dry_run(tmp_path_factory):
   return outdir, completed
 
 
+@pytest.mark.slow
 def test_dry_run_runs_every_part_and_summarizes_it(dry_run):
   outdir, completed = dry_run
   assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]

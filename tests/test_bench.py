@@ -34,6 +34,7 @@ def _has_rates(summary):
   return all(summary[key] > 0 for key in ("tokens_per_s", "tokens_per_s_min", "tokens_per_s_max"))
 
 
+@pytest.mark.slow
 def test_smoke_runs_every_suite(tmp_path, clean_gin):
   assert bench.main(["--smoke", "--output_dir", str(tmp_path)]) == 0
   report = json.loads((tmp_path / bench.JSON_FILE).read_text())
@@ -266,6 +267,7 @@ def _greedy_alpha(pair):
   return bench.summarize([decoders.run(bench.Variant(0.0, 3), i, 1) for i in range(4)])["alpha"]
 
 
+@pytest.mark.slow
 def test_near_bigram_draft_is_the_targets_own_arrays_and_agrees_with_it():
   pair = bench.build_pair(_near_bigram_config(1e-4))
   target, draft = pair.target.params, pair.draft.params
@@ -298,6 +300,7 @@ def test_near_bigram_draft_is_the_targets_own_arrays_and_agrees_with_it():
     bench.build_pair(dataclasses.replace(_near_bigram_config(1e-4), source="random"))
 
 
+@pytest.mark.slow
 def test_hugging_face_worker_decodes_as_our_baseline(tmp_path):
   pair = bench.build_pair(_near_bigram_config(1e-3))
   decoders = bench.PairDecoders(pair, {})
@@ -319,6 +322,7 @@ def test_hugging_face_worker_decodes_as_our_baseline(tmp_path):
   assert worker._process.returncode == 0  # stdin closed: the worker exits cleanly
 
 
+@pytest.mark.slow
 def test_hugging_face_worker_without_cuda_says_so(tmp_path):
   torch = pytest.importorskip("torch")
   if torch.cuda.is_available():

@@ -13,6 +13,7 @@ import pytest
 import tensorstore as ts
 from flax import serialization
 
+import shared_data
 from hf_utils import HF_CONFIGS, hf_model_and_params, needs_hf
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
@@ -24,9 +25,10 @@ try:
 except ImportError:
   torch = transformers = None  # the tests that use them are marked needs_hf
 
-SHARED_T5X = Path(__file__).resolve().parents[1].parent / "shared" / "t5x"
-TINY_T5X = SHARED_T5X / "test_t5_tiny.checkpoint_0"
-# The model T5X's test checkpoint holds (documented in ../shared/README.md).
+# T5X's own test checkpoints of a toy dense layer (t5x/testdata in T5X's repository), as the
+# developers' data folder holds them.
+T5X_TOY = shared_data.SHARED / "t5x"
+# The model of T5X's tiny test checkpoint (tests/t5x/t5x_setup.TINY, in T5X's own terms).
 TINY_T5X_CONFIG = T5Config(
     vocab_size=32128, emb_dim=8, num_heads=4, head_dim=3, mlp_dim=16,
     mlp_activations=("gelu", "linear"), num_encoder_layers=2, num_decoder_layers=2,
@@ -37,7 +39,8 @@ SMALL_CONFIG = dataclasses.replace(TINY_T5X_CONFIG, vocab_size=128)
 
 def _require(path: Path) -> Path:
   if not path.exists():
-    pytest.skip(f"T5X reference checkpoint not available at {path} (../shared is absent)")
+    pytest.skip(shared_data.missing("T5X's own test checkpoints (t5x/testdata in T5X's "
+                                    "repository)"))
   return path
 
 
@@ -58,8 +61,38 @@ def _assert_trees_equal(actual, expected):
 
 
 @pytest.fixture(scope="module")
-def tiny_params():
-  return checkpoints.load_t5x(str(_require(TINY_T5X)))
+def t5x_written(tmp_path_factory) -> dict:
+  """T5X's tiny T5.1.1 as T5X's own checkpointers write it: 'inline' (legacy msgpack with the
+  arrays inside, the layout of T5X's test checkpoint: its msgpack file), 'tensorstore' (legacy
+  msgpack, one TensorStore array per parameter: its directory) and 'orbax' (its step
+  directory); 'params' are the parameters T5X was given."""
+  pytest.importorskip("t5x.checkpoints",
+                      reason="needs t5x, installed from its repository (README: Tests)")
+  import t5x_setup  # pylint: disable=g-import-not-at-top (imports t5x)
+  directory = tmp_path_factory.mktemp("t5x_written")
+  params = t5x_setup.initial_variables(t5x_setup.TINY, seed=t5x_setup.TINY_SEED)["params"]
+  return {"inline": t5x_setup.write_tiny_checkpoint(directory / "inline"),
+          "tensorstore": Path(t5x_setup.save_checkpoint(directory / "tensorstore", t5x_setup.TINY,
+                                                        params)),
+          "orbax": Path(t5x_setup.save_orbax_checkpoint(directory / "orbax", t5x_setup.TINY,
+                                                        params)),
+          "params": jax.tree_util.tree_map(np.asarray, params)}
+
+
+@pytest.fixture(scope="module")
+def tiny_params(t5x_written):
+  return checkpoints.load_t5x(str(t5x_written["inline"]))
+
+
+def test_t5x_written_checkpoints_read_as_t5x_wrote_them(t5x_written, tiny_params):
+  """Every format T5X's checkpointers write reads back as the parameters T5X was given (an
+  Orbax step directory through its 'state' item, where T5X's manager keeps the train state)."""
+  _assert_trees_equal(tiny_params, t5x_written["params"])
+  _assert_trees_equal(checkpoints.load_t5x(str(t5x_written["tensorstore"])),
+                      t5x_written["params"])
+  orbax_state = t5x_written["orbax"] / "state"
+  assert (orbax_state / "_METADATA").is_file()
+  _assert_trees_equal(checkpoints.load_t5x(str(orbax_state)), t5x_written["params"])
 
 
 @pytest.fixture(scope="module")
@@ -92,21 +125,22 @@ def test_t5x_tiny_checkpoint_matches_network_tree_and_runs(tiny_params):
   assert float(jnp.std(logits)) > 0
 
 
-def test_load_t5x_accepts_directory_or_file_and_casts(tiny_params, tmp_path):
+def test_load_t5x_accepts_directory_or_file_and_casts(t5x_written, tiny_params, tmp_path):
   checkpoint_dir = tmp_path / "checkpoint_0"
   checkpoint_dir.mkdir()
-  os.symlink(TINY_T5X, checkpoint_dir / "checkpoint")
+  os.symlink(t5x_written["inline"], checkpoint_dir / "checkpoint")
   _assert_trees_equal(checkpoints.load_t5x(str(checkpoint_dir)), tiny_params)
   _assert_trees_equal(checkpoints.load_t5x(str(checkpoint_dir / "checkpoint")), tiny_params)
 
-  bf16 = checkpoints.load_t5x(str(TINY_T5X), dtype=jnp.bfloat16)
+  bf16 = checkpoints.load_t5x(str(t5x_written["inline"]), dtype=jnp.bfloat16)
   for path, leaf in _leaves(tiny_params).items():
     assert _leaves(bf16)[path].dtype == jnp.bfloat16
     np.testing.assert_array_equal(_leaves(bf16)[path], leaf.astype(jnp.bfloat16))
 
 
 def test_tensorstore_and_orbax_toy_checkpoints_agree():
-  legacy = checkpoints.restore_t5x_state(str(_require(SHARED_T5X / "tiny_t5" / "checkpoint_1")))
+  """T5X's repository's own test files, as stored there (no .zarray files in the Orbax one)."""
+  legacy = checkpoints.restore_t5x_state(str(_require(T5X_TOY / "tiny_t5" / "checkpoint_1")))
   # The legacy msgpack describes every array itself; this is the content T5X's test expects.
   assert legacy["target"] == {}
   state = legacy["state"]
@@ -116,7 +150,7 @@ def test_tensorstore_and_orbax_toy_checkpoints_agree():
   assert state["param_states"]["kernel"].dtype == np.float64
   assert 0 < state["param_states"]["kernel"].min() < state["param_states"]["kernel"].max() < 1
 
-  orbax_dir = str(_require(SHARED_T5X / "tiny_orbax" / "1"))
+  orbax_dir = str(_require(T5X_TOY / "tiny_orbax" / "1"))
   # Its array directories carry no .zarray here, so their shapes/dtypes must be supplied.
   with pytest.raises(ValueError, match="template"):
     checkpoints.restore_t5x_state(orbax_dir)

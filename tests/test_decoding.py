@@ -16,6 +16,8 @@ VOCAB = 12
 LENGTH = 10
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 @pytest.mark.parametrize("draft", ["near", "same"])
 @pytest.mark.parametrize("batch_size,num_batches", [(1, 25), (7, 30)])
 def test_greedy_speculative_equals_baseline(draft, batch_size, num_batches):
@@ -56,6 +58,8 @@ def test_greedy_identity_for_every_registered_decoder(verifier, draft_policy):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 def test_adaptive_policies_draft_fewer_tokens():
   """'confidence' stops early on an unsure draft; the draft loop really makes fewer calls."""
   target, draft = toy_setup.make_pair(VOCAB, "far", eos_shift=-3.0)
@@ -82,6 +86,8 @@ EARLY_STOPPING_BINDINGS = {
 }
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 @pytest.mark.parametrize("verifier", sorted({**verify.EXACT_RULES, **verify.LOSSY_RULES}))
 @pytest.mark.parametrize("draft_policy", sorted(drafting.POLICIES))
@@ -122,6 +128,8 @@ def test_rows_progress_independently():
   assert len(set(np.asarray(stats.target_calls)[:, 0].tolist())) > 1
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 def test_prompt_is_kept_and_not_scored():
   target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-3.0)
   inputs = np.zeros((2, LENGTH), np.int32)
@@ -133,6 +141,8 @@ def test_prompt_is_kept_and_not_scored():
   assert 0 < float(stats.alpha[0, 0]) < 1
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 def test_max_decode_steps_limits_sampled_tokens():
   target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-20.0)
   inputs = np.zeros((2, LENGTH), np.int32)
@@ -146,6 +156,8 @@ def test_max_decode_steps_limits_sampled_tokens():
     np.testing.assert_array_equal(lengths, [3, 5])
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 def test_num_decodes_shapes_and_sorting():
   target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-1.0)
   inputs = jnp.zeros((3, LENGTH), jnp.int32)
@@ -160,6 +172,8 @@ def test_num_decodes_shapes_and_sorting():
   assert np.all(np.diff(np.asarray(base_log_probs), axis=1) >= 0)
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 def test_log_prob_is_the_models_own():
   """log_probs is the sum of the target's log-softmax over the emitted tokens up to EOS."""
   target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-1.0)

@@ -33,6 +33,9 @@ from spec_decode.engine import lookup as engine_lookup
 import toy_setup
 from toy_setup import EOS
 
+# The slow tier (100,000 samples per law, each compiling its loop).
+pytestmark = [pytest.mark.slow, pytest.mark.newest]
+
 VOCAB = 5
 LENGTH = 4
 MIN_SAMPLES = 10_000

@@ -11,6 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 
+import shared_data
 import tiny_t5
 from spec_decode import models
 from spec_decode.t5 import checkpoints
@@ -51,6 +52,7 @@ def pair(tmp_path_factory):
   return tiny_t5.write_pair(tmp_path_factory.mktemp("models"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("revision", ["", "@" + COMMIT])
 def test_a_hub_id_loads_what_its_folder_loads(hub_cache, pair, revision):
   target, _ = pair
@@ -91,7 +93,9 @@ def test_a_missing_file_is_one_line(hub_cache, pair):
     models.checkpoint_format("hf://tiny-org/weights-only")
 
 
-@pytest.mark.skipif(not tiny_t5.T5_VOCAB_FILE.is_file(), reason="../shared (T5 vocabulary) absent")
+@pytest.mark.slow
+@pytest.mark.skipif(not tiny_t5.T5_VOCAB_FILE.is_file(),
+                    reason=shared_data.missing("the T5 vocabulary"))
 def test_infer_runs_hub_ids_and_names_a_missing_one(hub_cache, pair, tmp_path, capsys):
   target, draft = pair
   fill_cache(hub_cache, "tiny-org/target", target.hf_folder)

@@ -25,15 +25,13 @@ from spec_decode.t5 import vocab
 
 NUM_EXAMPLES = 20
 PREFIX = "translate English to German: "
-WMT_TEST = tiny_t5.SHARED / "data" / "wmt_ende" / "test"
-needs_shared = pytest.mark.skipif(
-    not (tiny_t5.T5_VOCAB_FILE.is_file() and pathlib.Path(f"{WMT_TEST}.en").is_file()),
-    reason="../shared (T5 vocabulary, WMT data) is absent")
+# newstest2014 under the real text (the `real_text` fixture, tests/conftest.py).
+WMT_TEST = "wmt_ende/test"
 
 
 def _run_gin(directory: pathlib.Path, target: tiny_t5.TinyModel, draft: tiny_t5.TinyModel,
-             vocabulary_file: pathlib.Path, extra_ids: int) -> str:
-  return tiny_t5.write_run_gin(directory / "run.gin", target, draft, vocabulary_file, extra_ids,
+             vocabulary_file: pathlib.Path, extra_ids: int, name: str = "run.gin") -> str:
+  return tiny_t5.write_run_gin(directory / name, target, draft, vocabulary_file, extra_ids,
                                {"inputs": 48, "targets": 12}, batch_size=8,
                                extra=f"INPUT_PREFIX = '{PREFIX}'")
 
@@ -46,6 +44,15 @@ def setup(tmp_path_factory):
                                             extra_ids=100)
 
 
+@pytest.fixture(scope="module")
+def t5_style_run_gin(setup) -> str:
+  """`setup`'s run with seqio's test SentencePiece model as its T5-style vocabulary: for runs
+  that fail on their settings before reading any text (and so run without the data folder)."""
+  directory, target, draft, _ = setup
+  return _run_gin(directory, target, draft, tiny_t5.T5_STYLE_VOCAB_FILE, extra_ids=100,
+                  name="run_t5_style.gin")
+
+
 def _subprocess(args, cache_dir):
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
@@ -55,7 +62,7 @@ def _subprocess(args, cache_dir):
 
 
 @pytest.fixture(scope="module")
-def end_to_end(setup, tmp_path_factory):
+def end_to_end(setup, tmp_path_factory, real_text):
   """Outputs of the task/T5X run and the text-file/Hugging Face run."""
   directory, target, draft, run_gin = setup
   cache = tmp_path_factory.mktemp("jax_cache")
@@ -65,7 +72,7 @@ def end_to_end(setup, tmp_path_factory):
       "--gin.MIXTURE_OR_TASK_NAME='wmt_ende_files'", f"--gin.INFER_OUTPUT_DIR='{directory / 'task'}'"],
       cache)
   text_file = directory / "test20.en"
-  with open(f"{WMT_TEST}.en", encoding="utf-8") as f:
+  with open(real_text / f"{WMT_TEST}.en", encoding="utf-8") as f:
     text_file.write_text("".join(next(f) for _ in range(NUM_EXAMPLES)), encoding="utf-8")
   text_run = _subprocess(common + [
       f"--input_file={text_file}", f"--gin.CHECKPOINT_PATH='{target.hf_folder}'",
@@ -81,20 +88,21 @@ def end_to_end(setup, tmp_path_factory):
   return outputs
 
 
-def _lines(path: str) -> list[str]:
+def _lines(path: pathlib.Path) -> list[str]:
   with open(path, encoding="utf-8") as f:
     return [next(f).rstrip("\n") for _ in range(NUM_EXAMPLES)]
 
 
-@needs_shared
+@pytest.mark.slow
+@pytest.mark.newest
 @pytest.mark.parametrize("run", ["task", "text"])
-def test_end_to_end_predictions_and_summary(end_to_end, run):
+def test_end_to_end_predictions_and_summary(end_to_end, real_text, run):
   stdout, records, summary = end_to_end[run]
-  english = _lines(f"{WMT_TEST}.en")
+  english = _lines(real_text / f"{WMT_TEST}.en")
   assert len(records) == NUM_EXAMPLES
   assert [r["inputs"] for r in records] == [PREFIX + line for line in english]
   if run == "task":
-    assert [r["target"] for r in records] == _lines(f"{WMT_TEST}.de")
+    assert [r["target"] for r in records] == _lines(real_text / f"{WMT_TEST}.de")
   else:
     assert all("target" not in r for r in records)
   for record in records:
@@ -124,7 +132,8 @@ def test_end_to_end_predictions_and_summary(end_to_end, run):
   assert "identical output: yes" in stdout and "tokens per target call" in stdout
 
 
-@needs_shared
+@pytest.mark.slow
+@pytest.mark.newest
 def test_task_and_text_file_runs_agree(end_to_end):
   # Same weights (T5X vs Hugging Face files) and same ids (seqio vs our tokenizer).
   assert ([r["prediction"] for r in end_to_end["task"][1]]
@@ -172,16 +181,16 @@ def test_unset_required_macro(setup, run_main, tmp_path):
                          tmp_path / "out")
 
 
-@needs_shared
-def test_unknown_task(setup, run_main, tmp_path):
+def test_unknown_task(real_text, setup, run_main, tmp_path):
+  del real_text  # its run reads the T5 vocabulary (and tasks) as tests/conftest.py sets them
   status, stderr = run_main([f"--gin_file={setup[3]}", "--gin.MIXTURE_OR_TASK_NAME='wmt_xx'",
                              f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"])
   _assert_one_line_error(status, stderr, "unknown seqio task or mixture 'wmt_xx'",
                          tmp_path / "out")
 
 
-@needs_shared
-def test_task_with_another_vocabulary(setup, run_main, tmp_path):
+def test_task_with_another_vocabulary(real_text, setup, run_main, tmp_path):
+  del real_text  # its run reads the T5 vocabulary (and tasks) as tests/conftest.py sets them
   status, stderr = run_main([f"--gin_file={setup[3]}",
                              "--gin.MIXTURE_OR_TASK_NAME='wmt_ende_demo'",
                              f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"])
@@ -189,8 +198,8 @@ def test_task_with_another_vocabulary(setup, run_main, tmp_path):
                                          "inputs vocabularies", tmp_path / "out")
 
 
-@needs_shared
-def test_draft_with_another_vocabulary(setup, run_main, tmp_path):
+def test_draft_with_another_vocabulary(real_text, setup, run_main, tmp_path):
+  del real_text  # its run reads the T5 vocabulary (and tasks) as tests/conftest.py sets them
   directory = setup[0]
   draft_8k = tiny_t5.write_model(tmp_path / "draft8k", "draft",
                                  tiny_t5.tiny_config(8000, tiny_t5.DRAFT_SHRINK), seed=3)
@@ -203,8 +212,10 @@ def test_draft_with_another_vocabulary(setup, run_main, tmp_path):
   assert directory.exists()
 
 
-@needs_shared
-def test_missing_checkpoint_exits_nonzero(setup, tmp_path):
+@pytest.mark.slow
+@pytest.mark.newest
+def test_missing_checkpoint_exits_nonzero(real_text, setup, tmp_path):
+  del real_text  # its run reads the T5 vocabulary (and tasks) as tests/conftest.py sets them
   run = subprocess.run(
       [sys.executable, "-m", "spec_decode.infer", f"--gin_file={setup[3]}", "--text=Hello",
        f"--gin.CHECKPOINT_PATH='{tmp_path / 'nowhere'}'",
@@ -226,13 +237,12 @@ SOURCES = {  # task -> (split, source file, target file or jsonl key)
 }
 
 
-@needs_shared
 @pytest.mark.parametrize("task", sorted(SOURCES))
-def test_task_reads_its_files(task):
+def test_task_reads_its_files(real_text, task):
   from spec_decode import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
   split, source, target = SOURCES[task]
   (example,) = tasks.load_examples(task, split, {"inputs": 16, "targets": 8}, num_examples=1)
-  data = tiny_t5.SHARED / "data"
+  data = real_text
   if target is None:
     row = json.loads((data / source).read_text(encoding="utf-8").split("\n")[0])
     first_input, first_target = "summarize: " + row["article"], row["highlights"]
@@ -248,8 +258,8 @@ def test_task_reads_its_files(task):
   assert example["targets"] == vocabulary.encode(first_target)[:7] + [1]
 
 
-@needs_shared
-def test_task_errors_name_the_problem(tmp_path):
+def test_task_errors_name_the_problem(real_text, tmp_path):
+  del real_text  # tatoeba_ende's files, through the data root tests/conftest.py sets
   from spec_decode import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
   with pytest.raises(ValueError, match="task 'tatoeba_ende' has no split 'train'"):
     tasks.load_examples("tatoeba_ende", "train", {"inputs": 8, "targets": 8})
@@ -263,8 +273,10 @@ def test_task_errors_name_the_problem(tmp_path):
     gin.clear_config()
 
 
-@needs_shared
-def test_timing_rounds_time_both_decoders_side_by_side(setup, run_main, tmp_path):
+@pytest.mark.slow
+@pytest.mark.newest
+def test_timing_rounds_time_both_decoders_side_by_side(real_text, setup, run_main, tmp_path):
+  del real_text  # its run reads the T5 vocabulary (and tasks) as tests/conftest.py sets them
   out = tmp_path / "out"
   status, stderr = run_main([f"--gin_file={setup[3]}", "--text=Hello", "--text=Good morning",
                              "--gin.TIMING_ROUNDS=2", f"--gin.INFER_OUTPUT_DIR='{out}'"])
@@ -282,7 +294,8 @@ def test_timing_rounds_time_both_decoders_side_by_side(setup, run_main, tmp_path
     (["--gin.TIMING_ROUNDS=3", "--gin.COMPARE_WITH_BASELINE=False"],
      "TIMING_ROUNDS times the decoder beside the baseline: it needs COMPARE_WITH_BASELINE"),
     (["--gin.TIMING_ROUNDS=-1"], "TIMING_ROUNDS must be an integer >= 0, got -1")])
-def test_bad_timing_rounds_are_one_line_errors(setup, run_main, tmp_path, bindings, message):
-  status, stderr = run_main([f"--gin_file={setup[3]}", "--text=Hello", *bindings,
+def test_bad_timing_rounds_are_one_line_errors(t5_style_run_gin, run_main, tmp_path, bindings,
+                                               message):
+  status, stderr = run_main([f"--gin_file={t5_style_run_gin}", "--text=Hello", *bindings,
                              f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"])
   _assert_one_line_error(status, stderr, message, tmp_path / "out")

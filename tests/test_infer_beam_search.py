@@ -18,6 +18,9 @@ from spec_decode.t5 import demo_pair
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 
+# The slow tier (spec_decode.infer end to end).
+pytestmark = pytest.mark.slow
+
 TEXTS = ["A man in a red jacket is walking his dog along the beach.",
          "Two young girls are playing with a ball in the park.",
          "Three dogs are running through the snow.",

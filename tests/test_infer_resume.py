@@ -22,6 +22,9 @@ import tiny_t5
 from spec_decode import infer_chunks
 from spec_decode import infer_outputs
 
+# The slow tier (runs killed and resumed as subprocesses).
+pytestmark = pytest.mark.slow
+
 INPUT_FILE = tiny_t5.REPO_ROOT / "spec_decode" / "assets" / "demo" / "examples.en"
 NUM_BATCHES, PERIOD = 15, 3
 # Summary fields that are times (or derived from times): they differ from run to run.

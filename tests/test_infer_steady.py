@@ -21,6 +21,9 @@ from spec_decode.t5 import checkpoints
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 
+# The slow tier (long runs, counting compilations and memory).
+pytestmark = pytest.mark.slow
+
 NUM_EXAMPLES, BATCH_SIZE = 701, 2
 NUM_BATCHES = (NUM_EXAMPLES + BATCH_SIZE - 1) // BATCH_SIZE
 WARM_UP_BATCHES = 100

@@ -17,6 +17,9 @@ import venv
 
 import pytest
 
+# The slow tier (builds the wheel and installs it in fresh environments).
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

@@ -7,8 +7,10 @@ above import gin. Read from the source (ast), so the test sees every import, laz
 """
 
 import ast
+import configparser
 import pathlib
 import re
+import shlex
 
 import pytest
 
@@ -117,7 +119,7 @@ def test_every_gin_file_lives_under_configs():
 
 
 def test_the_library_names_no_developer_data_folder():
-  """`../shared` is the test suite's (tests/conftest.py), never the package's."""
+  """`../shared` is the test suite's (tests/shared_data.py), never the package's."""
   for path in MODULES:
     assert not re.search(r"['\"]shared['\"]|\.\./shared", path.read_text()), path
 
@@ -168,3 +170,34 @@ def test_jax_distributed_starts_at_the_edge_only():
   starting = {str(path.relative_to(paths.ROOT)) for path in MODULES
               if any(name.startswith("jax.distributed") for name in _calls(path))}
   assert starting == {"spec_decode/gin_utils.py"}, starting
+
+
+def _pytest_arguments(script: str) -> list[str]:
+  """The arguments of the `-m pytest` command in scripts/`script` that runs the main process's
+  tests (not the sharding tests' run, which sets XLA_FLAGS), line continuations joined."""
+  text = (paths.ROOT / "scripts" / script).read_text().replace("\\\n", " ")
+  commands = [line for line in text.splitlines()
+              if "-m pytest" in line and not line.lstrip().startswith("#")
+              and "XLA_FLAGS" not in line]
+  assert len(commands) == 1, commands
+  return shlex.split(commands[0].split("-m pytest", 1)[1])
+
+
+def test_the_tiers_are_marker_selections():
+  """pytest runs with --strict-markers and the markers it declares; the fast and newest tiers
+  are marker expressions over the whole tests folder, not lists of files; the full suite selects
+  nothing away."""
+  ini = configparser.ConfigParser()
+  ini.read(paths.ROOT / "pytest.ini")
+  assert "--strict-markers" in ini["pytest"]["addopts"].split()
+  declared = {line.split(":")[0].strip() for line in ini["pytest"]["markers"].splitlines()
+              if line.strip()}
+  assert declared == {"slow", "newest"}
+  for script, expression in (("test_fast.sh", "not slow"),
+                             ("test_newest.sh", "not slow or newest")):
+    arguments = _pytest_arguments(script)
+    assert arguments[arguments.index("-m") + 1] == expression, (script, arguments)
+    assert "tests" in arguments, (script, arguments)
+    assert not [a for a in arguments if a.startswith("tests/") and a.endswith(".py")], script
+  full = _pytest_arguments("test.sh")
+  assert "-m" not in full and "-k" not in full and "tests" in full, full

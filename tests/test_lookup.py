@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import shared_data
 import tiny_t5
 import toy_setup
 from spec_decode import core
@@ -168,6 +169,7 @@ def _batch(batch_size=4, input_length=12, target_length=16):
           "decoder_input_tokens": np.zeros((batch_size, target_length), np.int32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft_source", ["lookup", "lookup+model"])
 def test_models_greedy_lookup_equals_the_baseline(pair, vocabulary, draft_source):
   target, draft = pair
@@ -217,15 +219,14 @@ LOOKUP_ROWS = sorted(str(p.relative_to(tiny_t5.REPO_ROOT))
 def test_table2_lookup_rows_bind_with_spec_decode_s_harness(row, tmp_path):
   """Each lookup row, after configs/table2/spec_decode.gin, builds the lookup model it says
   (tiny checkpoints in the gs:// ones' places)."""
-  if not tiny_t5.T5_VOCAB_FILE.is_file():
-    pytest.skip("../shared is absent")
   import gin  # pylint: disable=g-import-not-at-top
   from spec_decode import gin_utils, infer  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   gin.add_config_file_search_path(str(tiny_t5.REPO_ROOT))
   try:
     bindings = [f"network.T5Config.{name} = {value!r}" for name, value in tiny_t5.SHRINK.items()]
-    bindings.append(f"T5_VOCABULARY_FILE = '{tiny_t5.T5_VOCAB_FILE}'")
+    # Their default is T5X's gs:// copy; any T5-style vocabulary binds alike.
+    bindings.append(f"T5_VOCABULARY_FILE = '{tiny_t5.T5_STYLE_VOCAB_FILE}'")
     gin.parse_config_files_and_bindings(["configs/table2/spec_decode.gin", row], bindings,
                                         finalize_config=False)
     combined = gin.query_parameter("%DRAFT_SOURCE") == "lookup+model"
@@ -254,7 +255,7 @@ def test_table2_lookup_rows_bind_with_spec_decode_s_harness(row, tmp_path):
 
 # spec_decode.infer with lookup drafts, in this process (tests/test_infer.py runs the rest).
 needs_shared = pytest.mark.skipif(not tiny_t5.T5_VOCAB_FILE.is_file(),
-                                  reason="../shared (the T5 vocabulary) is absent")
+                                  reason=shared_data.missing("the T5 vocabulary"))
 INFER_TEXTS = ["The cat sat on the mat. The cat sat on the mat again.",
                "Where is the station? Where is the station, please?", "Hello"]
 
@@ -268,6 +269,7 @@ def infer_run_gin(tmp_path_factory):
       {"inputs": 32, "targets": 16}, batch_size=2)
 
 
+@pytest.mark.slow
 @needs_shared
 @pytest.mark.parametrize("draft_source", ["lookup", "lookup+model"])
 def test_infer_greedy_lookup_equals_the_baseline(infer_run_gin, capsys, tmp_path, draft_source):

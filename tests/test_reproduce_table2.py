@@ -8,6 +8,9 @@ import pytest
 
 from spec_decode import bench
 
+# The slow tier (the Table 2 script end to end).
+pytestmark = pytest.mark.slow
+
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "reproduce_table2.py"
 
 

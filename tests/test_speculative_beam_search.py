@@ -73,6 +73,7 @@ def _compare(draft_kind, gamma, num_beams, nodes_per_beam=None, draft_beams=None
       yield want, got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma,draft_kind,num_beams,nodes_per_beam,draft_beams", GRID)
 def test_equals_beam_search(gamma, draft_kind, num_beams, nodes_per_beam, draft_beams):
   target_calls = beam_steps = 0
@@ -93,6 +94,7 @@ def test_equals_beam_search(gamma, draft_kind, num_beams, nodes_per_beam, draft_
     assert covered[0] > 0.5 * target_calls
 
 
+@pytest.mark.slow
 def test_the_cases_finish_early_and_run_to_the_length_limit():
   finished = unfinished = 0
   for (want, _), _ in _compare("same", 1, 4):
@@ -103,6 +105,7 @@ def test_the_cases_finish_early_and_run_to_the_length_limit():
   assert finished > 0 and unfinished > 0
 
 
+@pytest.mark.slow
 def test_a_replay_past_coverage_fails(monkeypatch):
   """The negative control: continuing the replay where a new beam is not in the tree (using
   some node's log-probs) must break the identity above."""
@@ -141,6 +144,7 @@ def test_it_is_a_registered_loop_with_checked_settings():
     _speculative(target, draft, inputs, gamma=2, num_beams=4, alpha=0.6, draft_beams=2)
 
 
+@pytest.mark.slow
 def test_a_wider_draft_search_covers_more():
   """The draft's search with 2K beams holds all K of the target's choices more often than one
   with K (same outputs: test_equals_beam_search)."""

@@ -6,6 +6,7 @@ it, from `tasks.load_examples` and from `python -m spec_decode.infer`."""
 import gin
 import pytest
 
+import shared_data
 import tiny_t5
 from spec_decode.t5 import vocab
 
@@ -14,7 +15,7 @@ tfds = pytest.importorskip("tensorflow_datasets")
 from spec_decode import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 needs_vocabulary = pytest.mark.skipif(not tiny_t5.T5_VOCAB_FILE.is_file(),
-                                      reason="../shared (the T5 vocabulary) is absent")
+                                      reason=shared_data.missing("the T5 vocabulary"))
 LENGTHS = {"inputs": 64, "targets": 32}
 # Two examples per task, under the TFDS dataset's own feature names.
 EXAMPLES = {

@@ -17,6 +17,9 @@ from spec_decode.training import data
 from spec_decode.t5 import network
 from spec_decode.training import train
 
+# The slow tier (trains and resumes).
+pytestmark = pytest.mark.slow
+
 VOCAB = paths.DEMO_ASSETS / "spm_ende_8k.model"
 TINY = network.T5Config(vocab_size=8000, emb_dim=32, num_heads=2, head_dim=16,
                         num_encoder_layers=1, num_decoder_layers=1, mlp_dim=64,

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import sentencepiece
 
+import shared_data
 from spec_decode.t5.vocab import SentencePieceVocabulary, t5_vocabulary
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-REAL_VOCAB = SHARED / "vocab" / "t5_cc_all_32000.model"
+REAL_VOCAB = shared_data.T5_VOCAB_FILE
 
 _TEXT = ["the quick brown fox jumps over the lazy dog",
          "a house is wonderful and the dog is happy",
@@ -95,7 +95,7 @@ def test_errors(tmp_path, t5_style_model):
 
 def test_real_t5_vocabulary():
   if not REAL_VOCAB.is_file():
-    pytest.skip(f"real T5 vocabulary not available at {REAL_VOCAB} (../shared is absent)")
+    pytest.skip(shared_data.missing("the real T5 vocabulary"))
   vocab = t5_vocabulary(str(REAL_VOCAB))
   assert vocab.vocab_size == 32100
   text = "translate English to German: The house is wonderful."

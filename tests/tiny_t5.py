@@ -10,18 +10,27 @@ process.
 """
 
 import dataclasses
+import importlib.util
 import pathlib
 
 import gin
 
+import shared_data
 from spec_decode import infer
 from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import network
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-SHARED = REPO_ROOT.parent / "shared"
-T5_VOCAB_FILE = SHARED / "vocab" / "t5_cc_all_32000.model"
+SHARED = shared_data.SHARED
+T5_VOCAB_FILE = shared_data.T5_VOCAB_FILE
+# seqio's test SentencePiece model (26 pieces; pad 0, EOS 1, unk 2, as T5's), in seqio's wheel:
+# for tests that bind a T5-style vocabulary but need none of the real one's pieces. Located
+# without importing seqio, which imports TensorFlow.
+_SEQIO = importlib.util.find_spec("seqio")
+T5_STYLE_VOCAB_FILE = (pathlib.Path(_SEQIO.submodule_search_locations[0]) / "test_data" /
+                       "sentencepiece" / "sentencepiece.model") if _SEQIO else None
+T5_STYLE_VOCAB_PIECES = 26
 DEMO_VOCAB_FILE = REPO_ROOT / "spec_decode" / "assets" / "demo" / "spm_ende_8k.model"
 T5_VOCAB_SIZE = 32128  # T5.1.1 checkpoints' padded embedding
 

@@ -1,11 +1,14 @@
 """Tiny T5X models and checkpoints for the T5X hook's tests (imports t5x: import it after
 `pytest.importorskip("t5x")`).
 
-`TINY` is the config of ../shared/t5x/test_t5_tiny.checkpoint_0 (T5X's own tiny T5.1.1);
-`t5x_model(config)` is a `t5x.models.EncoderDecoderModel` over T5X's own network
-(`t5x.examples.t5.network`) decoding with `t5x.decoding.temperature_sample` (greedy by default);
-`initial_variables` initializes one with T5X, `save_checkpoint` saves parameters with T5X's own
-`Checkpointer`.
+`TINY` is the config of T5X's own tiny T5.1.1 test checkpoint (`test_t5_tiny.checkpoint_0` in
+T5X's repository); `write_tiny_checkpoint` writes one like it: T5X's initialization saved by
+T5X's `Checkpointer`, the arrays inside the msgpack file. `t5x_model(config)` is a
+`t5x.models.EncoderDecoderModel` over T5X's own network (`t5x.examples.t5.network`) decoding
+with `t5x.decoding.temperature_sample` (greedy by default); `initial_variables` initializes one
+with T5X, `save_checkpoint` and `save_orbax_checkpoint` save parameters with T5X's own
+checkpointers. The vocabulary is the small SentencePiece model seqio ships for its own tests:
+the models are random, so no test needs the real T5 vocabulary's pieces.
 """
 
 import dataclasses
@@ -16,6 +19,7 @@ import flax.core
 import jax
 import numpy as np
 import seqio
+import seqio.test_utils
 from t5x import checkpoints as t5x_checkpoints
 from t5x import decoding as t5x_decoding
 from t5x import models as t5x_models
@@ -24,10 +28,11 @@ from t5x import train_state as t5x_train_state
 from t5x.examples.t5 import network as t5x_network
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-SHARED = REPO_ROOT.parent / "shared"
-SHARED_TINY_CHECKPOINT = SHARED / "t5x" / "test_t5_tiny.checkpoint_0"
-VOCAB_FILE = SHARED / "vocab" / "t5_cc_all_32000.model"
+# seqio's test SentencePiece model (26 pieces, pad 0, EOS 1, unk 2, as T5's), in seqio's wheel.
+VOCAB_FILE = pathlib.Path(seqio.test_utils.TEST_DATA_DIR) / "sentencepiece" / "sentencepiece.model"
 T5_EXTRA_IDS = 100
+# The seed of the tiny checkpoint's initialization.
+TINY_SEED = 0
 
 TINY = t5x_network.T5Config(
     vocab_size=32128, dtype="float32", emb_dim=8, num_heads=4, num_encoder_layers=2,
@@ -78,14 +83,32 @@ def _inference_state(config: t5x_network.T5Config, params: dict
   return t5x_train_state.InferenceState.create(flax.core.freeze(variables))
 
 
-def save_checkpoint(directory: pathlib.Path, config: t5x_network.T5Config,
-                    params: dict) -> str:
-  """Saves `params` of a T5X network of `config` with T5X's Checkpointer (the legacy format);
-  returns the checkpoint's directory."""
+class _UnpartitionedPartitioner(t5x_partitioning.PjitPartitioner):
+  """No array partitioned: T5X's Checkpointer then writes every array into the msgpack file
+  rather than to TensorStore, the layout of T5X's own tiny test checkpoint."""
+
+  def get_mesh_axes(self, train_state: t5x_train_state.TrainState) -> t5x_train_state.TrainState:
+    return jax.tree_util.tree_map(lambda _: None, train_state)
+
+
+def save_checkpoint(directory: pathlib.Path, config: t5x_network.T5Config, params: dict, *,
+                    inline: bool = False) -> str:
+  """Saves `params` of a T5X network of `config` with T5X's Checkpointer (the legacy format: a
+  msgpack file and, unless `inline`, one TensorStore array per parameter); returns the
+  checkpoint's directory."""
   state = _inference_state(config, params)
-  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
+  partitioner = (_UnpartitionedPartitioner if inline else t5x_partitioning.PjitPartitioner)(
+      num_partitions=1)
   t5x_checkpoints.Checkpointer(state, partitioner, str(directory)).save(state)
   return str(directory / "checkpoint_0")
+
+
+def write_tiny_checkpoint(directory: pathlib.Path) -> pathlib.Path:
+  """A tiny T5.1.1 checkpoint as T5X's own test data holds it: `TINY` initialized by T5X
+  (`TINY_SEED`), saved by T5X's Checkpointer with the arrays inline; returns its msgpack file
+  (directory/checkpoint_0/checkpoint)."""
+  params = initial_variables(TINY, seed=TINY_SEED)["params"]
+  return pathlib.Path(save_checkpoint(directory, TINY, params, inline=True)) / "checkpoint"
 
 
 def save_orbax_checkpoint(directory: pathlib.Path, config: t5x_network.T5Config,

@@ -1,7 +1,7 @@
-"""bfloat16 as T5X computes it, on T5X's tiny checkpoint: our network's cached calls (1 token
-and k tokens) against T5X's network decoding one token at a time (`decode=True`), and greedy
-decodes of our baseline and of the T5X hook against `t5x.decoding.temperature_sample` over T5X's
-network (t5x.infer in bfloat16: test_t5x_runs).
+"""bfloat16 as T5X computes it, on the tiny T5.1.1 checkpoint (conftest.py): our network's cached
+calls (1 token and k tokens) against T5X's network decoding one token at a time
+(`decode=True`), and greedy decodes of our baseline and of the T5X hook against
+`t5x.decoding.temperature_sample` over T5X's network (t5x.infer in bfloat16: test_t5x_runs).
 
 What "identical" means here: every bfloat16 activation (the self-attention keys and values each
 call caches, the decoder's normalized output) is bit-identical to T5X's, for 1-token and k-token
@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytest.importorskip("t5x.models", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
-                                         "and its dependencies (../shared/README.md)")
+pytest.importorskip("t5x.models",
+                    reason="needs t5x, installed from its repository (README: Tests)")
 
 import t5x_setup  # pylint: disable=g-import-not-at-top
 from spec_decode import platforms  # pylint: disable=g-import-not-at-top
@@ -29,6 +29,9 @@ from spec_decode.t5 import cpu_kernels, network  # pylint: disable=g-import-not-
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
 from t5x.examples.t5 import layers as t5x_layers  # pylint: disable=g-import-not-at-top
 from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
+
+# The slow tier (compiles T5X's and our decodes in bfloat16).
+pytestmark = [pytest.mark.slow, pytest.mark.newest]
 
 BF16 = dataclasses.replace(t5x_setup.TINY, dtype="bfloat16")  # float32_attention_logits: False
 BATCH, ENCODER_LENGTH, DECODER_LENGTH = 4, 10, 12
@@ -48,8 +51,8 @@ def _decoder_norm(module: Any, method_name: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def inputs() -> tuple[dict, np.ndarray, np.ndarray]:
-  params = t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT))
+def inputs(tiny_checkpoint) -> tuple[dict, np.ndarray, np.ndarray]:
+  params = t5x_setup.load_params(str(tiny_checkpoint))
   decoder_tokens = np.random.default_rng(1).integers(3, 32000, (BATCH, DECODER_LENGTH))
   decoder_tokens[:, 0] = 0  # BOS
   return params, _encoder_tokens(BATCH, 0), decoder_tokens.astype(np.int32)
@@ -179,19 +182,19 @@ def test_layer_norm_rounds_as_t5x():
 
 
 @pytest.fixture(scope="module")
-def draft_checkpoint(tmp_path_factory) -> str:
+def draft_checkpoint(tmp_path_factory, tiny_checkpoint) -> str:
   """A noisy copy of the tiny checkpoint, saved by T5X's Checkpointer: drafts both accepted and
   rejected."""
-  params = t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT))
+  params = t5x_setup.load_params(str(tiny_checkpoint))
   return t5x_setup.save_checkpoint(tmp_path_factory.mktemp("bf16_draft"), t5x_setup.TINY,
                                    t5x_setup.perturbed(params, relative_noise=0.3, seed=1))
 
 
-def test_greedy_decodes_equal_t5x_temperature_sample(draft_checkpoint):
+def test_greedy_decodes_equal_t5x_temperature_sample(tiny_checkpoint, draft_checkpoint):
   """32 inputs, bfloat16: our baseline (the engine's temperature_sample over our network with
   the ops decode calls use) and the T5X hook's speculative decodes equal T5X's
   EncoderDecoderModel with `temperature_sample` over T5X's network, token for token."""
-  params = t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT))
+  params = t5x_setup.load_params(str(tiny_checkpoint))
   encoder_tokens = _encoder_tokens(GREEDY_BATCH, 2)
   zeros = np.zeros((GREEDY_BATCH, DECODER_LENGTH), np.int32)
   batch = {"encoder_input_tokens": encoder_tokens, "decoder_input_tokens": zeros,

@@ -2,24 +2,29 @@
 naming the file (and the parameter); non-finite values found in the hook's restore
 transformation.
 
-The draft is T5X's tiny T5.1.1 checkpoint re-saved by T5X's own Checkpointer (a msgpack index
-and one TensorStore array per parameter), then truncated or given a NaN.
+The draft is test_t5x_runs's (its target, noisy, saved by T5X's own Checkpointer: a msgpack
+index and one TensorStore array per parameter), truncated, or the target given a NaN; the target
+is test_t5x_runs's, truncated.
 """
 
-import copy
 import pathlib
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
-pytest.importorskip("t5x.infer", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
-                                        "and its dependencies (../shared/README.md)")
+pytest.importorskip("t5x.infer",
+                    reason="needs t5x, installed from its repository (README: Tests)")
 
 import t5x_setup  # pylint: disable=g-import-not-at-top
+from test_t5x_runs import RUN_CONFIG  # pylint: disable=g-import-not-at-top
 from test_t5x_runs import run_t5x  # pylint: disable=g-import-not-at-top
 from test_t5x_runs import setup  # pylint: disable=g-import-not-at-top,unused-import (a fixture)
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
+
+# The slow tier (python -m t5x.infer as subprocesses).
+pytestmark = [pytest.mark.slow, pytest.mark.newest]
 
 PARAMETER = "decoder/layers_0/mlp/wo/kernel"
 ARRAY_DIR = "target.decoder.layers_0.mlp.wo.kernel"  # where T5X's Checkpointer stores PARAMETER
@@ -30,16 +35,16 @@ def _truncate(path: pathlib.Path) -> None:
   path.write_bytes(data[:len(data) // 2])
 
 
-def _draft_with_nan(directory: pathlib.Path) -> str:
-  params = copy.deepcopy(t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT)))
+def _draft_with_nan(setup, directory: pathlib.Path) -> str:
+  params = jax.tree_util.tree_map(np.array, setup["target_params"])  # writable copies
   params["decoder"]["layers_0"]["mlp"]["wo"]["kernel"][2, 0] = np.nan
-  return t5x_setup.save_checkpoint(directory, t5x_setup.TINY, params)
+  return t5x_setup.save_checkpoint(directory, RUN_CONFIG, params)
 
 
 def _broken_draft(setup, fault: str, directory: pathlib.Path) -> tuple[str, str]:
   """(the draft's path, the message expected) for a `fault` of a copy of the runs' draft."""
   if fault == "nan":
-    path = _draft_with_nan(directory)
+    path = _draft_with_nan(setup, directory)
     return path, (f"ValueError: checkpoint {path}: parameter {PARAMETER} has 1 non-finite value "
                   "(NaN or infinity), the first at index (2, 0)")
   path = directory / "checkpoint_0"
@@ -66,7 +71,7 @@ def test_t5x_infer_names_a_broken_draft_in_one_line(setup, fault, tmp_path):
 def test_t5x_infer_names_a_truncated_target(setup, tmp_path):
   target = tmp_path / "target" / "checkpoint_0"
   target.mkdir(parents=True)
-  data = t5x_setup.SHARED_TINY_CHECKPOINT.read_bytes()
+  data = (setup["target"] / "checkpoint").read_bytes()
   (target / "checkpoint").write_bytes(data[:len(data) // 2])
   run = run_t5x(setup, "broken_target", speculative=True,
                 bindings=(f"CHECKPOINT_PATH='{target}'",))
@@ -85,7 +90,7 @@ def test_restore_transformation_checks_the_target_arrays_it_holds(setup, tmp_pat
   with pytest.raises(ValueError, match=rf"^checkpoint CHECKPOINT_PATH \(the target's\): parameter "
                                        rf"{PARAMETER} has 1 non-finite value"):
     speculative.restore_draft_params(state, None, draft_checkpoint_path=str(setup["draft"]))
-  path = _draft_with_nan(tmp_path / "nan_draft")
+  path = _draft_with_nan(setup, tmp_path / "nan_draft")
   state["target"]["decoder"]["layers_0"]["mlp"]["wo"]["kernel"][0, 1] = 1.0
   with pytest.raises(ValueError, match=f"^checkpoint {path}: parameter {PARAMETER} has 1"):
     speculative.restore_draft_params(state, None, draft_checkpoint_path=path)

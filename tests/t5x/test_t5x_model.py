@@ -1,9 +1,9 @@
 """The T5X hook's model against T5X itself, in process: greedy speculative decodes equal T5X's
 own model, network and `t5x.decoding.temperature_sample(temperature=0)`, token for token, on
-T5X's tiny checkpoint (draft: a noisy copy, so drafts are both accepted and rejected) and on a
-random tiny T5.1.1 saved by T5X's Checkpointer (draft: a smaller random T5.1.1); scores are the
-target's; the parameter tree is T5X's plus the draft's; the draft's config is read from its
-checkpoint; the sampled distribution follows the T5X decode_fn."""
+the tiny T5.1.1 checkpoint (conftest.py; draft: a noisy copy, so drafts are both accepted and
+rejected) and on a random tiny T5.1.1 saved by T5X's Checkpointer (draft: a smaller random
+T5.1.1); scores are the target's; the parameter tree is T5X's plus the draft's; the draft's
+config is read from its checkpoint; the sampled distribution follows the T5X decode_fn."""
 
 import functools
 
@@ -13,8 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-pytest.importorskip("t5x.models", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
-                                         "and its dependencies (../shared/README.md)")
+pytest.importorskip("t5x.models",
+                    reason="needs t5x, installed from its repository (README: Tests)")
 
 import t5x_setup  # pylint: disable=g-import-not-at-top
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
@@ -26,17 +26,18 @@ CASES = {"t5x_tiny": [(4, 1), (4, 3), (4, 6), (1, 3)], "random_tiny": [(4, 4), (
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory) -> dict[str, tuple[str, str]]:
-  """(target checkpoint, draft checkpoint) per target, all written by T5X's Checkpointer
-  except T5X's own tiny checkpoint."""
+def pairs(tmp_path_factory, tiny_checkpoint) -> dict[str, tuple[str, str]]:
+  """(target checkpoint, draft checkpoint) per target, all written by T5X's Checkpointer: the
+  tiny checkpoint (arrays inline, conftest.py) and a noisy copy of it; a random tiny T5.1.1 and
+  a smaller random draft (TensorStore arrays)."""
   directory = tmp_path_factory.mktemp("t5x_checkpoints")
-  shared = str(t5x_setup.SHARED_TINY_CHECKPOINT)
-  noisy_copy = t5x_setup.perturbed(t5x_setup.load_params(shared), relative_noise=0.3, seed=1)
+  tiny = str(tiny_checkpoint)
+  noisy_copy = t5x_setup.perturbed(t5x_setup.load_params(tiny), relative_noise=0.3, seed=1)
   random_target = t5x_setup.initial_variables(t5x_setup.TINY, seed=3)["params"]
   random_draft = t5x_setup.initial_variables(t5x_setup.TINY_DRAFT, seed=4)["params"]
   save = t5x_setup.save_checkpoint
   return {
-      "t5x_tiny": (shared, save(directory / "noisy_copy", t5x_setup.TINY, noisy_copy)),
+      "t5x_tiny": (tiny, save(directory / "noisy_copy", t5x_setup.TINY, noisy_copy)),
       "random_tiny": (save(directory / "random_target", t5x_setup.TINY, random_target),
                       save(directory / "random_draft", t5x_setup.TINY_DRAFT, random_draft)),
   }
@@ -57,6 +58,8 @@ def _both_params(target_path: str, draft_path: str) -> dict:
           speculative.DRAFT_PARAMS_KEY: t5x_setup.load_params(draft_path)}
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 @pytest.mark.parametrize("target", sorted(CASES))
 def test_greedy_speculative_decodes_equal_t5x(pairs, target):
   target_path, draft_path = pairs[target]
@@ -86,6 +89,8 @@ BEAM_CASES = [(4, 0.6, 3, 3, None), (2, 0.0, 1, 1, None), (1, 0.6, 3, 5, None),
               (4, 0.6, 1, 1, 8)]
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 @pytest.mark.parametrize("num_beams,alpha,batch_size,gamma,draft_beams", BEAM_CASES)
 def test_beam_search_equals_t5x(pairs, num_beams, alpha, batch_size, gamma, draft_beams):
   """T5X's model with its own network and `beam_search` (its default decode_fn) against the
@@ -109,6 +114,8 @@ def test_beam_search_equals_t5x(pairs, num_beams, alpha, batch_size, gamma, draf
   assert aux["covered_past_depth"].shape == aux["beam_steps"].shape + (gamma,)
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 def test_scores_use_the_target_alone(pairs):
   """T5X's score_batch, through the overridden _compute_logits, ignores the draft subtree."""
   target_path, draft_path = pairs["t5x_tiny"]
@@ -125,6 +132,8 @@ def test_scores_use_the_target_alone(pairs):
       rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 def test_sampled_decodes_are_scored_as_t5x_scores_them(pairs):
   """At temperature 1 (rng from T5X's argument), aux['scores'] is the target's log-likelihood of
   each decode as T5X's score_batch computes it."""
@@ -167,6 +176,8 @@ def test_initial_variables_add_the_draft_beside_t5x_tree(shard_draft):
   assert all((set(meta.names) == {None}) != shard_draft for meta in draft_axes)
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 def test_draft_config_is_read_from_its_checkpoint(pairs):
   _, draft_path = pairs["random_tiny"]
   target_config = speculative.config_from_t5x(t5x_setup.TINY)
@@ -221,6 +232,8 @@ def test_other_decode_fns_are_refused():
     speculative.decode_fn_settings(lambda **kwargs: None)
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 def test_prompt_with_targets_decodes_alike_in_every_runner(pairs):
   """A prompt taken from decoder_input_tokens that hold EOS (T5X strips it before forcing the
   prompt): the standalone model, the hook and T5X's own model decode the same tokens."""
@@ -247,6 +260,8 @@ def test_prompt_with_targets_decodes_alike_in_every_runner(pairs):
   assert np.any(expected[:, 3] != 1)
 
 
+@pytest.mark.slow
+@pytest.mark.newest
 def test_a_registered_decode_loop_runs_through_the_hook(pairs):
   """tests/toy_loop.py's loop, named by DECODE_LOOP with its own setting: T5X's greedy tokens."""
   import toy_loop  # pylint: disable=g-import-not-at-top

@@ -1,13 +1,14 @@
 """`python -m t5x.infer` and `python -m t5x.eval` end to end with the T5X hook. A tiny T5X run
-(T5X's tiny T5.1.1 checkpoint, greedy `t5x.decoding.temperature_sample`, a seqio task over
-../shared's Tatoeba) made speculative by adding configs/t5x/speculative_infer.gin (or, for
-t5x.eval, speculative.gin) and a draft checkpoint predicts what the same run predicts with T5X's
-own sampler, with the speculative counters in t5x.infer's outputs, in float32 and in bfloat16,
-and with target and draft in the Orbax format T5X writes by default; with T5X's beam_search (4
-beams, alpha 0.6) it predicts what T5X's beam search predicts; so it does on 8 simulated
-CPU devices with T5X's partitioner at num_partitions 2 and 4 (the target's parameters
-model-sharded, the draft's replicated, or sharded with SHARD_DRAFT); bad settings fail in one
-line before anything is restored or compiled.
+(a random tiny T5.1.1 saved as T5X's own test checkpoint is, greedy
+`t5x.decoding.temperature_sample`, a seqio task of six sentences) made speculative by adding
+configs/t5x/speculative_infer.gin (or, for t5x.eval, speculative.gin) and a draft checkpoint
+predicts what the same run predicts with T5X's own sampler, with the speculative counters in
+t5x.infer's outputs, in float32 and in bfloat16, and with target and draft in the Orbax format
+T5X writes by default; with T5X's beam_search (4 beams, alpha 0.6) it predicts what T5X's beam
+search predicts; so it does on 8 simulated CPU devices with T5X's partitioner at
+num_partitions 2 and 4 (the target's parameters model-sharded, the draft's replicated, or
+sharded with SHARD_DRAFT); bad settings fail in one line before anything is restored or
+compiled.
 
 Every run is a subprocess (~10 s to import T5X, 20-40 s in all); runs are module fixtures shared
 by the assertions.
@@ -22,18 +23,28 @@ import pathlib
 import re
 import subprocess
 import sys
+from typing import Any
 
 import jax
 import numpy as np
 import pytest
 
-pytest.importorskip("t5x.infer", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
-                                        "and its dependencies (../shared/README.md)")
+pytest.importorskip("t5x.infer",
+                    reason="needs t5x, installed from its repository (README: Tests)")
 
 import t5x_setup  # pylint: disable=g-import-not-at-top
 import t5x_tasks  # pylint: disable=g-import-not-at-top
 
+# The slow tier (python -m t5x.infer and t5x.eval as subprocesses).
+pytestmark = [pytest.mark.slow, pytest.mark.newest]
+
 HERE = pathlib.Path(__file__).resolve().parent
+# The runs' model: the tiny T5.1.1 with 128 ids, seqio's test vocabulary (126 ids) padded as T5
+# pads its own. With T5's 32128 ids a random model's tokens are ones no prompt holds: no lookup
+# draft would ever match.
+RUN_CONFIG = dataclasses.replace(t5x_setup.TINY, vocab_size=128)
+# A draft of another vocabulary, refused.
+OTHER_VOCABULARY = dataclasses.replace(t5x_setup.TINY_DRAFT, vocab_size=256)
 SIMULATED_DEVICES = 8
 GAMMA = 3
 # A T5X user's tiny T5.1.1 model on the test task: T5X's model gin, greedy temperature_sample.
@@ -54,12 +65,13 @@ seqio.SentencePieceVocabulary.sentencepiece_model_file = '{t5x_setup.VOCAB_FILE}
 seqio.SentencePieceVocabulary.extra_ids = {t5x_setup.T5_EXTRA_IDS}
 network.T5Config:
   dtype = 'float32'
-  emb_dim = {t5x_setup.TINY.emb_dim}
-  num_heads = {t5x_setup.TINY.num_heads}
-  num_encoder_layers = {t5x_setup.TINY.num_encoder_layers}
-  num_decoder_layers = {t5x_setup.TINY.num_decoder_layers}
-  head_dim = {t5x_setup.TINY.head_dim}
-  mlp_dim = {t5x_setup.TINY.mlp_dim}
+  vocab_size = {RUN_CONFIG.vocab_size}
+  emb_dim = {RUN_CONFIG.emb_dim}
+  num_heads = {RUN_CONFIG.num_heads}
+  num_encoder_layers = {RUN_CONFIG.num_encoder_layers}
+  num_decoder_layers = {RUN_CONFIG.num_decoder_layers}
+  head_dim = {RUN_CONFIG.head_dim}
+  mlp_dim = {RUN_CONFIG.mlp_dim}
 models.EncoderDecoderModel.decode_fn = @decoding.temperature_sample
 decoding.temperature_sample.temperature = 0.0
 
@@ -111,9 +123,9 @@ SHARDED_RUNS = {"sharded_2": 2, "sharded_4_shard_draft": 4}
 # Runs that must fail: name -> (bindings, the one line expected on stderr).
 BAD_RUNS = {
     "bad_other_vocabulary": (
-        ("DRAFT_CHECKPOINT_PATH='{draft_32000}'",),
-        "ValueError: target and draft vocabularies differ: the target has 32128 ids, the draft "
-        "32000"),
+        ("DRAFT_CHECKPOINT_PATH='{other_vocabulary}'",),
+        f"ValueError: target and draft vocabularies differ: the target has "
+        f"{RUN_CONFIG.vocab_size} ids, the draft {OTHER_VOCABULARY.vocab_size}"),
     "bad_missing_draft": (("DRAFT_CHECKPOINT_PATH='/nonexistent/checkpoint_1'",),
                           "ValueError: draft checkpoint not found: /nonexistent/checkpoint_1"),
     "bad_gamma_0": (("GAMMA=0",), "ValueError: gamma must be an integer >= 1, got 0"),
@@ -137,36 +149,34 @@ STATS = ("alpha", "tokens_per_target_call", "target_calls", "draft_calls", "draf
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> dict[str, pathlib.Path]:
-  """The runs' gin files, T5X's tiny checkpoint as a checkpoint directory, and a draft (a noisy
-  copy of it) saved by T5X's Checkpointer."""
+def setup(tmp_path_factory) -> dict[str, Any]:
+  """The runs' gin files, a target of RUN_CONFIG as T5X's test checkpoint holds one (T5X's
+  initialization, arrays inline), and a draft (a noisy copy of it) saved by T5X's Checkpointer."""
   directory = tmp_path_factory.mktemp("t5x_runs")
   (directory / "tiny_model.gin").write_text(TINY_MODEL_GIN)
   (directory / "tiny_infer.gin").write_text(TINY_INFER_GIN.format(directory=directory))
   (directory / "tiny_eval.gin").write_text(TINY_EVAL_GIN.format(directory=directory))
   (directory / "beam_search.gin").write_text(BEAM_SEARCH_GIN)
-  target = directory / "target" / "checkpoint_0"
-  target.mkdir(parents=True)
-  (target / "checkpoint").symlink_to(t5x_setup.SHARED_TINY_CHECKPOINT)
-  draft_params = t5x_setup.perturbed(
-      t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT)), relative_noise=0.3, seed=1)
-  draft = t5x_setup.save_checkpoint(directory / "draft", t5x_setup.TINY, draft_params)
+  target_params = t5x_setup.initial_variables(RUN_CONFIG, seed=t5x_setup.TINY_SEED)["params"]
+  target = pathlib.Path(t5x_setup.save_checkpoint(directory / "target", RUN_CONFIG, target_params,
+                                                  inline=True))
+  draft_params = t5x_setup.perturbed(target_params, relative_noise=0.3, seed=1)
+  draft = t5x_setup.save_checkpoint(directory / "draft", RUN_CONFIG, draft_params)
   # The same target and draft as T5X's Orbax checkpoint manager writes them.
-  target_orbax = t5x_setup.save_orbax_checkpoint(
-      directory / "target_orbax", t5x_setup.TINY,
-      t5x_setup.load_params(str(t5x_setup.SHARED_TINY_CHECKPOINT)))
-  draft_orbax = t5x_setup.save_orbax_checkpoint(directory / "draft_orbax", t5x_setup.TINY,
+  target_orbax = t5x_setup.save_orbax_checkpoint(directory / "target_orbax", RUN_CONFIG,
+                                                 target_params)
+  draft_orbax = t5x_setup.save_orbax_checkpoint(directory / "draft_orbax", RUN_CONFIG,
                                                 draft_params)
-  other_vocabulary = dataclasses.replace(t5x_setup.TINY_DRAFT, vocab_size=32000)
-  draft_32000 = t5x_setup.save_checkpoint(
-      directory / "draft_32000", other_vocabulary,
-      t5x_setup.initial_variables(other_vocabulary, seed=5)["params"])
+  other_vocabulary = t5x_setup.save_checkpoint(
+      directory / "other_vocabulary", OTHER_VOCABULARY,
+      t5x_setup.initial_variables(OTHER_VOCABULARY, seed=5)["params"])
   for num_partitions in SHARDED_RUNS.values():
     (directory / f"sharded_{num_partitions}.gin").write_text(
         SHARDED_RUN_GIN.format(num_partitions=num_partitions))
-  return {"directory": directory, "target": target, "draft": pathlib.Path(draft),
-          "draft_32000": pathlib.Path(draft_32000), "target_orbax": pathlib.Path(target_orbax),
-          "draft_orbax": pathlib.Path(draft_orbax), "draft_params": draft_params}
+  return {"directory": directory, "target": target, "target_params": target_params,
+          "draft": pathlib.Path(draft), "draft_params": draft_params,
+          "other_vocabulary": pathlib.Path(other_vocabulary),
+          "target_orbax": pathlib.Path(target_orbax), "draft_orbax": pathlib.Path(draft_orbax)}
 
 
 def run_t5x(setup: dict[str, pathlib.Path], name: str, *, speculative: bool,
@@ -216,7 +226,8 @@ def runs(setup) -> dict[str, subprocess.CompletedProcess]:
                     bindings=(f"SHARD_DRAFT={name.endswith('shard_draft')}",))
          for name, num_partitions in SHARDED_RUNS.items()},
       **{name: dict(speculative=True,
-                    bindings=tuple(b.format(draft_32000=setup["draft_32000"]) for b in bindings))
+                    bindings=tuple(b.format(other_vocabulary=setup["other_vocabulary"])
+                                   for b in bindings))
          for name, (bindings, _) in BAD_RUNS.items()},
       **{name: dict(speculative=True, bindings=bindings) for name, bindings in LOOKUP_RUNS.items()},
       "orbax": dict(speculative=True,
@@ -274,7 +285,7 @@ def test_standalone_runner_reads_what_t5x_wrote_with_orbax(setup):
   from spec_decode import models  # pylint: disable=g-import-not-at-top
   from spec_decode.t5 import network  # pylint: disable=g-import-not-at-top
   from spec_decode.t5x import speculative as hook  # pylint: disable=g-import-not-at-top
-  config = hook.config_from_t5x(t5x_setup.TINY)
+  config = hook.config_from_t5x(RUN_CONFIG)
   _assert_same_params(models.load_params(network.Transformer(config), str(setup["draft_orbax"])),
                       setup["draft_params"])
   assert models.checkpoint_config(str(setup["draft_orbax"]), config) == config

@@ -16,8 +16,11 @@ import pytest
 
 from spec_decode.bench import paper
 
-pytest.importorskip("t5x.infer", reason="needs t5x: pip install --no-deps ../shared/wheels/*.whl "
-                                        "and its dependencies (../shared/README.md)")
+# The slow tier (imports T5X in subprocesses to parse the rows).
+pytestmark = [pytest.mark.slow, pytest.mark.newest]
+
+pytest.importorskip("t5x.infer",
+                    reason="needs t5x, installed from its repository (README: Tests)")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROWS = sorted((REPO_ROOT / "configs" / "table2").glob("*_t[01].gin"))
