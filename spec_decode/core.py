@@ -53,7 +53,7 @@ Batch = Mapping[str, jax.Array]
 TokensToLogits = Callable[[decoding.DecodingState], tuple[jax.Array, Any]]
 
 # The settings that fix the sampled distribution (T5X temperature_sample's arguments).
-SAMPLING_SETTINGS = ("temperature", "topk", "topp", "max_decode_steps")
+SAMPLING_SETTINGS = decoding.SAMPLING_DATA
 # Where a speculative decode's drafts come from (a runner's `draft_source` setting).
 DRAFT_SOURCES = ("model", "lookup", "lookup+model")
 
