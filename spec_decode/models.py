@@ -15,7 +15,9 @@ Batches use seqio's encoder-decoder features (B batch, Le input length, L target
 Shapes returned:
   predict_batch_with_aux -> (decodes [B, L], aux) or, with return_all_decodes,
   (decodes [B, num_decodes, L], aux) with the num_decodes axis sorted by score, best last.
-  aux['scores'] is the decode's log-probability or beam score ([B] or [B, num_decodes]); a
+  aux['scores'] is the decode's log-probability or beam score ([B] or [B, num_decodes]; T5X's:
+  the log-probability under the law sampled, so 0 for a greedy decode, or with
+  `loop_settings={'rescale_log_probs': False}` under the target's own log-softmax); a
   loop with stats adds their `aux()` (`spec_decode.engine.stats`: e.g. the counters, 'alpha',
   'tokens_per_target_call'), with the same leading shape and sorted alike. `num_decodes`
   (constructor; T5X's DecoderParams.num_decodes) is the default number of decodes per input:
