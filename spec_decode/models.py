@@ -64,6 +64,7 @@ from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import hf_hub
 from spec_decode.t5 import demo_pair
+from spec_decode.t5 import storage
 from spec_decode.engine import loops
 from spec_decode.t5 import network
 from spec_decode.engine import sampling
@@ -103,7 +104,7 @@ def t5x_orbax_state_item(path: str) -> str:
   """`path`/state when `path` is a step directory T5X's Orbax checkpoint manager wrote, else
   `path`: the folder `checkpoints.load_t5x` reads a T5X checkpoint from."""
   item = posixpath.join(path.rstrip("/"), T5X_ORBAX_STATE_ITEM)
-  return item if checkpoints.read_file(posixpath.join(item, "_METADATA")) is not None else path
+  return item if storage.read_file(posixpath.join(item, "_METADATA")) is not None else path
 
 
 def checkpoint_format(path: str) -> tuple[str, str]:

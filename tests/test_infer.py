@@ -11,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import gin
 import numpy as np
@@ -276,6 +277,18 @@ def test_timing_rounds_time_both_decoders_side_by_side(setup, run_main, tmp_path
   assert summary["speedup_one_pass"] == pytest.approx(
       summary["baseline"]["wall_seconds"] / summary["wall_seconds"])
   assert summary["identical_outputs"] is True
+
+
+@needs_shared
+def test_an_unreachable_gs_checkpoint_is_one_line_after_a_bounded_wait(
+    setup, run_main, tmp_path, unreachable_gcs):
+  start = time.monotonic()
+  status, stderr = run_main([f"--gin_file={setup[3]}", "--text=Hello",
+                             "--gin.CHECKPOINT_PATH='gs://spec-decode-unreachable/target'",
+                             f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"])
+  _assert_one_line_error(status, stderr, "gs://spec-decode-unreachable/target", tmp_path / "out")
+  assert f"no answer from Google Cloud Storage in {unreachable_gcs} s" in stderr[0]
+  assert time.monotonic() - start < 10 * unreachable_gcs
 
 
 @needs_shared
