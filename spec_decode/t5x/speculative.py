@@ -142,8 +142,11 @@ _FIXED_ARGUMENTS = {
     t5x_decoding.beam_search: ("min_log_prob", "cache_offset"),
     t5x_decoding.temperature_sample: ("cache_offset", "state_callback_fn", "logit_callback_fn"),
 }
-# Why a callback cannot take effect: T5X calls it with its own per-token loop state.
+# Why an argument cannot take effect (the callbacks: T5X calls them with its own per-token
+# loop state).
 _WHY_NOT = {
+    "min_log_prob": "T5X stops a whole batch once no row's best live beam passes it, and the "
+                    "rows of speculative beam search advance at their own pace",
     "state_callback_fn": "it edits T5X's per-token loop state before each step, and a "
                          "speculative iteration commits up to gamma + 1 tokens from one target "
                          "call without building that state",
