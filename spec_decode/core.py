@@ -19,7 +19,9 @@ Decoding with T5X's semantics (B batch, n num_decodes, L decoder length, Le inpu
   predict(params, draft_params, batch, eos_id, rng, decoder_params, return_all_decodes,
           num_decodes, prompt_with_targets) -> (decodes [B, L], aux {name: [B]}), or with
           return_all_decodes (decodes [B, n, L], aux {name: [B, n]}), sorted by score, best last;
-  aux: 'scores' (the decode's log-probability, or beam score) and the loop's stats (`.aux()`
+  aux: 'scores' (the decode's log-probability as T5X's decode functions score it: under the
+  law sampled, or the target's own with the loop setting rescale_log_probs=False; or its beam
+  score) and the loop's stats (`.aux()`
   of its stats, e.g. `SpeculativeStats`: the counters, 'alpha', 'tokens_per_target_call');
   `rng` becomes the loop's decode_rng;
   `decoder_params` are further loop arguments (T5X's), `eos_id` there overrides the argument;
@@ -53,7 +55,7 @@ Batch = Mapping[str, jax.Array]
 TokensToLogits = Callable[[decoding.DecodingState], tuple[jax.Array, Any]]
 
 # The settings that fix the sampled distribution (T5X temperature_sample's arguments).
-SAMPLING_SETTINGS = ("temperature", "topk", "topp", "max_decode_steps")
+SAMPLING_SETTINGS = decoding.SAMPLING_DATA
 # Where a speculative decode's drafts come from (a runner's `draft_source` setting).
 DRAFT_SOURCES = ("model", "lookup", "lookup+model")
 

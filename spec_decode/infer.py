@@ -440,6 +440,7 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
   if args.text is not None and args.input_file is not None:
     raise UsageError("give --text or --input_file, not both")
   gin_utils.initialize_distributed(args)
+  command_line_settings = infer_timing.after_the_command_line(bindings)
   # The flags replace the config's input source, so they come after every other binding.
   if args.text is not None:
     bindings += ["MIXTURE_OR_TASK_NAME = None", "infer.DatasetConfig.input_file = None",
@@ -454,7 +455,7 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
   module = importlib.import_module("spec_decode.infer")
   try:
     gin_utils.check_bindings_take_effect([module.infer, *_task_settings(module.DatasetConfig)])
-    gin.get_configurable(module.infer)(restart=args.restart)
+    gin.get_configurable(module.infer)(restart=args.restart, **command_line_settings)
   except (ValueError, FileNotFoundError) as e:  # a model, checkpoint or input the config names
     raise UsageError(gin_utils.first_line(e)) from None
   except stop_signals.Stopped as e:

@@ -12,12 +12,25 @@ machine, and the fastest of several calls leaves out what merely interrupted one
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
 # A decoder's compiled call and the arguments of batch i (placed before the clock starts).
 TimedCall = tuple[Callable[..., Any], Callable[[int], tuple[Any, ...]]]
+
+
+def after_the_command_line(bindings: Sequence[str]) -> dict[str, Any]:
+  """`infer`'s timing arguments after the command line's `bindings` ('NAME = VALUE'). Rounds
+  time the decoder beside the baseline, so a config's rounds (the demo's 5) belong to its
+  baseline: where the command line turns the baseline off and asks for no rounds itself, they
+  are off too ({'timing_rounds': 0}). Rounds without a baseline from one source (both on the
+  command line, or both in the gin files) stay `infer`'s error: they could not take effect."""
+  given = {name.strip().rsplit(".", 1)[-1].lower(): value.strip()
+           for name, _, value in (binding.partition("=") for binding in bindings)}
+  if "timing_rounds" in given or given.get("compare_with_baseline") != "False":
+    return {}
+  return {"timing_rounds": 0}
 
 
 def side_by_side(calls: Mapping[str, TimedCall], num_batches: int, rounds: int,

@@ -15,7 +15,9 @@ Batches use seqio's encoder-decoder features (B batch, Le input length, L target
 Shapes returned:
   predict_batch_with_aux -> (decodes [B, L], aux) or, with return_all_decodes,
   (decodes [B, num_decodes, L], aux) with the num_decodes axis sorted by score, best last.
-  aux['scores'] is the decode's log-probability or beam score ([B] or [B, num_decodes]); a
+  aux['scores'] is the decode's log-probability or beam score ([B] or [B, num_decodes]; T5X's:
+  the log-probability under the law sampled, so 0 for a greedy decode, or with
+  `loop_settings={'rescale_log_probs': False}` under the target's own log-softmax); a
   loop with stats adds their `aux()` (`spec_decode.engine.stats`: e.g. the counters, 'alpha',
   'tokens_per_target_call'), with the same leading shape and sorted alike. `num_decodes`
   (constructor; T5X's DecoderParams.num_decodes) is the default number of decodes per input:
@@ -62,6 +64,7 @@ from spec_decode.t5 import checkpoints
 from spec_decode.t5 import hf_checkpoints
 from spec_decode.t5 import hf_hub
 from spec_decode.t5 import demo_pair
+from spec_decode.t5 import storage
 from spec_decode.engine import loops
 from spec_decode.t5 import network
 from spec_decode.engine import sampling
@@ -101,7 +104,7 @@ def t5x_orbax_state_item(path: str) -> str:
   """`path`/state when `path` is a step directory T5X's Orbax checkpoint manager wrote, else
   `path`: the folder `checkpoints.load_t5x` reads a T5X checkpoint from."""
   item = posixpath.join(path.rstrip("/"), T5X_ORBAX_STATE_ITEM)
-  return item if checkpoints.read_file(posixpath.join(item, "_METADATA")) is not None else path
+  return item if storage.read_file(posixpath.join(item, "_METADATA")) is not None else path
 
 
 def checkpoint_format(path: str) -> tuple[str, str]:

@@ -4,6 +4,7 @@ process and in subprocesses) get it as a user's environment would give it."""
 
 import os
 import pathlib
+import socket
 
 import pytest
 
@@ -24,3 +25,17 @@ def real_text() -> pathlib.Path:
     pytest.skip(shared_data.missing("the real text (WMT, CNN/DailyMail, Multi30k, Tatoeba) and "
                                     "the T5 vocabulary"))
   return shared_data.DATA
+
+
+@pytest.fixture()
+def unreachable_gcs(monkeypatch):
+  """Google Cloud Storage as a run without network or credentials meets it: requests that are
+  never answered (a local socket that accepts and stays silent), with `storage`'s bounded wait
+  cut to 2 s. Yields that wait."""
+  from spec_decode.t5 import storage  # pylint: disable=g-import-not-at-top
+  with socket.socket() as silent:
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    monkeypatch.setattr(storage, "GCS_WAIT_SECONDS", 2)
+    yield storage.GCS_WAIT_SECONDS

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode.engine import decoding, drafting, verify
+from spec_decode.engine import decoding, drafting, loops, verify
 import toy_setup
 from toy_setup import EOS
 
@@ -213,10 +213,29 @@ def _call(**overrides):
     (dict(gamma=0), "gamma"), (dict(gamma=2.5), "gamma"), (dict(temperature=-1.0), "temperature"),
     (dict(topp=1.5), "topp"), (dict(topk=-2), "topk"), (dict(num_decodes=0), "num_decodes"),
     (dict(max_decode_steps=0), "max_decode_steps"), (dict(verifier="nope"), "verifier"),
-    (dict(draft_policy="nope"), "draft_policy")])
+    (dict(draft_policy="nope"), "draft_policy"),
+    (dict(temperature=np.ones(3)), r"temperature must be a number or one per example \(1\)"),
+    (dict(rescale_log_probs=1), "rescale_log_probs")])
 def test_bad_arguments_raise_before_compiling(overrides, name):
   with pytest.raises(ValueError, match=name):
     _call(**overrides)
+
+
+def test_the_registry_states_which_settings_are_data():
+  """T5X's sampling settings are data (traced, one compiled decoder for every value); the
+  others are static, and an array given for one is refused by name before anything is traced."""
+  for name in ("temperature_sample", "speculative_sample"):
+    assert loops.get(name).data_settings == ("temperature", "topk", "topp", "max_decode_steps")
+  assert set(loops.get("speculative_sample").static_settings) == {
+      "gamma", "max_decode_steps_hard_limit", "rescale_log_probs", "verifier", "draft_policy"}
+  target, draft = toy_setup.make_pair(VOCAB, "near")
+  decode = jax.jit(lambda gamma: loops.get("speculative_sample")(
+      inputs=jnp.zeros((1, LENGTH), jnp.int32), cache=target.init_cache(1, LENGTH),
+      tokens_to_logits=target.tokens_to_logits, eos_id=EOS, num_decodes=1,
+      draft_cache=draft.init_cache(1, LENGTH), draft_tokens_to_logits=draft.tokens_to_logits,
+      gamma=gamma))
+  with pytest.raises(ValueError, match="takes gamma as a Python value, fixed when it compiles"):
+    decode(jnp.int32(2))
 
 
 def test_vocabulary_mismatch_is_named():

@@ -8,7 +8,8 @@ verifiers (the negative controls), which shows it has the power to catch a broke
 Every exact rule registered in `spec_decode.engine.verify` runs through the whole suite, and every
 drafting policy of `spec_decode.engine.drafting` through a representative part of it; n-gram
 lookup drafts (`spec_decode.engine.lookup`), alone and combined with a model, run under every
-exact rule and policy, greedy and at temperature 1.
+exact rule and policy, greedy and at temperature 1; sampling settings given as data (traced,
+and one temperature per example) under every exact rule.
 
 SPEC_DECODE_EXACTNESS_SAMPLES draws fewer sequences (a quick check; at least MIN_SAMPLES). The
 chi-square statistic of a wrong rule grows with the sample count: at 100,000 the weakest
@@ -17,6 +18,7 @@ control (`resample_from_target`) scores ~10,500 on ~120 degrees of freedom, so a
 """
 
 
+import functools
 import os
 import pathlib
 import subprocess
@@ -28,7 +30,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from spec_decode.engine import drafting, sampling, verify
+from spec_decode.engine import decoding, drafting, sampling, verify
 from spec_decode.engine import lookup as engine_lookup
 import toy_setup
 from toy_setup import EOS
@@ -182,6 +184,55 @@ def test_lookup_drafts_follow_the_target_law(drafter, temperature, verifier, dra
     assert np.any(drafted < 3 * np.asarray(stats.target_calls)[:, 0])
   else:
     assert np.sum(drafted - lookup_drafted) > 0  # the model drafted where lookup did not
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "verifier"))
+def _speculative_with_data(target, draft, inputs, rng, gamma, verifier, temperature, topk, topp):
+  """Speculative sampling with the sampling settings as data (traced arrays: the engine's
+  transform for settings known only when it runs; a temperature per row)."""
+  return decoding.speculative_sample(
+      inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
+      draft_cache=draft.init_cache(*inputs.shape), draft_tokens_to_logits=draft.tokens_to_logits,
+      gamma=gamma, decode_rng=rng, temperature=temperature, topk=topk, topp=topp,
+      verifier=verifier)
+
+
+def draw_with_data(temperature, topk, topp, verifier, num_rows=NUM_SAMPLES, seed=0):
+  target, draft = toy_setup.make_pair(VOCAB, "near", seed=1)
+  decodes, _, _ = _speculative_with_data(
+      target, draft, jnp.zeros((num_rows, LENGTH), jnp.int32), jax.random.PRNGKey(seed), 2,
+      verifier, jnp.asarray(temperature, jnp.float32), jnp.int32(topk), jnp.float32(topp))
+  return target, np.asarray(decodes[:, 0])
+
+
+@pytest.mark.parametrize("verifier", sorted(verify.EXACT_RULES))
+@pytest.mark.parametrize("case", ["temperature_0.5", "top_k_2", "top_p_0.8"])
+def test_traced_settings_follow_the_target_law(case, verifier):
+  _, _, sampling_args = CASES[case]
+  target, decodes = draw_with_data(*sampling_args, verifier)
+  p_value = chi_square_p_value(decodes, exact_law(target, sampling_args))
+  assert p_value > P_VALUE_FLOOR, f"{case}/{verifier}: p = {p_value:.2e}"
+
+
+# One temperature per example (T5X's decoder_params), alternating: each row follows the law at
+# its own temperature, NUM_SAMPLES rows each.
+PER_EXAMPLE = (0.5, 1.5)
+
+
+@pytest.mark.parametrize("verifier", sorted(verify.EXACT_RULES))
+def test_per_example_temperatures_follow_each_examples_law(verifier):
+  temperatures = np.tile(PER_EXAMPLE, NUM_SAMPLES)
+  target, decodes = draw_with_data(temperatures, 0, 0.0, verifier, len(temperatures))
+  for i, temperature in enumerate(PER_EXAMPLE):
+    p_value = chi_square_p_value(decodes[i::2], exact_law(target, (temperature, 0, 0.0)))
+    assert p_value > P_VALUE_FLOOR, f"temperature {temperature}/{verifier}: p = {p_value:.2e}"
+
+
+def test_negative_control_a_temperature_for_every_example_fails():
+  """An engine giving every row the first example's temperature is caught."""
+  target, decodes = draw_with_data(PER_EXAMPLE[0], 0, 0.0, "token")
+  p_value = chi_square_p_value(decodes, exact_law(target, (PER_EXAMPLE[1], 0, 0.0)))
+  assert p_value < P_VALUE_FLOOR, f"the wrong temperature was not caught: p = {p_value:.2e}"
 
 
 def accept_everything(draft_tokens, draft_probs, target_probs, num_drafted):

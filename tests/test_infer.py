@@ -11,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import gin
 import numpy as np
@@ -288,6 +289,41 @@ def test_timing_rounds_time_both_decoders_side_by_side(real_text, setup, run_mai
   assert summary["speedup_one_pass"] == pytest.approx(
       summary["baseline"]["wall_seconds"] / summary["wall_seconds"])
   assert summary["identical_outputs"] is True
+
+
+@needs_shared
+def test_an_unreachable_gs_checkpoint_is_one_line_after_a_bounded_wait(
+    setup, run_main, tmp_path, unreachable_gcs):
+  start = time.monotonic()
+  status, stderr = run_main([f"--gin_file={setup[3]}", "--text=Hello",
+                             "--gin.CHECKPOINT_PATH='gs://spec-decode-unreachable/target'",
+                             f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"])
+  _assert_one_line_error(status, stderr, "gs://spec-decode-unreachable/target", tmp_path / "out")
+  assert f"no answer from Google Cloud Storage in {unreachable_gcs} s" in stderr[0]
+  assert time.monotonic() - start < 10 * unreachable_gcs
+
+
+@needs_shared
+def test_the_command_line_turning_the_baseline_off_turns_a_configs_timing_off(
+    setup, run_main, tmp_path):
+  """A config timing its decoder beside the baseline (as the demo's does) runs without the
+  baseline and its rounds when the command line turns the baseline off; a config asking for
+  rounds without a baseline stays an error."""
+  timed = tmp_path / "timed.gin"
+  timed.write_text(f"include '{setup[3]}'\nTIMING_ROUNDS = 2\n")
+  out = tmp_path / "out"
+  status, stderr = run_main([f"--gin_file={timed}", "--text=Hello",
+                             "--gin.COMPARE_WITH_BASELINE=False",
+                             f"--gin.INFER_OUTPUT_DIR='{out}'"])
+  assert status == 0, stderr
+  summary = json.loads((out / "summary.json").read_text())
+  assert "side_by_side" not in summary and "baseline" not in summary
+  inconsistent = tmp_path / "inconsistent.gin"
+  inconsistent.write_text(f"include '{timed}'\nCOMPARE_WITH_BASELINE = False\n")
+  status, stderr = run_main([f"--gin_file={inconsistent}", "--text=Hello",
+                             f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out2'}'"])
+  _assert_one_line_error(status, stderr, "TIMING_ROUNDS times the decoder beside the baseline",
+                         tmp_path / "out2")
 
 
 @pytest.mark.parametrize("bindings, message", [

@@ -58,7 +58,10 @@ def _batch(seed=0):
           "decoder_target_tokens": targets, "decoder_loss_weights": weights}
 
 
-GREEDY_SPECULATIVE = dict(temperature=0.0, gamma=3)
+# Scored by the target's own log-softmax (T5X's rescale_log_probs=False), so that a decode's
+# score is its log-likelihood; by default a greedy decode scores 0, the log-probability of a
+# point mass (tests/t5x check both against T5X's).
+GREEDY_SPECULATIVE = dict(temperature=0.0, gamma=3, loop_settings={"rescale_log_probs": False})
 
 
 @pytest.fixture(scope="module")
@@ -273,10 +276,13 @@ def test_the_draft_config_comes_from_its_checkpoint(pair, vocabulary):
 def test_settings_and_the_baseline(pair, vocabulary):
   model = _model(pair, vocabulary, gamma=4, temperature=0.5, topk=7)
   expected = {"temperature": 0.5, "topk": 7, "topp": 0.0, "max_decode_steps": None,
-              "gamma": 4, "verifier": "token", "draft_policy": "fixed"}
+              "max_decode_steps_hard_limit": None, "rescale_log_probs": True, "gamma": 4,
+              "verifier": "token", "draft_policy": "fixed"}
   assert {name: model.decode_settings[name] for name in expected} == expected
   assert model.baseline().decode_settings == {"temperature": 0.5, "topk": 7, "topp": 0.0,
-                                              "max_decode_steps": None}
+                                              "max_decode_steps": None,
+                                              "max_decode_steps_hard_limit": None,
+                                              "rescale_log_probs": True}
   assert not model.baseline().is_speculative
 
 

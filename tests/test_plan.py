@@ -1,6 +1,7 @@
 """Tests of spec_decode.plan: per-device bytes against a hand computation, and the Table 2 plan."""
 
 import textwrap
+import time
 
 import jax.numpy as jnp
 import pytest
@@ -143,6 +144,20 @@ def test_command_line_prints_the_table(config_files, capsys):
   assert f"{_target_param_bytes(2) / 2**10:.2f} KiB" in out
   assert "h200 = 131.32 GiB" in out
   assert "logical axis 'heads' of size 4 is split over mesh axis model of size 8" in out
+
+
+def test_an_unreachable_gs_draft_checkpoint_is_one_line_after_a_bounded_wait(
+    config_files, capsys, unreachable_gcs):
+  run_gin, _ = config_files
+  start = time.monotonic()
+  assert plan.main([f"--gin_file={run_gin}",
+                    "--gin_bindings=models.SpeculativeEncoderDecoderModel.draft_module = None",
+                    "--gin_bindings=DRAFT_CHECKPOINT_PATH = 'gs://spec-decode-unreachable/draft'"]
+                   ) == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and "gs://spec-decode-unreachable/draft" in error[0], error
+  assert f"no answer from Google Cloud Storage in {unreachable_gcs} s" in error[0]
+  assert time.monotonic() - start < 10 * unreachable_gcs
 
 
 def test_command_line_errors_are_one_line(config_files, capsys):

@@ -40,9 +40,22 @@ def reference_probs(logits: np.ndarray, temperature: float, topk: int, topp: flo
     (1.0, 3, 0.0), (1.0, 0, 0.8), (0.7, 5, 0.6), (1.0, 0, 1.0), (1.0, 1, 0.0)])
 def test_matches_reference(temperature, topk, topp):
   logits = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (16, 11))) * 2
-  got = np.asarray(sampling.logits_to_probs(jnp.asarray(logits), temperature, topk, topp))
   want = np.stack([reference_probs(row, temperature, topk, topp) for row in logits])
+  got = np.asarray(sampling.logits_to_probs(jnp.asarray(logits), temperature, topk, topp))
   np.testing.assert_allclose(got, want, atol=1e-6)
+  # The settings as data, traced: one compiled transform for every value.
+  traced = jax.jit(sampling.logits_to_probs)(jnp.asarray(logits), jnp.float32(temperature),
+                                             jnp.int32(topk), jnp.float32(topp))
+  np.testing.assert_allclose(np.asarray(traced), want, atol=1e-6)
+
+
+def test_a_temperature_per_row():
+  logits = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (4, 3, 11))) * 2
+  temperatures = [0.0, 0.5, 1.0, 1.7]
+  got = np.asarray(sampling.logits_to_probs(jnp.asarray(logits), np.array(temperatures), 3))
+  for row, temperature in enumerate(temperatures):
+    want = np.stack([reference_probs(position, temperature, 3, 0.0) for position in logits[row]])
+    np.testing.assert_allclose(got[row], want, atol=1e-6)
 
 
 def test_top_p_keeps_the_smallest_set_reaching_topp():
@@ -58,7 +71,10 @@ def test_top_p_keeps_the_smallest_set_reaching_topp():
     (dict(temperature=1.0, topk=-1, topp=0.0), "topk"),
     (dict(temperature=1.0, topk=1.5, topp=0.0), "topk"),
     (dict(temperature=1.0, topk=0, topp=1.2), "topp"),
-    (dict(temperature=1.0, topk=0, topp=-0.1), "topp")])
+    (dict(temperature=1.0, topk=0, topp=-0.1), "topp"),
+    (dict(temperature=np.array([1.0, -0.5]), topk=0, topp=0.0), "temperature"),
+    (dict(temperature=np.ones((2, 2)), topk=0, topp=0.0), "temperature"),
+    (dict(temperature=1.0, topk=np.array([1, 2]), topp=0.0), "topk")])
 def test_bad_arguments_are_named(kwargs, name):
   with pytest.raises(ValueError, match=name):
     sampling.validate_sampling_args(**kwargs)

@@ -3,7 +3,7 @@ fed token the logits of decoding its path alone: on the toy prefix-hash model ex
 (both families) to float rounding. The rows start at different positions over stale cache
 entries, and the cache a tree call writes (its chain of pending tokens) continues like a chain
 call's. A call asking for one fed token's logits (logits_index) returns those and writes the
-same cache."""
+same cache; a model ignoring that field has the row selected by the engine."""
 
 import dataclasses
 
@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spec_decode.engine import contract
 from spec_decode.engine import decoding
 from spec_decode.engine import lookup
 from spec_decode.engine import toy
@@ -145,15 +146,16 @@ def test_a_lookup_asked_for_one_fed_token_proposes_for_that_token_alone():
   assert np.isfinite(np.asarray(one)).any()  # it proposes something there
 
 
-def test_a_model_ignoring_logits_index_is_refused_before_it_runs():
+def test_a_model_ignoring_logits_index_gets_the_row_selected_by_the_engine():
   model = toy.PrefixHashModel.random(jax.random.PRNGKey(0), 8)
 
   def every_logits(state):  # drops the field: answers with every fed token's logits
     return model.tokens_to_logits(dataclasses.replace(state, logits_index=None))
 
-  state = decoding.DecodingState(jnp.zeros((1,), jnp.int32), jnp.zeros((1, 2), jnp.int32),
-                                 jnp.zeros((1, 4), jnp.int32), model.init_cache(1, 4))
-  with pytest.raises(ValueError, match="logits_index"):
-    decoding.logits_of_one(every_logits, state, jnp.zeros((1,), jnp.int32))
-  logits, _ = decoding.logits_of_one(model.tokens_to_logits, state, jnp.ones((1,), jnp.int32))
-  np.testing.assert_array_equal(logits, model.tokens_to_logits(state)[0][:, 1])
+  state = decoding.DecodingState(jnp.zeros((2,), jnp.int32), jnp.asarray([[3, 4], [5, 6]]),
+                                 jnp.zeros((2, 4), jnp.int32), model.init_cache(2, 4))
+  index = jnp.asarray([1, 0], jnp.int32)
+  want = model.tokens_to_logits(state)[0][jnp.arange(2), index]
+  for tokens_to_logits in (every_logits, model.tokens_to_logits):
+    logits, _ = contract.logits_of_one(tokens_to_logits, state, index)
+    np.testing.assert_array_equal(logits, want)

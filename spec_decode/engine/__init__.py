@@ -1,8 +1,9 @@
 """The speculative decoding engine: what a decoder author reads and extends.
 
 Pure JAX (no gin, no T5, no checkpoints): models enter only through the model contract
-`tokens_to_logits(state) -> (logits, new_cache)` written down in `decoding`.
+`tokens_to_logits(state) -> (logits, new_cache)` written down in `contract`, with its history.
 
+  contract   the model contract: `DecodingState`, its optional fields and what each added
   sampling   logits -> the distribution actually sampled (temperature, top-k, top-p); draws
   verify     verification rules as exact laws ('token', 'block', lossy 'lenient'); a registry
   drafting   drafting policies ('fixed', 'expected_speedup', 'confidence'); a registry

@@ -8,7 +8,8 @@ finished kept, sorted ascending: the best last). `beam_search` calls the target 
 and feeds `beam_step`; `speculative_beam_search` replays `beam_step` on the target's log-probs
 of a draft's tree.
 
-Rows stop independently: a row stops at its length limit, once no live beam can beat its worst
+Rows stop independently: a row stops at its length limit (and after `max_decode_step` steps
+where that is > 0, T5X's cap on steps), once no live beam can beat its worst
 finished one (T5X's `search_terminated`), or once its best live beam's log-prob is below T5X's
 `min_log_prob` default (-1e7, i.e. every live beam is a filler). T5X stops a batch when every row
 does; for alpha >= 0 (checked) the steps T5X runs past a row's termination never change that
@@ -28,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode.engine import contract
 from spec_decode.engine import decoding
 from spec_decode.engine import loops
 
@@ -53,6 +55,7 @@ class BeamProblem:
   max_decode_len: int = flax.struct.field(pytree_node=False)
   eos_id: int = flax.struct.field(pytree_node=False)
   alpha: float = flax.struct.field(pytree_node=False)
+  max_decode_step: int = flax.struct.field(pytree_node=False, default=-1)  # <= 0: no cap
 
 
 def brevity_penalty(alpha: float, length: Any) -> jax.Array:
@@ -60,11 +63,14 @@ def brevity_penalty(alpha: float, length: Any) -> jax.Array:
   return jnp.power((5.0 + length) / 6.0, alpha)
 
 
-def check_beam_settings(alpha: float = 0.6, **_: Any) -> None:
-  """ValueError for a brevity alpha beam search cannot run with."""
+def check_beam_settings(alpha: float = 0.6, max_decode_step: int = -1, **_: Any) -> None:
+  """ValueError for a brevity alpha or step cap beam search cannot run with."""
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
     raise ValueError(f"alpha (the brevity penalty's exponent) must be a number >= 0, got "
                      f"{alpha!r}")
+  if isinstance(max_decode_step, bool) or not isinstance(max_decode_step, int):
+    raise ValueError(f"max_decode_step must be an integer (<= 0: no cap), got "
+                     f"{max_decode_step!r}")
 
 
 def validate(inputs: jax.Array, eos_id: int, num_decodes: int, initial_index: Any) -> None:
@@ -82,7 +88,7 @@ def validate(inputs: jax.Array, eos_id: int, num_decodes: int, initial_index: An
 
 
 def init(inputs: jax.Array, num_beams: int, eos_id: int, alpha: float,
-         scratch: int) -> tuple[BeamProblem, BeamState]:
+         scratch: int, max_decode_step: int = -1) -> tuple[BeamProblem, BeamState]:
   """The problem and the starting beams: one live beam (BOS) and K - 1 fillers per row. The
   buffers hold positions 0..L plus `scratch` columns a multi-token call may read past L."""
   inputs = jnp.asarray(inputs, jnp.int32)
@@ -96,7 +102,7 @@ def init(inputs: jax.Array, num_beams: int, eos_id: int, alpha: float,
       index=jnp.zeros((batch_size,), jnp.int32), live_log_probs=live_log_probs, live_seqs=seqs,
       finished_scores=jnp.full((batch_size, num_beams), NEG_INF, jnp.float32),
       finished_seqs=seqs, finished_flags=jnp.zeros((batch_size, num_beams), bool))
-  return BeamProblem(forced, max_decode_len, eos_id, alpha), state
+  return BeamProblem(forced, max_decode_len, eos_id, alpha, max_decode_step), state
 
 
 def continues(problem: BeamProblem, state: BeamState) -> jax.Array:
@@ -107,7 +113,10 @@ def continues(problem: BeamProblem, state: BeamState) -> jax.Array:
                              jnp.min(state.finished_scores, axis=1, keepdims=True), NEG_INF)
   terminated = jnp.all(worst_finished > best_live[:, None], axis=1)
   below_min_log_prob = (best_live < NEG_INF / min_brevity_penalty) & (state.index > 0)
-  return (state.index < problem.max_decode_len) & ~terminated & ~below_min_log_prob
+  limit = problem.max_decode_len
+  if problem.max_decode_step > 0:
+    limit = min(limit, problem.max_decode_step)
+  return (state.index < limit) & ~terminated & ~below_min_log_prob
 
 
 def _gather(x: jax.Array, indices: jax.Array) -> jax.Array:
@@ -185,10 +194,10 @@ def flat(x: jax.Array) -> jax.Array:
 
 
 @loops.register("beam_search", uses_draft=False, check_settings=check_beam_settings)
-def beam_search(inputs: jax.Array, cache: Any, tokens_to_logits: decoding.TokensToLogits,
+def beam_search(inputs: jax.Array, cache: Any, tokens_to_logits: contract.TokensToLogits,
                 eos_id: int, decode_rng: jax.Array | None = None, num_decodes: int = 4,
-                alpha: float = 0.6, initial_index: jax.Array | None = None
-                ) -> tuple[jax.Array, jax.Array]:
+                alpha: float = 0.6, max_decode_step: int = -1,
+                initial_index: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """T5X's beam search, num_decodes beams, one target call per step (all beams of all rows).
 
   Returns (decodes [B, num_decodes, L], scores [B, num_decodes]): T5X's beam_search output,
@@ -196,15 +205,16 @@ def beam_search(inputs: jax.Array, cache: Any, tokens_to_logits: decoding.Tokens
   """
   del decode_rng
   validate(inputs, eos_id, num_decodes, initial_index)
-  check_beam_settings(alpha)
-  problem, state = init(inputs, num_decodes, eos_id, alpha, scratch=0)
+  check_beam_settings(alpha, max_decode_step)
+  problem, state = init(inputs, num_decodes, eos_id, alpha, scratch=0,
+                        max_decode_step=max_decode_step)
 
   def step(carry):
     state, cache = carry
     active = continues(problem, state)
     index = jnp.repeat(state.index, num_decodes)
     seqs = flat(state.live_seqs)
-    logits, cache = tokens_to_logits(decoding.DecodingState(
+    logits, cache = tokens_to_logits(contract.DecodingState(
         cur_index=index, cur_token=jnp.take_along_axis(seqs, index[:, None], axis=1),
         sequences=seqs, cache=cache))
     log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))

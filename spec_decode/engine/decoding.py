@@ -4,50 +4,31 @@ Both are pure functions over flax dataclass loop states, each one `jax.lax.while
 caller jits (the models in `spec_decode.models` jit them with the parameters as arguments). No
 host round-trip happens per token; prompts and rngs are data, so they never cause a recompile.
 
-## The model contract
-A model is `tokens_to_logits(state: DecodingState) -> (logits, new_cache)` where
-  state.cur_index  [B] int32     decoder position of state.cur_token[:, 0], per row;
-  state.cur_token  [B, k] int32  k >= 1 tokens to feed (positions cur_index .. cur_index+k-1);
-  state.sequences  [B, S] int32  the engine's token buffer (position 0 is BOS = 0);
-  state.cache      the model's pytree; EVERY leaf has the batch as its leading axis.
-`logits [B, k, V]`: row j predicts the token at position cur_index + j + 1 and attends to every
-position <= cur_index + j and to nothing beyond. The cache is written by overwriting positions
-[cur_index, cur_index + k); the engine rolls a row back simply by passing a smaller cur_index
-next time, so entries at positions >= cur_index are stale and must never be read. Writes at
-positions >= the cache length are dropped; a cache of length L = max_decode_len is enough.
-The target is called with k = gamma + 1 (one parallel verification per iteration), the draft with
-k = 2 once per iteration (the catch-up call below) and k = 1 otherwise.
+## Models
+Models enter through the model contract (`spec_decode.engine.contract`; `DecodingState` and
+`TokensToLogits` are re-exported here). `speculative_sample` calls the target with
+k = gamma + 1 (one parallel verification per iteration), the draft with k = 2 once per
+iteration (the catch-up call below, asking for one fed token's logits) and k = 1 otherwise.
 A draft's logits may hold -inf: a row whose logits are all -inf proposes NOTHING at that position
 (`lookup.NGramLookup` where no n-gram matches), and a row with exactly one finite logit is a
 deterministic proposal (q is the point mass there), which the stats count as a lookup draft.
-
-A tree call gives two more fields, both or neither (`speculative_beam_search` gives them to
-its target; `network.Transformer` and `toy.PrefixHashModel` take them):
-  state.token_positions [B, k] int32  the decoder position of each fed token;
-  state.token_mask      [B, k, k] bool which fed tokens each fed token attends to;
-fed token j is written to the cache at token_positions[:, j] (dropped past its length) and
-attends to the cache positions < cur_index and to the fed tokens i with token_mask[:, j, i]
-(itself included), with relative positions taken from token_positions, never to cache
-entries at positions >= cur_index. So one call scores several continuations of a row (a tree
-of tokens: each attends to its ancestors) while entries >= cur_index stay stale as above. A
-chain call is the tree call with token_positions cur_index + j and a causal token_mask.
-
-A call may ask for the logits of one fed token per row:
-  state.logits_index [B] int32        which fed token's logits to return;
-the call then returns logits [B, 1, V], those of fed token logits_index[b] (every fed token is
-still written to the cache). The draft's catch-up call feeds two tokens and reads one: on
-CPU the output projection is the largest product of a small draft's call.
 
 ## Conventions (T5X's `t5x/decoding.py`)
 `inputs [B, L]` are decoder inputs: position 0 is BOS (0); a non-zero token at position t >= 1 is
 forced (a prompt), zero means "sample". The output `decodes [B, num_decodes, L]` holds the
 tokens of positions 1..L; after EOS (or beyond its length limit) a row holds PAD 0.
-`log_probs [B, num_decodes]` sums the model's own log-softmax (temperature 1, no truncation) over
-the sampled, non-forced tokens up to and including EOS. The num_decodes samples of each example are
-sorted by log_prob, ascending (the best is last), as in T5X.
+Forced ids are copied through whatever their value, ids outside the vocabulary included, greedy
+and sampled alike; the model is fed them as they are.
+`log_probs [B, num_decodes]` sums, over the sampled, non-forced tokens up to and including EOS,
+their log-probability under the law sampled (`rescale_log_probs=True`, T5X's default: the
+tempered distribution renormalized over what top-k/top-p keep, so 0 per token when greedy), or
+under the model's own log-softmax (`rescale_log_probs=False`: temperature 1, no truncation).
+The num_decodes samples of each example are sorted by log_prob, ascending (the best is last),
+as in T5X.
 `initial_index [B]`: rows start at that position; the caches must already hold positions
 < initial_index (a prefill) and `inputs` holds the prompt up to and including initial_index.
-`max_decode_steps`: each row samples at most that many positions past its prompt.
+`max_decode_steps`: each row samples at most that many positions past its prompt, and at most
+`max_decode_steps_hard_limit` (a Python int, T5X's static bound on a traced max_decode_steps).
 Unlike T5X, whose `topk=1` default silently means greedy, `topk` defaults to 0 (no truncation);
 greedy decoding is `temperature=0`.
 
@@ -72,58 +53,27 @@ m and weighs only those drafts; p_{m+1} conditions only on positions <= i + m). 
 proposal x has q = one-hot(x): the token rule accepts it with p(x) and otherwise emits from
 norm(p with x removed), which is p again; greedy, it is kept exactly when x is the target's argmax.
 Forced prompt tokens are exact by construction: at a forced position both p and q become the
-one-hot of the forced token, so it is always drafted, always accepted, and always emitted.
+same point mass (on the forced token, or an id standing in for one outside the vocabulary), so
+it is always drafted, always accepted, and the forced token is always emitted.
 """
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from spec_decode.engine import contract
 from spec_decode.engine import drafting
 from spec_decode.engine import loops
 from spec_decode.engine import sampling
 from spec_decode.engine import verify
+# The contract's types, which every loop's signature names, re-exported for loops' authors.
+from spec_decode.engine.contract import DecodingState, TokensToLogits
 from spec_decode.engine.stats import SpeculativeStats
-
-
-@flax.struct.dataclass
-class DecodingState:
-  """What a model sees on each call (see the model contract above)."""
-  cur_index: jax.Array  # [B] int32
-  cur_token: jax.Array  # [B, k] int32
-  sequences: jax.Array  # [B, S] int32
-  cache: Any
-  token_positions: jax.Array | None = None  # [B, k] int32: a tree call (see the contract)
-  token_mask: jax.Array | None = None  # [B, k, k] bool
-  logits_index: jax.Array | None = None  # [B] int32: return only that fed token's logits
-
-
-TokensToLogits = Callable[[DecodingState], tuple[jax.Array, Any]]
-
-
-def requested(state: DecodingState, per_fed_token: jax.Array) -> jax.Array:
-  """`per_fed_token [B, k, ...]` as a call returns it: [B, 1, ...] at `state.logits_index`
-  where the call asks for one fed token's logits, else unchanged."""
-  if state.logits_index is None:
-    return per_fed_token
-  index = state.logits_index.reshape((-1, 1) + (1,) * (per_fed_token.ndim - 2))
-  return jnp.take_along_axis(per_fed_token, index, axis=1)
-
-
-def logits_of_one(tokens_to_logits: TokensToLogits, state: DecodingState,
-                  index: jax.Array) -> tuple[jax.Array, Any]:
-  """(logits [B, V] of fed token index[b], new cache): a call of `state` that asks for them
-  (`logits_index`); ValueError at trace time for a model that returns every fed token's."""
-  logits, cache = tokens_to_logits(dataclasses.replace(state, logits_index=index))
-  if logits.shape[1] != 1:
-    raise ValueError(f"a model asked for one fed token's logits (state.logits_index) returned "
-                     f"the logits of {logits.shape[1]}: see the model contract in "
-                     "spec_decode.engine.decoding")
-  return logits[:, 0], cache
 
 
 @flax.struct.dataclass
@@ -141,7 +91,8 @@ class _Problem:
   forced: jax.Array  # [N, S] forced token per position, 0 where free
   end: jax.Array  # [N] last position a row may write
   eos_id: int = flax.struct.field(pytree_node=False)
-  sampling_args: tuple[float, int, float] = flax.struct.field(pytree_node=False)
+  sampling_args: tuple[Any, Any, Any]  # temperature ([N] per row, or one), topk, topp: data
+  rescale_log_probs: bool = flax.struct.field(pytree_node=False, default=True)
 
   @property
   def greedy(self) -> bool:
@@ -166,14 +117,24 @@ class SpeculativeLoopState:
   iteration: jax.Array  # int32 scalar (see SamplingLoopState)
 
 
-def _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, topp):
+def _validate(inputs, eos_id, num_decodes, **sampling_settings):
   if inputs.ndim != 2:
     raise ValueError(f"inputs must be [batch, max_decode_len], got shape {inputs.shape}")
+  if np.shape(sampling_settings["temperature"]) not in ((), inputs.shape[:1]):
+    raise ValueError(f"temperature must be a number or one per example ({inputs.shape[0]}), "
+                     f"got shape {np.shape(sampling_settings['temperature'])}")
   if int(eos_id) != eos_id or eos_id < 0:
     raise ValueError(f"eos_id must be a non-negative integer, got {eos_id!r}")
   if int(num_decodes) != num_decodes or num_decodes < 1:
     raise ValueError(f"num_decodes must be an integer >= 1, got {num_decodes!r}")
-  check_sampling_settings(temperature, topk, topp, max_decode_steps)
+  sampling.check_settings(**sampling_settings)
+
+
+def _capped(max_decode_steps: Any, hard_limit: int | None) -> Any:
+  """max_decode_steps within its hard limit (T5X's: a limit of None or 0 is none)."""
+  if max_decode_steps is None or not hard_limit:
+    return max_decode_steps
+  return jnp.minimum(max_decode_steps, hard_limit)
 
 
 def _expand(tree: Any, num_decodes: int) -> Any:
@@ -184,13 +145,16 @@ def _expand(tree: Any, num_decodes: int) -> Any:
 
 
 def _setup(inputs, initial_index, num_decodes, max_decode_steps, eos_id, sampling_args,
-           block_size):
+           rescale_log_probs, block_size):
   """Builds the expanded problem constants and the starting rows.
 
   The buffer has `block_size` scratch columns past position L so a block written at any
   position <= L stays in bounds.
   """
   inputs = _expand(jnp.asarray(inputs, jnp.int32), num_decodes)
+  if np.ndim(sampling_args[0]) == 1:  # one temperature per example: per row
+    sampling_args = (_expand(jnp.asarray(sampling_args[0], jnp.float32), num_decodes),
+                     *sampling_args[1:])
   num_rows, max_decode_len = inputs.shape
   sequences = jnp.pad(inputs, ((0, 0), (0, 1 + block_size)))
   forced = sequences.at[:, 0].set(0)
@@ -205,7 +169,7 @@ def _setup(inputs, initial_index, num_decodes, max_decode_steps, eos_id, samplin
     end = jnp.minimum(end, prompt_end + max_decode_steps)
   rows = Rows(index=index, done=index >= end, sequences=sequences,
               log_prob=jnp.zeros((num_rows,), jnp.float32))
-  return _Problem(forced, end, eos_id, sampling_args), rows
+  return _Problem(forced, end, eos_id, sampling_args, rescale_log_probs), rows
 
 
 def _gather(buffer: jax.Array, positions: jax.Array) -> jax.Array:
@@ -220,19 +184,27 @@ def _scatter(buffer: jax.Array, positions: jax.Array, values: jax.Array) -> jax.
 
 
 def _target_probs(problem: _Problem, logits: jax.Array, positions: jax.Array) -> jax.Array:
-  """The sampled distribution for the tokens at `positions [N, C]` from `logits [N, C, V]`;
-  forced positions become one-hot on their forced token."""
+  """The sampled distribution for the tokens at `positions [N, C]` from `logits [N, C, V]`.
+  A forced position becomes a point mass on an id of the vocabulary standing in for its forced
+  token, which may lie outside it (T5X copies any id through): the laws there only need to
+  agree that the position is certain, and `_with_forced` writes the forced id itself."""
   probs = sampling.logits_to_probs(logits, *problem.sampling_args)
   forced = _gather(problem.forced, positions)
-  forced_one_hot = jax.nn.one_hot(forced, logits.shape[-1], dtype=probs.dtype)
+  stand_in = jnp.minimum(forced, logits.shape[-1] - 1)
+  forced_one_hot = jax.nn.one_hot(stand_in, logits.shape[-1], dtype=probs.dtype)
   return jnp.where((forced > 0)[..., None], forced_one_hot, probs)
+
+
+def _with_forced(problem: _Problem, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+  """`tokens [N, C]` for `positions [N, C]`, the forced token wherever one is forced."""
+  forced = _gather(problem.forced, positions)
+  return jnp.where(forced > 0, forced, tokens)
 
 
 def _greedy_tokens(problem: _Problem, logits: jax.Array, positions: jax.Array) -> jax.Array:
   """The token of each point mass `_target_probs` gives at a greedy temperature: the forced
   token at a forced position, else the argmax of `logits [N, C, V]` (ties to the lowest id)."""
-  forced = _gather(problem.forced, positions)
-  return jnp.where(forced > 0, forced, sampling.first_argmax(logits))
+  return _with_forced(problem, sampling.first_argmax(logits), positions)
 
 
 def _commit(problem: _Problem, rows: Rows, candidates: jax.Array, num_candidates: jax.Array,
@@ -254,7 +226,11 @@ def _commit(problem: _Problem, rows: Rows, candidates: jax.Array, num_candidates
   num_committed = jnp.sum(keep, axis=1).astype(jnp.int32)
   sequences = _scatter(rows.sequences, positions,
                        jnp.where(keep, candidates, _gather(rows.sequences, positions)))
-  token_log_probs = sampling.log_softmax_of(logits, candidates)
+  scored = jnp.where(sampled, candidates, 0)  # a forced id may lie outside the vocabulary
+  if problem.rescale_log_probs:
+    token_log_probs = sampling.law_log_prob_of(logits, scored, *problem.sampling_args)
+  else:
+    token_log_probs = sampling.log_softmax_of(logits, scored)
   log_prob = rows.log_prob + jnp.sum(jnp.where(keep & sampled, token_log_probs, 0.0), axis=1)
   index = rows.index + num_committed
   done = rows.done | hit_eos | (index >= problem.end)
@@ -277,17 +253,6 @@ def _finish(rows: Rows, max_decode_len: int, batch_size: int, num_decodes: int,
   return jax.tree_util.tree_map(sort, (decodes, log_prob, per_row))
 
 
-def check_sampling_settings(temperature: float = 1.0, topk: int = 0, topp: float = 0.0,
-                            max_decode_steps: int | None = None, **_: Any) -> None:
-  """ValueError for sampling settings no decoder can use."""
-  sampling.validate_sampling_args(temperature, topk, topp)
-  if max_decode_steps is not None and (isinstance(max_decode_steps, bool)
-                                       or int(max_decode_steps) != max_decode_steps
-                                       or max_decode_steps < 1):
-    raise ValueError(f"max_decode_steps must be an integer >= 1 or None, got "
-                     f"{max_decode_steps!r}")
-
-
 def check_speculative_settings(gamma: int | None = None,
                                verifier: str | verify.Rule = "token",
                                draft_policy: str | drafting.Policy = "fixed",
@@ -302,23 +267,35 @@ def check_speculative_settings(gamma: int | None = None,
     verify.get_rule(verifier)
   if isinstance(draft_policy, str):
     drafting.get_policy(draft_policy)
-  check_sampling_settings(**sampling_settings)
+  sampling.check_settings(**sampling_settings)
 
 
-@loops.register("temperature_sample", uses_draft=False, check_settings=check_sampling_settings)
+# T5X's temperature_sample takes these as data: one compiled decoder serves every value.
+SAMPLING_DATA = ("temperature", "topk", "topp", "max_decode_steps")
+
+
+@loops.register("temperature_sample", uses_draft=False, check_settings=sampling.check_settings,
+                data_settings=SAMPLING_DATA)
 def temperature_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
                        eos_id: int, decode_rng: jax.Array | None = None,
                        num_decodes: int = 1, temperature: float = 1.0, topk: int = 0,
                        topp: float = 0.0, initial_index: jax.Array | None = None,
-                       max_decode_steps: int | None = None) -> tuple[jax.Array, jax.Array]:
+                       max_decode_steps: int | None = None,
+                       max_decode_steps_hard_limit: int | None = None,
+                       rescale_log_probs: bool = True) -> tuple[jax.Array, jax.Array]:
   """Autoregressive sampling, one target call per token: the baseline.
 
-  Returns (decodes [B, num_decodes, L] int32, log_probs [B, num_decodes] float32).
+  Returns (decodes [B, num_decodes, L] int32, log_probs [B, num_decodes] float32; see the
+  conventions above for what log_probs sums).
   """
-  _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, topp)
+  _validate(inputs, eos_id, num_decodes, temperature=temperature, topk=topk, topp=topp,
+            max_decode_steps=max_decode_steps,
+            max_decode_steps_hard_limit=max_decode_steps_hard_limit,
+            rescale_log_probs=rescale_log_probs)
   batch_size, max_decode_len = inputs.shape
-  problem, rows = _setup(inputs, initial_index, num_decodes, max_decode_steps, eos_id,
-                         (temperature, topk, topp), block_size=1)
+  problem, rows = _setup(inputs, initial_index, num_decodes,
+                         _capped(max_decode_steps, max_decode_steps_hard_limit), eos_id,
+                         (temperature, topk, topp), rescale_log_probs, block_size=1)
   # [S, N, 1]: at most one iteration per buffer position (sequences [N, S]).
   uniforms = None if problem.greedy else sampling.decode_uniforms(
       decode_rng, *rows.sequences.shape, 1)
@@ -329,11 +306,12 @@ def temperature_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
     logits, cache = tokens_to_logits(DecodingState(
         cur_index=index, cur_token=_gather(state.rows.sequences, index[:, None]),
         sequences=state.rows.sequences, cache=state.cache))
+    positions = index[:, None] + 1
     if problem.greedy:
-      token = _greedy_tokens(problem, logits, index[:, None] + 1)
+      token = _greedy_tokens(problem, logits, positions)
     else:
-      token = sampling.sample_from_uniform(
-          step_uniforms, _target_probs(problem, logits, index[:, None] + 1))
+      token = _with_forced(problem, sampling.sample_from_uniform(
+          step_uniforms, _target_probs(problem, logits, positions)), positions)
     rows, _ = _commit(problem, state.rows, token, jnp.ones_like(index), logits)
     return SamplingLoopState(rows, cache, state.iteration + 1)
 
@@ -352,13 +330,16 @@ def _vocab_size(tokens_to_logits: TokensToLogits, cache: Any, sequences: jax.Arr
 
 
 @loops.register("speculative_sample", uses_draft=True,
-                check_settings=check_speculative_settings, stats=SpeculativeStats)
+                check_settings=check_speculative_settings, stats=SpeculativeStats,
+                data_settings=SAMPLING_DATA)
 def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
                        eos_id: int, *, draft_cache: Any, draft_tokens_to_logits: TokensToLogits,
                        gamma: int, decode_rng: jax.Array | None = None, num_decodes: int = 1,
                        temperature: float = 1.0, topk: int = 0, topp: float = 0.0,
                        initial_index: jax.Array | None = None,
                        max_decode_steps: int | None = None,
+                       max_decode_steps_hard_limit: int | None = None,
+                       rescale_log_probs: bool = True,
                        verifier: str | verify.Rule = "token",
                        draft_policy: str | drafting.Policy = "fixed"
                        ) -> tuple[jax.Array, jax.Array, SpeculativeStats]:
@@ -367,16 +348,26 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
   `verifier` names a rule of `spec_decode.engine.verify` ('token', the paper's; 'block'; lossy rules
   such as 'lenient' are opt-in) or is a rule function with the same signature. `draft_policy`
   names a policy of `spec_decode.engine.drafting` ('fixed': always gamma drafts; 'expected_speedup',
-  'confidence': adaptive, at most gamma) or is such a function. Returns (decodes [B, num_decodes, L], log_probs
-  [B, num_decodes], stats: SpeculativeStats with [B, num_decodes] fields).
+  'confidence': adaptive, at most gamma) or is such a function. Returns (decodes [B, num_decodes,
+  L], log_probs [B, num_decodes], stats: SpeculativeStats with [B, num_decodes] fields).
+
+  log_probs are `temperature_sample`'s: the log-probability of the emitted (sampled, non-forced)
+  tokens under the law being sampled, the target's (tempered and truncated with
+  `rescale_log_probs`, its raw log-softmax without), read from the target's verification call.
+  The draft changes how a sample is drawn, never its law, so it enters no score: a decode scores
+  what the same tokens score under `temperature_sample`.
   """
-  _validate(inputs, eos_id, num_decodes, max_decode_steps, temperature, topk, topp)
+  _validate(inputs, eos_id, num_decodes, temperature=temperature, topk=topk, topp=topp,
+            max_decode_steps=max_decode_steps,
+            max_decode_steps_hard_limit=max_decode_steps_hard_limit,
+            rescale_log_probs=rescale_log_probs)
   check_speculative_settings(gamma, verifier, draft_policy)
   rule = verify.get_rule(verifier) if isinstance(verifier, str) else verifier
   policy = drafting.get_policy(draft_policy) if isinstance(draft_policy, str) else draft_policy
   batch_size, max_decode_len = inputs.shape
-  problem, rows = _setup(inputs, initial_index, num_decodes, max_decode_steps, eos_id,
-                         (temperature, topk, topp), block_size=gamma + 1)
+  problem, rows = _setup(inputs, initial_index, num_decodes,
+                         _capped(max_decode_steps, max_decode_steps_hard_limit), eos_id,
+                         (temperature, topk, topp), rescale_log_probs, block_size=gamma + 1)
   cache, draft_cache = _expand((cache, draft_cache), num_decodes)
   target_vocab = _vocab_size(tokens_to_logits, cache, rows.sequences)
   draft_vocab = _vocab_size(draft_tokens_to_logits, draft_cache, rows.sequences)
@@ -416,7 +407,7 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
   index = rows.index
   start = jnp.maximum(index - 1, 0)
   window = start[:, None] + jnp.arange(2)
-  logits, draft_cache = logits_of_one(draft_tokens_to_logits, DecodingState(
+  logits, draft_cache = contract.logits_of_one(draft_tokens_to_logits, DecodingState(
       start, _gather(rows.sequences, window), rows.sequences, draft_cache), index - start)
   num_rows, vocab_size = logits.shape
   greedy = uniforms is None
@@ -434,9 +425,11 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
     if greedy:
       token = _greedy_tokens(problem, logits[:, None], position[:, None])[:, 0]
     else:
+      # The verifier weighs the drawn id (a forced id's stand-in); the draft reads the forced id.
       token = sampling.sample_from_uniform(uniforms[:, offset], q)
       probs = probs.at[:, offset].set(q)
-    sequences = _scatter(sequences, position[:, None], token[:, None])
+    sequences = _scatter(sequences, position[:, None],
+                         _with_forced(problem, token[:, None], position[:, None]))
     still_drafting &= proposes
     num_drafted = num_drafted + still_drafting
     is_point = is_point.at[:, offset].set(still_drafting & (finite == 1))
@@ -446,9 +439,9 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
 
   def feed_and_propose(carry):
     offset, _, sequences, draft_cache = carry[:4]
-    last = offset - 1
+    position = index + offset  # the previous draft's, as written (a forced id itself)
     logits, draft_cache = draft_tokens_to_logits(DecodingState(
-        index + 1 + last, carry[4][:, last, None], sequences, draft_cache))
+        position, _gather(sequences, position[:, None]), sequences, draft_cache))
     return propose((offset, logits[:, 0], sequences, draft_cache) + carry[4:])
 
   probs = None if greedy else jnp.zeros((num_rows, gamma, vocab_size), jnp.float32)
@@ -490,8 +483,10 @@ def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
     rates = verify.acceptance_rates(draft_probs, target_probs)
 
   offsets = jnp.arange(gamma + 1)
-  candidates = jnp.where(offsets == num_accepted[:, None], next_token[:, None],
-                         jnp.pad(draft_tokens, ((0, 0), (0, 1))))
+  candidates = _with_forced(problem, jnp.where(offsets == num_accepted[:, None],
+                                               next_token[:, None],
+                                               jnp.pad(draft_tokens, ((0, 0), (0, 1)))),
+                            block + 1)
   committed, num_committed = _commit(problem, dataclasses.replace(rows, sequences=sequences),
                                      candidates, num_accepted + 1, logits)
 

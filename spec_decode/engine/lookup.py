@@ -1,6 +1,6 @@
 """N-gram lookup drafts: proposals copied from a row's input and its own output, no draft model.
 
-`NGramLookup` honours the engine's model contract (`decoding`), so every verifier, drafting
+`NGramLookup` honours the engine's model contract (`contract`), so every verifier, drafting
 policy and decode loop takes it as a draft unchanged. For the token after position t it looks,
 per row, for the longest suffix of the row's tokens 1..t (up to `max_ngram` tokens) that also
 occurs in the row's encoder input tokens or earlier in its own output (ending before t), and
@@ -29,9 +29,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from spec_decode.engine import decoding
+from spec_decode.engine import contract
 
-TokensToLogits = Callable[[decoding.DecodingState], tuple[jax.Array, Any]]
+TokensToLogits = Callable[[contract.DecodingState], tuple[jax.Array, Any]]
 
 
 @flax.struct.dataclass
@@ -94,7 +94,7 @@ def longest_match(source: jax.Array, sequences: jax.Array, positions: jax.Array,
   return token.astype(jnp.int32), best_length.astype(jnp.int32)
 
 
-def _with_fed_tokens(state: decoding.DecodingState) -> jax.Array:
+def _with_fed_tokens(state: contract.DecodingState) -> jax.Array:
   """The token buffer with the fed tokens written at their positions (the contract says they
   are there; writing them keeps the lookup right for a caller that has not)."""
   positions = state.cur_index[:, None] + jnp.arange(state.cur_token.shape[1])
@@ -117,16 +117,16 @@ class NGramLookup:
   def init_cache(self, encoder_input_tokens: jax.Array) -> LookupCache:
     return LookupCache(jnp.asarray(encoder_input_tokens, jnp.int32))
 
-  def proposals(self, cache: LookupCache, state: decoding.DecodingState
+  def proposals(self, cache: LookupCache, state: contract.DecodingState
                 ) -> tuple[jax.Array, jax.Array]:
     """(token [B, k], proposes [B, k]) for each fed position (for the one fed token the
     call asks for: [B, 1])."""
     positions = state.cur_index[:, None] + jnp.arange(state.cur_token.shape[1])
     token, length = longest_match(cache.source, _with_fed_tokens(state), positions,
                                   self.max_ngram)
-    return decoding.requested(state, token), decoding.requested(state, length >= self.min_ngram)
+    return contract.requested(state, token), contract.requested(state, length >= self.min_ngram)
 
-  def tokens_to_logits(self, state: decoding.DecodingState) -> tuple[jax.Array, LookupCache]:
+  def tokens_to_logits(self, state: contract.DecodingState) -> tuple[jax.Array, LookupCache]:
     token, proposes = self.proposals(state.cache, state)
     return point_logits(token, proposes, self.vocab_size), state.cache
 
@@ -142,7 +142,7 @@ def with_model(lookup: NGramLookup, model_tokens_to_logits: TokensToLogits) -> T
   tokens exists and the model's logits elsewhere, per row and per position. The model is
   called on every fed token, so its cache never misses a position the lookup drafted."""
 
-  def tokens_to_logits(state: decoding.DecodingState) -> tuple[jax.Array, dict[str, Any]]:
+  def tokens_to_logits(state: contract.DecodingState) -> tuple[jax.Array, dict[str, Any]]:
     logits, model_cache = model_tokens_to_logits(
         dataclasses.replace(state, cache=state.cache["model"]))
     token, proposes = lookup.proposals(state.cache["lookup"], state)

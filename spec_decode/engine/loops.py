@@ -13,7 +13,11 @@ A loop that returns stats registers their class (`stats=`, the contract of
 
 `settings` are the loop's own keyword arguments (gamma, verifier, temperature, ...): the
 runners pass exactly the ones a config sets, so a setting the loop does not take is refused by
-name before anything is traced. Registering is one decorator:
+name before anything is traced. A loop names the settings it takes as data (`data_settings`:
+arrays, traced ones included, so that one compiled decoder serves every value, as T5X's
+temperature, topk, topp and max_decode_steps do); every other setting is static, a Python value
+fixed when the loop compiles, and an array given for one is refused by name before anything is
+traced. Registering is one decorator:
 
     @loops.register("my_loop", uses_draft=True, check_settings=my_check)
     def my_loop(inputs, cache, tokens_to_logits, eos_id, *, draft_cache, ...): ...
@@ -27,6 +31,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from typing import Any, Callable, Mapping
+
+import jax
+import numpy as np
 
 # Keyword arguments the runners give every loop themselves: never settings of a config.
 RUNNER_ARGUMENTS = ("inputs", "cache", "tokens_to_logits", "eos_id", "decode_rng",
@@ -45,6 +52,7 @@ class DecodeLoop:
   check_settings: Callable[..., None] | None = None
   baseline: str = "temperature_sample"
   stats: type | None = None
+  data_settings: tuple[str, ...] = ()
 
   @property
   def setting_names(self) -> tuple[str, ...]:
@@ -67,8 +75,19 @@ class DecodeLoop:
     if self.check_settings is not None:
       self.check_settings(**{**self.defaults(), **settings})
 
+  @property
+  def static_settings(self) -> tuple[str, ...]:
+    """The settings that must be Python values (fixed when the loop compiles)."""
+    return tuple(name for name in self.setting_names if name not in self.data_settings)
+
   def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, dict[str, Any]]:
-    """Runs the loop: (decodes, log_probs, aux), aux {} for a loop that returns no stats."""
+    """Runs the loop: (decodes, log_probs, aux), aux {} for a loop that returns no stats.
+    ValueError for an array (traced or not) given for a static setting."""
+    for name in self.static_settings:
+      if isinstance(kwargs.get(name), (jax.Array, np.ndarray)):
+        raise ValueError(f"decode loop {self.name!r} takes {name} as a Python value, fixed "
+                         f"when it compiles, not as an array (its data settings: "
+                         f"{', '.join(self.data_settings) or 'none'})")
     decodes, log_probs, *stats = self.fn(*args, **kwargs)
     return decodes, log_probs, (stats[0].aux() if stats else {})
 
@@ -78,16 +97,19 @@ _LOOPS: dict[str, DecodeLoop] = {}
 
 def register(name: str, *, uses_draft: bool,
              check_settings: Callable[..., None] | None = None,
-             baseline: str = "temperature_sample", stats: type | None = None) -> Callable:
+             baseline: str = "temperature_sample", stats: type | None = None,
+             data_settings: tuple[str, ...] = ()) -> Callable:
   """Decorator registering a decode loop under `name` (see the module docstring).
   `check_settings(**settings)` receives every setting (defaults filled in); `baseline` names
   the loop of the target alone that it is compared with (given the settings both take);
-  `stats` is the class of the stats the loop returns."""
+  `stats` is the class of the stats the loop returns; `data_settings` the settings it takes as
+  arrays (the others are static)."""
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
     if name in _LOOPS and _LOOPS[name].fn is not fn:
       raise ValueError(f"a different decode loop is already registered as {name!r}")
-    _LOOPS[name] = DecodeLoop(name, fn, uses_draft, check_settings, baseline, stats)
+    _LOOPS[name] = DecodeLoop(name, fn, uses_draft, check_settings, baseline, stats,
+                              tuple(data_settings))
     return fn
 
   return add

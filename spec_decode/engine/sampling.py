@@ -13,24 +13,73 @@ Conventions (T5X's, except the topk default, see `decoding.temperature_sample`):
 - 0 < topp < 1 keeps the smallest set of most likely tokens whose total probability is
   >= topp (ties at the boundary are kept); topp in {0, 1} keeps everything.
 - topk and topp together: top-k first, then top-p within what top-k kept.
+
+The settings are data, as in T5X: Python numbers (the transform is then specialized to them
+when traced: a greedy temperature reads the argmax, no truncation costs nothing) or arrays,
+traced ones included, so one compiled decoder serves every setting: `temperature` a scalar or
+one per row ([N] for logits [N, ..., V]: T5X's per-example temperatures), `topk` and `topp`
+scalars.
 """
 
 import math
+import numbers
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 GREEDY_TEMPERATURE = 1e-4
 
 
-def validate_sampling_args(temperature: float, topk: int, topp: float) -> None:
-  """Raises ValueError naming the offending argument (called before anything is traced)."""
-  if not temperature >= 0:
+def known_value(value: Any) -> np.ndarray | None:
+  """A setting's value, or None where it is traced (known only when the decoder runs)."""
+  try:
+    return np.asarray(value)
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    return None
+
+
+def validate_sampling_args(temperature: Any, topk: Any, topp: Any) -> None:
+  """Raises ValueError naming the offending argument (called before anything is traced; a
+  traced value is checked for its shape alone)."""
+  if np.ndim(temperature) > 1:
+    raise ValueError(f"temperature must be a number or one per example, got shape "
+                     f"{np.shape(temperature)}")
+  for name, value in (("topk", topk), ("topp", topp)):
+    if np.ndim(value) != 0:
+      raise ValueError(f"{name} must be a number, got shape {np.shape(value)}")
+  known = known_value(temperature)
+  if known is not None and not np.all(known >= 0):
     raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-  if isinstance(topk, bool) or int(topk) != topk or topk < 0:
+  known = known_value(topk)
+  if known is not None and (isinstance(topk, bool) or known.dtype == bool
+                            or int(known) != known or known < 0):
     raise ValueError(f"topk must be an integer >= 0, got {topk!r}")
-  if not 0.0 <= topp <= 1.0:
+  known = known_value(topp)
+  if known is not None and not 0.0 <= known <= 1.0:
     raise ValueError(f"topp must be in [0, 1], got {topp!r}")
+
+
+def check_settings(temperature: Any = 1.0, topk: Any = 0, topp: Any = 0.0,
+                   max_decode_steps: Any = None, max_decode_steps_hard_limit: int | None = None,
+                   rescale_log_probs: bool = True, **_: Any) -> None:
+  """ValueError for settings of T5X's temperature_sample no decoder can use: the transform's
+  (`validate_sampling_args`), the decode's length and its scores (traced ones: their shapes)."""
+  validate_sampling_args(temperature, topk, topp)
+  if not isinstance(rescale_log_probs, bool):
+    raise ValueError(f"rescale_log_probs must be True or False, got {rescale_log_probs!r}")
+  limit = max_decode_steps_hard_limit
+  if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+    raise ValueError(f"max_decode_steps_hard_limit must be a Python integer >= 0 (0: none) or "
+                     f"None, got {limit!r}")
+  if max_decode_steps is None:
+    return
+  known = known_value(max_decode_steps)
+  if np.ndim(max_decode_steps) != 0 or isinstance(max_decode_steps, bool) or (
+      known is not None and (known.dtype == bool or int(known) != known or known < 1)):
+    raise ValueError(f"max_decode_steps must be an integer >= 1 or None, got "
+                     f"{max_decode_steps!r}")
 
 
 def first_argmax(x: jax.Array) -> jax.Array:
@@ -43,31 +92,56 @@ def first_argmax(x: jax.Array) -> jax.Array:
   return jnp.minimum(first, size - 1)
 
 
-def logits_to_probs(logits: jax.Array, temperature: float = 1.0, topk: int = 0,
-                    topp: float = 0.0) -> jax.Array:
-  """The sampled distribution for `logits [..., V]`; the settings are static Python numbers."""
+def _is_number(value: Any) -> bool:
+  return isinstance(value, numbers.Number)
+
+
+def _divisor(temperature: Any, logits: jax.Array) -> Any:
+  """What `logits [N, ..., V]` are divided by: a number as it is, an array broadcast per row
+  and kept from 0 (its greedy rows are replaced by their point mass)."""
+  if _is_number(temperature):
+    return temperature
+  temperature = jnp.asarray(temperature, jnp.float32)
+  temperature = temperature.reshape(temperature.shape + (1,) * (logits.ndim - temperature.ndim))
+  return jnp.maximum(temperature, GREEDY_TEMPERATURE)
+
+
+def logits_to_probs(logits: jax.Array, temperature: Any = 1.0, topk: Any = 0,
+                    topp: Any = 0.0) -> jax.Array:
+  """The sampled distribution for `logits [..., V]` (settings: see the module docstring)."""
   logits = logits.astype(jnp.float32)
+  one_hot = lambda: jax.nn.one_hot(first_argmax(logits), logits.shape[-1], dtype=jnp.float32)
   if is_greedy(temperature):
-    return jax.nn.one_hot(first_argmax(logits), logits.shape[-1], dtype=jnp.float32)
-  logits = logits / temperature
-  if 0 < topk < logits.shape[-1]:
+    return one_hot()
+  divisor = _divisor(temperature, logits)
+  logits = logits / divisor
+  if not _is_number(topk):  # a traced k: the k-th largest of the sorted logits
+    descending = -jnp.sort(-logits, axis=-1)
+    kth_largest = jnp.take(descending, jnp.clip(topk - 1, 0, logits.shape[-1] - 1), axis=-1)
+    logits = jnp.where((topk > 0) & (logits < kth_largest[..., None]), -jnp.inf, logits)
+  elif 0 < topk < logits.shape[-1]:
     kth_largest = jax.lax.top_k(logits, topk)[0][..., -1:]
     logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
   probs = jax.nn.softmax(logits, axis=-1)
-  if 0.0 < topp < 1.0:
+  if not _is_number(topp) or 0.0 < topp < 1.0:
     sorted_probs = -jnp.sort(-probs, axis=-1)
     mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
     # The smallest kept probability: the last sorted token whose preceding mass is < topp.
     threshold = jnp.min(jnp.where(mass_before < topp, sorted_probs, jnp.inf), axis=-1,
                         keepdims=True)
-    probs = jnp.where(probs >= threshold, probs, 0.0)
-    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    truncated = jnp.where(probs >= threshold, probs, 0.0)
+    truncated = truncated / jnp.sum(truncated, axis=-1, keepdims=True)
+    probs = jnp.where((0.0 < topp) & (topp < 1.0), truncated, probs)
+  if not _is_number(temperature):  # rows at a greedy temperature: their point mass
+    probs = jnp.where(divisor <= GREEDY_TEMPERATURE, one_hot(), probs)
   return probs
 
 
-def is_greedy(temperature: float) -> bool:
-  """Whether `logits_to_probs` turns every row into a point mass at this temperature."""
-  return temperature <= GREEDY_TEMPERATURE
+def is_greedy(temperature: Any) -> bool:
+  """Whether `logits_to_probs` turns every row into a point mass, known before anything runs:
+  a number at most `GREEDY_TEMPERATURE`. An array temperature never is (its rows may differ,
+  or it is traced); its greedy rows are point masses drawn from like any law."""
+  return _is_number(temperature) and temperature <= GREEDY_TEMPERATURE
 
 
 def sample(rng: jax.Array, probs: jax.Array, point_masses: bool = False) -> jax.Array:
@@ -142,9 +216,24 @@ def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
 
 def log_softmax_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
   """The model's own log-probability (temperature 1, untruncated) of `tokens [...]` under
-  `logits [..., V]`: what T5X's samplers report as a decode's log_prob."""
+  `logits [..., V]`: what T5X's samplers report with `rescale_log_probs=False`."""
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   return jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
+
+
+def law_log_prob_of(logits: jax.Array, tokens: jax.Array, temperature: Any = 1.0,
+                    topk: Any = 0, topp: Any = 0.0) -> jax.Array:
+  """The log-probability of `tokens [...]` under the law `logits_to_probs` samples from
+  `logits [..., V]`: T5X's `rescale_log_probs=True` score (the tempered log-softmax renormalized
+  over the ids top-k/top-p keep; 0 for the argmax at a greedy temperature, -inf for an id the
+  law excludes). Computed in log space, as T5X does: the log of a float32 probability loses
+  an unlikely id's precision."""
+  if is_greedy(temperature):
+    return jnp.where(first_argmax(logits) == tokens, 0.0, -jnp.inf)
+  kept = logits_to_probs(logits, temperature, topk, topp) > 0  # one id in a greedy row
+  scaled = jnp.where(kept, logits.astype(jnp.float32) / _divisor(temperature, logits), -jnp.inf)
+  return jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tokens[..., None],
+                             axis=-1)[..., 0]
 
 
 def decode_uniforms(decode_rng: jax.Array | None, num_rows: int, max_iterations: int,

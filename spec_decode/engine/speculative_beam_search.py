@@ -14,9 +14,11 @@ of a row): the caches hold positions < p0 only. Each iteration, for every row th
    `nodes_per_beam` of them (default: W * gamma, the whole tree, so no node is ever left out;
    a smaller budget makes the target call cheaper and may cover fewer steps).
 2. the target is called ONCE per beam with [pending chain, tree] (a tree call, see the model
-   contract in `decoding`): the chain is written to its cache; each node sits at position i + d,
+   contract in `contract`): the chain is written to its cache; each node sits at position i + d,
    attends to the cache, the pending chain and its own ancestors, and is never read later
-   (positions > i are stale).
+   (positions > i are stale). A target that takes no tree call (it never reads the contract's
+   token_positions and token_mask) gets chain calls instead: the pending chain, then each
+   scored node's path, one call each (`_path_calls`; the stats count every call).
 3. `beam_search.beam_step` is replayed from the roots' target log-probs. After a step every new
    live beam is a path root -> tokens; when each is a node its root's call scored, its target
    log-probs were computed and the next step is replayed; otherwise the replay stops. The step
@@ -40,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode.engine import beam_search
+from spec_decode.engine import contract
 from spec_decode.engine import decoding
 from spec_decode.engine import loops
 from spec_decode.engine.stats import BeamSearchStats
@@ -72,12 +75,13 @@ class _Tree:
 
 
 def check_speculative_beam_settings(gamma: int | None = None, alpha: float = 0.6,
+                                    max_decode_step: int = -1,
                                     nodes_per_beam: int | None = None,
                                     draft_beams: int | None = None, **_: Any) -> None:
   """ValueError for a gamma, alpha, node budget or draft beam count speculative beam search
   cannot run with."""
   decoding.check_speculative_settings(gamma)
-  beam_search.check_beam_settings(alpha)
+  beam_search.check_beam_settings(alpha, max_decode_step)
   for name, value in (("nodes_per_beam", nodes_per_beam), ("draft_beams", draft_beams)):
     if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
       raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
@@ -122,7 +126,7 @@ def _draft_tree(problem: beam_search.BeamProblem, draft_tokens_to_logits, gamma:
     beams, cache, (tokens, parents) = carry
     cache = beam_search.gather_cache(cache, parents)
     index = jnp.repeat(beams.index, width)
-    logits, cache = draft_tokens_to_logits(decoding.DecodingState(
+    logits, cache = draft_tokens_to_logits(contract.DecodingState(
         cur_index=index, cur_token=beam_search.flat(tokens)[:, None],
         sequences=beam_search.flat(beams.live_seqs), cache=cache))
     beams, new = step(beams, _log_softmax(logits[:, 0]))
@@ -170,10 +174,11 @@ def _tree(tokens: jax.Array, parents: jax.Array, num_roots: int, budget: int) ->
 
 
 def _tree_call(tokens_to_logits, gamma: int, beams: BeamState, num_pending: jax.Array,
-               tree: _Tree, cache: Any) -> tuple[jax.Array, jax.Array, Any]:
+               tree: _Tree, cache: Any) -> tuple[jax.Array, jax.Array, Any, int]:
   """The target's one call per beam on [pending chain, its slots of the tree] -> (root
   log-probs [N, V], log-probs [N, budget, V] of its slots, cache with the pending chains
-  written)."""
+  written, the number of target calls made: 1, or `_path_calls`' for a model that takes no
+  tree call)."""
   num_beams = beams.live_log_probs.shape[1]
   repeat = lambda x: jnp.repeat(x, num_beams, axis=0)
   chain_length = gamma + 1
@@ -198,12 +203,44 @@ def _tree_call(tokens_to_logits, gamma: int, beams: BeamState, num_pending: jax.
                        ancestors], axis=2)], axis=1)
   fed = jnp.concatenate([jnp.take_along_axis(seqs, chain_positions, axis=1),
                          jnp.take_along_axis(repeat(tree.tokens), slots, axis=1)], axis=1)
-  logits, cache = tokens_to_logits(decoding.DecodingState(
-      cur_index=start, cur_token=fed, sequences=seqs, cache=cache, token_positions=positions,
-      token_mask=mask))
+  state = contract.DecodingState(cur_index=start, cur_token=fed, sequences=seqs, cache=cache,
+                                 token_positions=positions, token_mask=mask)
   last_pending = repeat(num_pending - 1)[:, None, None]
+  if not contract.reads_fields(tokens_to_logits, state, ("token_positions", "token_mask")):
+    return _path_calls(tokens_to_logits, gamma, beams, tree, state, last_pending)
+  logits, cache = tokens_to_logits(state)
   root_log_probs = _log_softmax(jnp.take_along_axis(logits, last_pending, axis=1)[:, 0])
-  return root_log_probs, _log_softmax(logits[:, chain_length:]), cache
+  return root_log_probs, _log_softmax(logits[:, chain_length:]), cache, 1
+
+
+def _path_calls(tokens_to_logits, gamma: int, beams: BeamState, tree: _Tree,
+                tree_state: contract.DecodingState, last_pending: jax.Array
+                ) -> tuple[jax.Array, jax.Array, Any, int]:
+  """`_tree_call`'s result from chain calls, for a model that takes no tree call: the pending
+  chain of `tree_state` in one call (the root log-probs, the cache it writes), then each slot's
+  path (its node's ancestors, one per depth, at positions i + 1..) in one call per slot, each
+  on that cache (the positions it writes are stale past i)."""
+  num_beams = beams.live_log_probs.shape[1]
+  repeat = lambda x: jnp.repeat(x, num_beams, axis=0)
+  seqs = tree_state.sequences
+  logits, cache = tokens_to_logits(contract.DecodingState(
+      cur_index=tree_state.cur_index, cur_token=tree_state.cur_token[:, :gamma + 1],
+      sequences=seqs, cache=tree_state.cache))
+  root_log_probs = _log_softmax(jnp.take_along_axis(logits, last_pending, axis=1)[:, 0])
+  slots = beam_search.flat(tree.slots)  # [N, budget]
+  ancestors = jnp.take_along_axis(repeat(tree.ancestors), slots[:, :, None], axis=1)
+  at_depth = ancestors[:, :, None, :] & (
+      tree.depths == jnp.arange(1, gamma + 1)[:, None])[None, None]  # [N, budget, G, T]
+  paths = jnp.sum(jnp.where(at_depth, repeat(tree.tokens)[:, None, None, :], 0), axis=-1)
+
+  def path_logits(path: jax.Array) -> jax.Array:
+    return tokens_to_logits(contract.DecodingState(
+        cur_index=repeat(beams.index) + 1, cur_token=path, sequences=seqs, cache=cache))[0]
+
+  logits = jnp.moveaxis(jax.lax.map(path_logits, jnp.moveaxis(paths, 1, 0)), 0, 1)
+  depth = tree.depths[slots]  # a node's logits are those of its path's last token
+  node_logits = jnp.take_along_axis(logits, (depth - 1)[:, :, None, None], axis=2)[:, :, 0]
+  return root_log_probs, _log_softmax(node_logits), cache, 1 + slots.shape[1]
 
 
 def _coverage(tree: _Tree, parent_ids: jax.Array, tokens: jax.Array
@@ -260,21 +297,23 @@ def _iteration(problem: beam_search.BeamProblem, tokens_to_logits, draft_tokens_
   start = jnp.repeat(beams.index - state.num_pending + 1, num_beams)
   seqs = beam_search.flat(beams.live_seqs)
   chain_positions = start[:, None] + jnp.arange(gamma + 1)
-  draft_logits, draft_cache = decoding.logits_of_one(draft_tokens_to_logits, decoding.DecodingState(
-      cur_index=start, cur_token=jnp.take_along_axis(seqs, chain_positions, axis=1),
-      sequences=seqs, cache=state.draft_cache), jnp.repeat(state.num_pending - 1, num_beams))
+  draft_logits, draft_cache = contract.logits_of_one(
+      draft_tokens_to_logits, contract.DecodingState(
+          cur_index=start, cur_token=jnp.take_along_axis(seqs, chain_positions, axis=1),
+          sequences=seqs, cache=state.draft_cache),
+      jnp.repeat(state.num_pending - 1, num_beams))
   draft_root = _log_softmax(draft_logits)
   tree = _draft_tree(problem, draft_tokens_to_logits, gamma, width, beams, draft_root,
                      draft_cache, active, budget)
-  root_log_probs, node_log_probs, cache = _tree_call(tokens_to_logits, gamma, beams,
-                                                     state.num_pending, tree, state.cache)
+  root_log_probs, node_log_probs, cache, num_calls = _tree_call(
+      tokens_to_logits, gamma, beams, state.num_pending, tree, state.cache)
   beams, steps, roots = _replay(problem, gamma, beams, tree, root_log_probs, node_log_probs,
                                 active)
   stats = state.stats
   count = active.astype(jnp.int32)
   past_depth = steps[:, None] > jnp.arange(1, gamma + 1)[None]
   stats = BeamSearchStats(
-      target_calls=stats.target_calls + count,
+      target_calls=stats.target_calls + count * num_calls,
       draft_calls=stats.draft_calls + count * gamma,
       beam_steps=stats.beam_steps + steps,
       tree_nodes=stats.tree_nodes + count * budget,
@@ -288,16 +327,18 @@ def _iteration(problem: beam_search.BeamProblem, tokens_to_logits, draft_tokens_
                 check_settings=check_speculative_beam_settings, baseline="beam_search",
                 stats=BeamSearchStats)
 def speculative_beam_search(inputs: jax.Array, cache: Any,
-                            tokens_to_logits: decoding.TokensToLogits, eos_id: int, *,
-                            draft_cache: Any, draft_tokens_to_logits: decoding.TokensToLogits,
+                            tokens_to_logits: contract.TokensToLogits, eos_id: int, *,
+                            draft_cache: Any, draft_tokens_to_logits: contract.TokensToLogits,
                             gamma: int, decode_rng: jax.Array | None = None,
                             num_decodes: int = 4, alpha: float = 0.6,
+                            max_decode_step: int = -1,
                             nodes_per_beam: int | None = None,
                             draft_beams: int | None = None,
                             initial_index: jax.Array | None = None
                             ) -> tuple[jax.Array, jax.Array, BeamSearchStats]:
-  """`beam_search.beam_search`'s output (num_decodes beams, brevity alpha), the draft
-  proposing up to gamma steps per target call (see the module docstring). The draft's own
+  """`beam_search.beam_search`'s output (num_decodes beams, brevity alpha, step cap
+  max_decode_step), the draft proposing up to gamma steps per target call (see the module
+  docstring). The draft's own
   search keeps `draft_beams` >= num_decodes beams (None: num_decodes), so its tree has
   draft_beams * gamma nodes; each beam's target call scores at most `nodes_per_beam` of them
   (None: all).
@@ -307,13 +348,14 @@ def speculative_beam_search(inputs: jax.Array, cache: Any,
   """
   del decode_rng
   beam_search.validate(inputs, eos_id, num_decodes, initial_index)
-  check_speculative_beam_settings(gamma, alpha, nodes_per_beam, draft_beams)
+  check_speculative_beam_settings(gamma, alpha, max_decode_step, nodes_per_beam, draft_beams)
   width = num_decodes if draft_beams is None else draft_beams
   if width < num_decodes:
     raise ValueError(f"draft_beams ({draft_beams}) must be at least the beam count "
                      f"num_decodes ({num_decodes}): the draft's tree must be able to hold them")
   budget = width * gamma if nodes_per_beam is None else min(nodes_per_beam, width * gamma)
-  problem, beams = beam_search.init(inputs, num_decodes, eos_id, alpha, scratch=gamma + 1)
+  problem, beams = beam_search.init(inputs, num_decodes, eos_id, alpha, scratch=gamma + 1,
+                                    max_decode_step=max_decode_step)
   batch_size = inputs.shape[0]
   cache, draft_cache = decoding._expand(  # pylint: disable=protected-access
       (cache, draft_cache), num_decodes)

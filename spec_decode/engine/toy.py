@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode.engine import decoding
+from spec_decode.engine import contract
 
 
 def _mix(prefix_hash: jax.Array, token: jax.Array) -> jax.Array:
@@ -52,7 +52,7 @@ class PrefixHashModel:
   def init_cache(self, batch_size: int, max_len: int) -> dict:
     return {"prefix_hash": jnp.zeros((batch_size, max_len), jnp.uint32)}
 
-  def tokens_to_logits(self, state: decoding.DecodingState):
+  def tokens_to_logits(self, state: contract.DecodingState):
     hashes = state.cache["prefix_hash"]
     max_len = hashes.shape[1]
     rows = jnp.arange(hashes.shape[0])
@@ -74,14 +74,14 @@ class PrefixHashModel:
       chunk.append(previous)
     chunk = jnp.stack(chunk, axis=1)  # [B, k]
     hashes = hashes.at[rows[:, None], positions].set(chunk, mode="drop")
-    logits = self.table[(decoding.requested(state, chunk) % jnp.uint32(self.table.shape[0])
+    logits = self.table[(contract.requested(state, chunk) % jnp.uint32(self.table.shape[0])
                          ).astype(jnp.int32)]
     return logits, {"prefix_hash": hashes}
 
   def next_token_logits(self, prefixes: np.ndarray) -> jax.Array:
     """Logits after each prefix [N, t] (starting with BOS), from a fresh cache: [N, V]."""
     prefixes = jnp.asarray(prefixes, jnp.int32)
-    state = decoding.DecodingState(
+    state = contract.DecodingState(
         cur_index=jnp.zeros((prefixes.shape[0],), jnp.int32), cur_token=prefixes,
         sequences=prefixes, cache=self.init_cache(prefixes.shape[0], prefixes.shape[1]))
     return self.tokens_to_logits(state)[0][:, -1]

@@ -37,7 +37,6 @@ import json
 import math
 import os
 import posixpath
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -51,6 +50,7 @@ from flax import serialization
 from flax.core import unfreeze
 
 from spec_decode.t5 import checkpoint_faults
+from spec_decode.t5 import storage
 from spec_decode.t5.network import T5Config, Transformer
 
 Params = dict[str, Any]
@@ -174,43 +174,6 @@ def cast_floats(tree: Params, dtype: Any) -> Params:
   return unflatten_params({path: cast(leaf) for path, leaf in flatten_params(tree)})
 
 
-# --------------------------------------------------------------------------- locations
-
-
-def _gcs(path: str) -> tuple[str, str] | None:
-  """(bucket, key prefix) of a gs:// path, else None."""
-  match = re.fullmatch(r"gs://([^/]+)/?(.*)", path, re.DOTALL)
-  return (match.group(1), match.group(2).strip("/")) if match else None
-
-
-def _kvstore(directory: str, relative: str = "") -> dict:
-  """TensorStore kvstore spec of the directory `relative` under `directory` (local or gs://)."""
-  gcs = _gcs(directory)
-  if gcs:
-    bucket, prefix = gcs
-    return {"driver": "gcs", "bucket": bucket,
-            "path": posixpath.join(prefix, relative).strip("/") + "/"}
-  return {"driver": "file", "path": os.path.join(directory, relative).rstrip("/") + "/"}
-
-
-def _read_bytes(directory: str, key: str) -> bytes | None:
-  """Contents of file `key` in `directory`, or None when it does not exist."""
-  if not _gcs(directory):
-    path = os.path.join(directory, key)
-    if not os.path.isfile(path):
-      return None
-    with open(path, "rb") as f:
-      return f.read()
-  result = ts.KvStore.open(_kvstore(directory)).result().read(key).result()
-  return result.value if result.state == "value" else None
-
-
-def read_file(path: str) -> bytes | None:
-  """Contents of a local or gs:// file, or None when it does not exist."""
-  return _read_bytes(posixpath.dirname(path) if _gcs(path) else os.path.dirname(path),
-                     posixpath.basename(path))
-
-
 def _is_tensorstore_spec(value: Any) -> bool:
   return isinstance(value, Mapping) and "driver" in value and "metadata" in value
 
@@ -298,7 +261,7 @@ def _legacy_array_spec(spec: Mapping[str, Any], directory: str, where: str) -> d
     raise ValueError(f"{where}: unsupported TensorStore spec {spec | {'kvstore': kvstore}}")
   # Written paths are relative, and a gcs spec's bucket is a placeholder: the
   # checkpoint's own location decides both (as T5X does when restoring).
-  spec["kvstore"] = _kvstore(directory, relative)
+  spec["kvstore"] = storage.kvstore(directory, relative)
   return spec
 
 
@@ -308,19 +271,19 @@ def _legacy_array_spec(spec: Mapping[str, Any], directory: str, where: str) -> d
 def _locate_t5x(path: str) -> tuple[str, bytes | None, bytes | None]:
   """(checkpoint directory, msgpack bytes or None, Orbax _METADATA bytes or None)."""
   path = os.fspath(path)
-  is_gcs = _gcs(path) is not None
+  is_gcs = storage.gcs(path) is not None
   if not is_gcs and os.path.isfile(path):
     with open(path, "rb") as f:
       return os.path.dirname(os.path.abspath(path)), f.read(), None
   if not is_gcs and not os.path.exists(path):
     raise FileNotFoundError(f"T5X checkpoint not found: {path}")
   directory = path.rstrip("/")
-  msgpack_bytes = _read_bytes(directory, "checkpoint")
-  metadata_bytes = _read_bytes(directory, "_METADATA") if msgpack_bytes is None else None
+  msgpack_bytes = storage.read_bytes(directory, "checkpoint")
+  metadata_bytes = storage.read_bytes(directory, "_METADATA") if msgpack_bytes is None else None
   if msgpack_bytes is None and metadata_bytes is None:
     if is_gcs:
       parent, name = directory.rsplit("/", 1)
-      msgpack_bytes = _read_bytes(parent, name)
+      msgpack_bytes = storage.read_bytes(parent, name)
       if msgpack_bytes is not None:
         return parent, msgpack_bytes, None
     raise FileNotFoundError(
@@ -347,7 +310,7 @@ def _optimizer_state(contents: Mapping[str, Any], where: str) -> Mapping[str, An
 def _orbax_metadata_tree(metadata_bytes: bytes, directory: str) -> dict:
   """The Orbax `_METADATA` tree with each array leaf replaced by its zarr spec."""
   metadata = json.loads(metadata_bytes)
-  base = _kvstore(directory)
+  base = storage.kvstore(directory)
   driver = "zarr3" if metadata.get("use_zarr3") else "zarr"
   items = {}
   for entry in metadata["tree_metadata"].values():
@@ -356,7 +319,7 @@ def _orbax_metadata_tree(metadata_bytes: bytes, directory: str) -> dict:
     if metadata.get("use_ocdbt"):
       kvstore = {"driver": "ocdbt", "base": base, "path": name + "/"}
     else:
-      kvstore = _kvstore(directory, name)
+      kvstore = storage.kvstore(directory, name)
     items[keys] = {"driver": driver, "kvstore": kvstore, "metadata": {},
                    "value_type": entry["value_metadata"]["value_type"]}
   return unflatten_params(items)
@@ -393,7 +356,7 @@ def _restore(path: str, template: Mapping[str, Any] | None, only_target: bool,
     leaf_template = templates.get(leaf_path)
     if isinstance(leaf, str) and leaf.startswith(_ORBAX_PLACEHOLDER):
       spec = {"driver": "zarr", "metadata": {},
-              "kvstore": _kvstore(directory, leaf[len(_ORBAX_PLACEHOLDER):])}
+              "kvstore": storage.kvstore(directory, leaf[len(_ORBAX_PLACEHOLDER):])}
     elif _is_tensorstore_spec(leaf):
       if "value_type" in leaf:  # from an Orbax _METADATA tree
         spec = {k: v for k, v in leaf.items() if k != "value_type"}
@@ -480,7 +443,7 @@ def save_t5x(params: Mapping[str, Any], directory: str, step: int, *,
   relative paths in the msgpack file, or inline into it when `inline`. The directory is
   written under a temporary name and renamed when complete, as T5X does.
   """
-  if _gcs(os.fspath(directory)):
+  if storage.gcs(os.fspath(directory)):
     raise ValueError(f"save_t5x writes local directories only, got {directory}")
   if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
     raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -504,7 +467,7 @@ def save_t5x(params: Mapping[str, Any], directory: str, step: int, *,
               "kvstore": {"driver": "file", "path": name},
               "metadata": {"compressor": {"id": "gzip"}, "shape": list(array.shape),
                            "chunks": _chunk_shape(array.shape, array.dtype.itemsize)}}
-      store = ts.open(dict(spec, kvstore=_kvstore(tmp_dir, name)), create=True).result()
+      store = ts.open(dict(spec, kvstore=storage.kvstore(tmp_dir, name)), create=True).result()
       store.write(array).result()
       written[path] = spec
     contents = {"version": T5X_VERSION,

@@ -32,7 +32,7 @@ k tokens per decode call, E emb_dim, H num_heads, D head_dim, V vocab_size.
     decoder_target_tokens) -> logits [B,Ld,V]` (T5X's argument order).
 
 Incremental decoding honours the engine's model contract (written once, in
-`spec_decode/engine/decoding.py`) with an explicit cache pytree, a dict whose every leaf has
+`spec_decode/engine/contract.py`) with an explicit cache pytree, a dict whose every leaf has
 the batch as its leading axis:
     {'cache_index': int32 [B],              # next position to write, per row
      'encoder_mask': bool [B, Le],          # True at real (non-padding) encoder tokens

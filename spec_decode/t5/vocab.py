@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import sentencepiece
 
-from spec_decode.t5 import checkpoints
+from spec_decode.t5 import storage
 
 PAD_ID = 0
 EOS_ID = 1
@@ -74,7 +74,7 @@ class SentencePieceVocabulary:
     self._load()
 
   def _load(self) -> None:
-    sp_model = checkpoints.read_file(self._sentencepiece_model_file)  # local or gs://
+    sp_model = storage.read_file(self._sentencepiece_model_file)  # local or gs://
     if sp_model is None:
       raise FileNotFoundError(
           f"SentencePiece model file not found: {self._sentencepiece_model_file}")

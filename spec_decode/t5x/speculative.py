@@ -24,7 +24,8 @@ so the draft reaches the compiled function as an argument, never as a compiled-i
 Shapes (B batch, n num_decodes, L decoder length) are T5X's: `predict_batch_with_aux(params,
 batch, rng, decoder_params, return_all_decodes, num_decodes, prompt_with_targets)` returns
 decodes [B, L] and aux values [B] (with return_all_decodes: [B, n, L] and [B, n], sorted by score,
-best last). aux holds 'scores' (log-probability of the decode; beam search: T5X's beam score)
+best last). aux holds 'scores' (T5X's: the decode's log-probability under the law sampled, or
+the target's own with `rescale_log_probs=False` bound; beam search: T5X's beam score)
 and the loop's stats per example (`spec_decode.engine.stats`: `SpeculativeStats.aux()`, its
 counters, 'alpha' and 'tokens_per_target_call'; `BeamSearchStats.aux()`, target and draft
 calls, beam steps, coverage by tree depth and beam steps per target call);
@@ -134,11 +135,25 @@ def draft_config_from_checkpoint(draft_checkpoint_path: str,
                                          target_config, path)
 
 
-# The arguments of `t5x.decoding.beam_search` the model fills in itself, and the ones this
-# model keeps at T5X's defaults (binding another value is refused: it could not take effect).
-_BEAM_SEARCH_GIVEN = ("inputs", "cache", "tokens_to_logits", "eos_id", "num_decodes",
-                      "max_decode_len", "decode_rng", "initial_index")
-_BEAM_SEARCH_FIXED = ("max_decode_step", "min_log_prob", "cache_offset")
+# The arguments of T5X's decode functions this model keeps at T5X's defaults: binding another
+# value is refused, since it could not take effect. (The model fills in inputs, cache,
+# tokens_to_logits, eos_id, num_decodes, decode_rng, initial_index and max_decode_len itself.)
+_FIXED_ARGUMENTS = {
+    t5x_decoding.beam_search: ("min_log_prob", "cache_offset"),
+    t5x_decoding.temperature_sample: ("cache_offset", "state_callback_fn", "logit_callback_fn"),
+}
+# Why an argument cannot take effect (the callbacks: T5X calls them with its own per-token
+# loop state).
+_WHY_NOT = {
+    "min_log_prob": "T5X stops a whole batch once no row's best live beam passes it, and the "
+                    "rows of speculative beam search advance at their own pace",
+    "state_callback_fn": "it edits T5X's per-token loop state before each step, and a "
+                         "speculative iteration commits up to gamma + 1 tokens from one target "
+                         "call without building that state",
+    "logit_callback_fn": "it takes one step's logits with T5X's per-token loop state, and a "
+                         "speculative target call scores gamma + 1 positions without building "
+                         "that state",
+}
 
 
 def _bound_arguments(decode_fn: Callable[..., Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
@@ -163,29 +178,39 @@ def decode_fn_settings(decode_fn: Callable[..., Any]) -> tuple[str, dict[str, An
   """(the decode loop that reproduces a T5X decode_fn speculatively, its settings).
 
   `t5x.decoding.temperature_sample` (plain, gin-bound or a functools.partial):
-  'speculative_sample' with the engine's temperature/topk/topp/max_decode_steps for the
-  distribution it samples, where T5X's topk=1 (its default) or temperature 0 is greedy and
-  topk=0 means no truncation. `t5x.decoding.beam_search` (T5X's default): 'speculative_beam_search'
-  with its alpha (the beam size is T5X's num_decodes); a max_decode_step, min_log_prob or
-  cache_offset other than T5X's default is refused. Any other decode_fn: ValueError.
+  'speculative_sample' with its temperature/topk/topp/max_decode_steps, temperature 0 where
+  topk is 1 (T5X's default: greedy at any temperature, and the engine's greedy path where no
+  temperature given at run time in decoder_params overrides it; topk 1 stays, so one that does
+  samples T5X's argmax too), and `rescale_log_probs` and `max_decode_steps_hard_limit` where
+  bound to other values than T5X's defaults (the engine's too). `t5x.decoding.beam_search`:
+  'speculative_beam_search' with its alpha and a bound max_decode_step (the beam size is
+  T5X's num_decodes). An argument of `_FIXED_ARGUMENTS` bound to another value than T5X's
+  default is refused, saying why. Any other decode_fn: ValueError.
   """
   original, arguments = _bound_arguments(decode_fn)
-  if original is t5x_decoding.beam_search:
-    defaults = {name: parameter.default
-                for name, parameter in inspect.signature(original).parameters.items()}
-    for name in _BEAM_SEARCH_FIXED:
-      if arguments[name] != defaults[name]:
-        raise ValueError(f"t5x.decoding.beam_search.{name} = {arguments[name]!r} cannot take "
-                         f"effect: speculative beam search keeps T5X's default "
-                         f"{defaults[name]!r}")
-    return "speculative_beam_search", {"alpha": arguments["alpha"]}
-  if original is not t5x_decoding.temperature_sample:
+  if original not in _FIXED_ARGUMENTS:
     raise ValueError(f"speculative decoding reproduces t5x.decoding.temperature_sample or "
                      f"beam_search, not {getattr(original, '__name__', original)!r}")
+  defaults = {name: parameter.default
+              for name, parameter in inspect.signature(original).parameters.items()}
+  for name in _FIXED_ARGUMENTS[original]:
+    if arguments[name] != defaults[name]:
+      why = _WHY_NOT.get(name, f"speculative decoding keeps T5X's default {defaults[name]!r}")
+      raise ValueError(f"t5x.decoding.{original.__name__}.{name} = {arguments[name]!r} cannot "
+                       f"take effect: {why}")
+  if original is t5x_decoding.beam_search:
+    settings = {"alpha": arguments["alpha"]}
+    if arguments["max_decode_step"] != defaults["max_decode_step"]:
+      settings["max_decode_step"] = arguments["max_decode_step"]
+    return "speculative_beam_search", settings
   settings = {name: arguments[name]
               for name in ("temperature", "topk", "topp", "max_decode_steps")}
-  if settings["topk"] == 1 or settings["temperature"] == 0:
-    settings.update(temperature=0.0, topk=0)
+  if settings["topk"] == 1:
+    settings["temperature"] = 0.0
+  # Bound to other values than T5X's defaults (which are the engine's too): passed on.
+  for name in ("rescale_log_probs", "max_decode_steps_hard_limit"):
+    if arguments[name] != defaults[name]:
+      settings[name] = arguments[name]
   return "speculative_sample", settings
 
 

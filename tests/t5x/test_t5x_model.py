@@ -114,6 +114,80 @@ def test_beam_search_equals_t5x(pairs, num_beams, alpha, batch_size, gamma, draf
   assert aux["covered_past_depth"].shape == aux["beam_steps"].shape + (gamma,)
 
 
+# T5X decode_fns whose scores the hook must reproduce: greedy (T5X's default rescale_log_probs
+# scores the law sampled, a point mass: 0), greedy scored by the target's own log-softmax, and
+# sampled from a top-2 truncation for 2 steps (4 decodes per example, so both sides draw common
+# ones whatever their rngs), both ways.
+SCORED = {
+    "greedy": dict(temperature=0.0, topk=0),
+    "greedy_raw": dict(temperature=0.0, topk=0, rescale_log_probs=False),
+    "top2": dict(temperature=0.6, topk=2, max_decode_steps=2),
+    "top2_raw": dict(temperature=0.6, topk=2, max_decode_steps=2, rescale_log_probs=False),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.newest
+@pytest.mark.parametrize("case", sorted(SCORED))
+def test_predict_batch_with_aux_scores_are_t5xs(pairs, case):
+  """Each decode the hook returns that T5X's EncoderDecoderModel also returns (8 per example)
+  has T5X's score."""
+  target_path, draft_path = pairs["t5x_tiny"]
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY, decode_fn=functools.partial(
+      t5x_decoding.temperature_sample, **SCORED[case]))
+  predict = lambda model, params, seed: jax.jit(functools.partial(
+      model.predict_batch_with_aux, num_decodes=8, return_all_decodes=True))(
+          params, _batch(2), rng=jax.random.PRNGKey(seed))
+  want, want_aux = predict(t5x_model, t5x_setup.load_params(target_path), 0)
+  model = speculative.speculative_version(t5x_model, draft_path, gamma=2)
+  got, aux = predict(model, _both_params(target_path, draft_path), 1)
+  for example in range(2):
+    expected = dict(zip(map(tuple, np.asarray(want[example])),
+                        np.asarray(want_aux["scores"][example])))
+    common = [(expected[tuple(d)], score) for d, score in
+              zip(np.asarray(got[example]), np.asarray(aux["scores"][example]))
+              if tuple(d) in expected]
+    assert common, f"example {example}: no decode in common with T5X's"
+    np.testing.assert_allclose(*zip(*common), rtol=1e-5, atol=1e-5)
+  if case == "greedy":
+    assert np.all(np.asarray(want_aux["scores"]) == 0)
+  if case.endswith("_raw"):
+    assert np.all(np.asarray(want_aux["scores"]) < 0)
+
+
+@pytest.mark.slow
+@pytest.mark.newest
+@pytest.mark.parametrize("topk,temperatures", [
+    (0, ([0.0, 0.0, 0.0, 0.0], [1e-5, 0.0, 5e-5, 0.0])),  # at or below T5X's greedy threshold
+    (1, ([0.7, 1.3, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]))])  # T5X's default topk: its argmax
+def test_decoder_params_as_t5x_gives_them_traced_per_example(pairs, topk, temperatures):
+  """T5X's decoder_params: one temperature per example, traced inside one jitted predict,
+  where both decode deterministically: T5X's decodes and scores, one compilation for every
+  value."""
+  target_path, draft_path = pairs["t5x_tiny"]
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY, decode_fn=functools.partial(
+      t5x_decoding.temperature_sample, topk=topk))
+  model = speculative.speculative_version(t5x_model, draft_path, gamma=3)
+  traces = []
+
+  def predict(params, batch, temperature):
+    traces.append(1)
+    return model.predict_batch_with_aux(params, batch,
+                                        decoder_params={"temperature": temperature})
+
+  predict = jax.jit(predict)
+  batch = _batch(4)
+  t5x_predict = jax.jit(lambda params, temperature: t5x_model.predict_batch_with_aux(
+      params, batch, decoder_params={"temperature": temperature}))
+  for values in temperatures:
+    values = np.asarray(values, np.float32)
+    want, want_aux = t5x_predict(t5x_setup.load_params(target_path), values)
+    got, aux = predict(_both_params(target_path, draft_path), batch, values)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_allclose(aux["scores"], want_aux["scores"], atol=1e-6)
+  assert len(traces) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.newest
 def test_scores_use_the_target_alone(pairs):
@@ -187,17 +261,26 @@ def test_draft_config_is_read_from_its_checkpoint(pairs):
 
 GREEDY = ("speculative_sample",
           {"temperature": 0.0, "topk": 0, "topp": 0.0, "max_decode_steps": None})
+# T5X's default, topk=1: greedy at any temperature, so at temperature 0 with topk 1 kept.
+DEFAULT = ("speculative_sample",
+           {"temperature": 0.0, "topk": 1, "topp": 0.0, "max_decode_steps": None})
 
 
 @pytest.mark.parametrize("decode_fn, settings", [
     (t5x_decoding.beam_search, ("speculative_beam_search", {"alpha": 0.6})),
     (functools.partial(t5x_decoding.beam_search, alpha=0.0),
      ("speculative_beam_search", {"alpha": 0.0})),
-    (t5x_decoding.temperature_sample, GREEDY),  # T5X's default topk=1
+    (functools.partial(t5x_decoding.beam_search, max_decode_step=3),
+     ("speculative_beam_search", {"alpha": 0.6, "max_decode_step": 3})),
+    (t5x_decoding.temperature_sample, DEFAULT),
     (functools.partial(t5x_decoding.temperature_sample, temperature=0.0, topk=0), GREEDY),
     (functools.partial(t5x_decoding.temperature_sample, temperature=0.7, topk=0, topp=0.9,
                        max_decode_steps=5),
      ("speculative_sample", {"temperature": 0.7, "topk": 0, "topp": 0.9, "max_decode_steps": 5})),
+    (functools.partial(t5x_decoding.temperature_sample, rescale_log_probs=False,
+                       max_decode_steps_hard_limit=4),
+     ("speculative_sample", dict(DEFAULT[1], rescale_log_probs=False,
+                                 max_decode_steps_hard_limit=4))),
 ])
 def test_decode_settings_follow_the_t5x_decode_fn(decode_fn, settings):
   assert speculative.decode_fn_settings(decode_fn) == settings
@@ -208,6 +291,19 @@ def test_beam_search_arguments_that_cannot_take_effect_are_refused():
                                        "take effect"):
     speculative.decode_fn_settings(functools.partial(t5x_decoding.beam_search,
                                                      min_log_prob=-5.0))
+
+
+@pytest.mark.parametrize("binding,message", [
+    (dict(cache_offset=1), "cache_offset = 1 cannot take effect: speculative decoding keeps "
+                           "T5X's default 0"),
+    (dict(state_callback_fn=lambda state: state),
+     "state_callback_fn = .* cannot take effect: it edits T5X's per-token loop state"),
+    (dict(logit_callback_fn=lambda logits, state: logits),
+     "logit_callback_fn = .* cannot take effect: it takes one step's logits")])
+def test_temperature_sample_arguments_that_cannot_take_effect_are_refused(binding, message):
+  with pytest.raises(ValueError, match="t5x.decoding.temperature_sample." + message):
+    speculative.decode_fn_settings(functools.partial(t5x_decoding.temperature_sample,
+                                                     **binding))
 
 
 def test_sampling_settings_read_gin_bindings():
@@ -243,18 +339,22 @@ def test_prompt_with_targets_decodes_alike_in_every_runner(pairs):
   prompts = np.asarray(batch["encoder_input_tokens"][:, :4])
   prompts[:, 3] = 1  # EOS inside the prompt
   batch["decoder_input_tokens"] = np.pad(prompts, ((0, 0), (1, DECODER_LENGTH - 5)))
-  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY)
-  predict = lambda model, params: np.asarray(jax.jit(functools.partial(
-      model.predict_batch_with_aux, prompt_with_targets=True))(params, batch)[0])
-  expected = predict(t5x_model, t5x_setup.load_params(target_path))
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY, decode_fn=functools.partial(
+      t5x_decoding.temperature_sample, temperature=0.0, topk=0, rescale_log_probs=False))
+  predict = lambda model, params: jax.tree_util.tree_map(np.asarray, jax.jit(functools.partial(
+      model.predict_batch_with_aux, prompt_with_targets=True))(params, batch))
+  expected, expected_aux = predict(t5x_model, t5x_setup.load_params(target_path))
   hook = speculative.speculative_version(t5x_model, draft_path, gamma=3)
-  np.testing.assert_array_equal(predict(hook, _both_params(target_path, draft_path)), expected)
   vocabulary = t5x_setup.vocabulary()
   standalone = models.SpeculativeEncoderDecoderModel(
       speculative.network.Transformer(speculative.config_from_t5x(t5x_setup.TINY)), vocabulary,
-      vocabulary, draft_checkpoint_path=draft_path, gamma=3, temperature=0.0)
-  np.testing.assert_array_equal(predict(standalone, t5x_setup.load_params(target_path)),
-                                expected)
+      vocabulary, draft_checkpoint_path=draft_path, gamma=3, temperature=0.0,
+      loop_settings={"rescale_log_probs": False})
+  for decodes, aux in (predict(hook, _both_params(target_path, draft_path)),
+                       predict(standalone, t5x_setup.load_params(target_path))):
+    np.testing.assert_array_equal(decodes, expected)
+    # Scored as T5X scores them (the target's log-softmax of the tokens after the prompt).
+    np.testing.assert_allclose(aux["scores"], expected_aux["scores"], rtol=1e-4, atol=1e-4)
   # The prompt is forced up to its EOS, and the EOS is not: forcing it would end every row there.
   np.testing.assert_array_equal(expected[:, :3], prompts[:, :3])
   assert np.any(expected[:, 3] != 1)

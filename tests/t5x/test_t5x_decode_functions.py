@@ -1,0 +1,241 @@
+"""The engine's decode loops against T5X's own decode functions, called directly as T5X's callers
+and tests call them (`t5x.decoding.temperature_sample`, `t5x.decoding.beam_search`), on models
+written in T5X's `tokens_to_logits` convention and given to the engine through `engine_model`,
+an adapter to the engine's contract in its first form (chain calls, none of its optional
+fields). Every expected value comes from T5X."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("t5x.decoding", reason="needs t5x: pip install --no-deps "
+                                           "../shared/wheels/*.whl and its dependencies")
+
+from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
+
+from spec_decode.engine import decoding  # pylint: disable=g-import-not-at-top
+from spec_decode.engine import loops  # pylint: disable=g-import-not-at-top
+
+EOS_ID = 1
+NEG = -1e7
+
+
+def engine_model(t5x_tokens_to_logits):
+  """The engine's tokens_to_logits for a T5X one: each fed token in turn, at its position. It
+  reads cur_index, cur_token, sequences and cache only (the contract's first form)."""
+
+  def tokens_to_logits(state: decoding.DecodingState):
+    cache, logits = state.cache, []
+    for j in range(state.cur_token.shape[1]):
+      row, cache = t5x_tokens_to_logits(t5x_decoding.DecodingState(
+          cur_index=state.cur_index + j, sequences=state.sequences,
+          cur_token=state.cur_token[:, j:j + 1], cache=cache))
+      logits.append(row)
+    return jnp.stack(logits, axis=1), cache
+
+  return tokens_to_logits
+
+
+# T5X's own prefix case: a 4-id model whose example 0 always gives id 2 and example 1 id 3
+# (its cache holds each row's example, so it survives T5X's and the engine's expansion of rows),
+# prompts forcing ids 5..9, outside its vocabulary.
+CONSTANT_LOGITS = np.array([[NEG, NEG, 0, NEG], [NEG, NEG, NEG, 0]], np.float32)
+PREFIX_INPUTS = np.array([[0, 5, 6, 7, 0], [0, 8, 9, 0, 0]], np.int32)
+T5X_PREFIX_OUTPUT = [[5, 6, 7, 2, 2], [8, 9, 3, 3, 3]]  # T5X's decoding_test's expectation
+
+
+def constant_model(state):
+  return jnp.asarray(CONSTANT_LOGITS)[state.cache["example"]], state.cache
+
+
+def _example_cache(batch_size: int) -> dict:
+  return {"example": jnp.arange(batch_size)}
+
+
+def _decode(name: str, model, inputs, *, num_decodes=1, rng=None, **settings):
+  """(decodes, scores) of the registered loop `name` with `model` as target and draft."""
+  loop = loops.get(name)
+  arguments = dict(settings)
+  if loop.uses_draft:
+    arguments.update(draft_cache=_example_cache(len(inputs)),
+                     draft_tokens_to_logits=engine_model(model))
+  decodes, scores, _ = loop(inputs=jnp.asarray(inputs), cache=_example_cache(len(inputs)),
+                            tokens_to_logits=engine_model(model), eos_id=EOS_ID,
+                            num_decodes=num_decodes, decode_rng=rng, **arguments)
+  return decodes, scores
+
+
+def _engine_loop(*args, **kwargs):
+  return tuple(map(np.asarray, _decode(*args, **kwargs)))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("name,settings", [
+    ("temperature_sample", {}), ("speculative_sample", {"gamma": 1}),
+    ("speculative_sample", {"gamma": 3}),
+    ("speculative_sample", {"gamma": 2, "verifier": "block"})])
+def test_forced_ids_beyond_the_vocabulary_are_copied_as_t5x_copies_them(
+    temperature, name, settings):
+  want, want_scores = t5x_decoding.temperature_sample(
+      jnp.asarray(PREFIX_INPUTS), _example_cache(2), constant_model, EOS_ID,
+      jax.random.PRNGKey(0), temperature=temperature, topk=0)
+  np.testing.assert_array_equal(want[:, 0], T5X_PREFIX_OUTPUT)
+  got, scores = _engine_loop(name, constant_model, PREFIX_INPUTS, rng=jax.random.PRNGKey(1),
+                             temperature=temperature, **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,settings", [
+    ("beam_search", {}), ("speculative_beam_search", {"gamma": 1}),
+    ("speculative_beam_search", {"gamma": 3})])
+def test_forced_ids_beyond_the_vocabulary_in_beam_search(name, settings):
+  want, want_scores = t5x_decoding.beam_search(
+      jnp.asarray(PREFIX_INPUTS), _example_cache(2), constant_model, EOS_ID, num_decodes=2,
+      alpha=0.6)
+  np.testing.assert_array_equal(want[:, -1, :2], [[5, 6], [8, 9]])  # the prompts, copied
+  got, scores = _engine_loop(name, constant_model, PREFIX_INPUTS, num_decodes=2, alpha=0.6,
+                             **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-6)
+
+
+# A 6-id model whose next-token logits depend on the position and the token fed: what T5X's
+# samplers score is then a function of the decode alone, whichever rng drew it.
+BIGRAM = np.random.default_rng(0).normal(0.0, 1.5, (8, 6, 6)).astype(np.float32)
+BIGRAM[:, :, 0] = NEG  # PAD is never sampled
+BIGRAM[:, :, EOS_ID] -= 1.0  # longer outputs
+
+
+def bigram_model(state):
+  position = jnp.minimum(state.cur_index, BIGRAM.shape[0] - 1)
+  return jnp.asarray(BIGRAM)[position, state.cur_token[:, 0]], state.cache
+
+
+def _decodes_and_scores(decodes, scores) -> dict[tuple, float]:
+  return {tuple(int(t) for t in decode): float(score)
+          for decode, score in zip(np.asarray(decodes).reshape(-1, decodes.shape[-1]),
+                                   np.asarray(scores).reshape(-1))}
+
+
+SAMPLED = [dict(temperature=0.7, topk=0, topp=0.0), dict(temperature=0.6, topk=3, topp=0.0),
+           dict(temperature=1.3, topk=0, topp=0.7), dict(temperature=1.0, topk=0, topp=0.0)]
+
+
+@pytest.mark.parametrize("rescale_log_probs", [True, False])
+@pytest.mark.parametrize("sampling_settings", SAMPLED, ids=lambda s: "_".join(
+    f"{name}{value}" for name, value in s.items()))
+@pytest.mark.parametrize("name,settings", [("temperature_sample", {}),
+                                           ("speculative_sample", {"gamma": 2})])
+def test_sampled_scores_are_t5xs(rescale_log_probs, sampling_settings, name, settings):
+  """Every decode both draw (200 samples each, 4 sampled positions) has T5X's score."""
+  inputs = np.zeros((1, 4), np.int32)
+  want = _decodes_and_scores(*t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0), num_decodes=200,
+      rescale_log_probs=rescale_log_probs, **sampling_settings))
+  got = _decodes_and_scores(*_engine_loop(
+      name, bigram_model, inputs, num_decodes=200, rng=jax.random.PRNGKey(1),
+      rescale_log_probs=rescale_log_probs, **sampling_settings, **settings))
+  common = sorted(set(want) & set(got))
+  assert len(common) >= 5, "too few decodes in common to compare"
+  np.testing.assert_allclose([got[d] for d in common], [want[d] for d in common], rtol=1e-5,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("rescale_log_probs", [True, False])
+@pytest.mark.parametrize("t5x_settings,engine_settings", [
+    (dict(temperature=0.0, topk=0), dict(temperature=0.0)),
+    (dict(temperature=0.8, topk=1), dict(temperature=0.0)),  # T5X's topk=1: greedy
+    (dict(temperature=1.0, topk=0, topp=1e-6), dict(temperature=1.0, topp=1e-6))])
+@pytest.mark.parametrize("name,settings", [("temperature_sample", {}),
+                                           ("speculative_sample", {"gamma": 3})])
+def test_deterministic_decodes_and_scores_are_t5xs(rescale_log_probs, t5x_settings,
+                                                   engine_settings, name, settings):
+  inputs = np.zeros((3, 6), np.int32)
+  inputs[1, 1:3] = [4, 2]
+  want, want_scores = t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0),
+      rescale_log_probs=rescale_log_probs, **t5x_settings)
+  got, scores = _engine_loop(name, bigram_model, inputs, rng=jax.random.PRNGKey(1),
+                             rescale_log_probs=rescale_log_probs, **engine_settings, **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-6)
+  assert rescale_log_probs or np.all(np.asarray(want_scores) < -0.1)  # a case with a score
+
+
+@pytest.mark.parametrize("name,settings", [("temperature_sample", {}),
+                                           ("speculative_sample", {"gamma": 2})])
+def test_per_example_temperatures_are_t5xs(name, settings):
+  """T5X's decoder_params use: example 0 greedy, 1 at 0.8, 2 at 1.5. Every decode both draw
+  has T5X's score, which depends on its example's temperature. (With one temperature per
+  example T5X draws every row of a step with the same key, so rows with the same logits draw
+  alike: its decodes come from 40 rngs here, the engine's from 100 independent rows.)"""
+  temperatures = np.array([0.0, 0.8, 1.5], np.float32)
+  inputs = np.zeros((3, 4), np.int32)
+  t5x_sample = jax.jit(lambda rng: t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, rng, temperature=temperatures, topk=0))
+  t5x_runs = [t5x_sample(jax.random.PRNGKey(seed)) for seed in range(40)]
+  got_decodes, got_scores = _engine_loop(name, bigram_model, inputs, num_decodes=100,
+                                         rng=jax.random.PRNGKey(1), temperature=temperatures,
+                                         **settings)
+  for example in range(3):
+    want = {}
+    for decodes, scores in t5x_runs:
+      want.update(_decodes_and_scores(decodes[example], scores[example]))
+    got = _decodes_and_scores(got_decodes[example], got_scores[example])
+    common = sorted(set(want) & set(got))
+    assert len(common) >= (1 if example == 0 else 5), f"example {example}"
+    np.testing.assert_allclose([got[d] for d in common], [want[d] for d in common],
+                               rtol=1e-5, atol=1e-5)
+  assert len(_decodes_and_scores(got_decodes[0], got_scores[0])) == 1  # greedy
+  assert len(_decodes_and_scores(got_decodes[2], got_scores[2])) > 5
+
+
+# (temperature, topk, topp, max_decode_steps): deterministic under T5X's conventions.
+TRACED = [(0.0, 0, 0.0, 4), (0.8, 1, 0.0, 2), (1.0, 0, 1e-6, 3), (0.0, 3, 0.0, 6)]
+HARD_LIMIT = 3  # T5X's max_decode_steps_hard_limit: a Python int, static
+
+
+@pytest.mark.parametrize("name,settings", [("temperature_sample", {}),
+                                           ("speculative_sample", {"gamma": 3})])
+def test_traced_settings_in_one_compiled_decoder_are_t5xs(name, settings):
+  """temperature, topk, topp and max_decode_steps as arguments of one jitted decoder, traced
+  once, within a hard limit on max_decode_steps: T5X's decodes and scores for each value."""
+  inputs = np.zeros((3, 6), np.int32)
+  inputs[1, 1:3] = [4, 2]
+  traces = []
+
+  @jax.jit
+  def decode(temperature, topk, topp, max_decode_steps):
+    traces.append(name)
+    return _decode(name, bigram_model, inputs, rng=jax.random.PRNGKey(1),
+                   temperature=temperature, topk=topk, topp=topp,
+                   max_decode_steps=max_decode_steps, max_decode_steps_hard_limit=HARD_LIMIT,
+                   **settings)
+
+  for temperature, topk, topp, max_decode_steps in TRACED:
+    want, want_scores = t5x_decoding.temperature_sample(
+        jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0),
+        temperature=temperature, topk=topk, topp=topp, max_decode_steps=max_decode_steps,
+        max_decode_steps_hard_limit=HARD_LIMIT)
+    got, scores = decode(jnp.float32(temperature), jnp.int32(topk), jnp.float32(topp),
+                         jnp.int32(max_decode_steps))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-6)
+  assert len(traces) == 1
+
+
+@pytest.mark.parametrize("max_decode_step", [-1, 2, 4])
+@pytest.mark.parametrize("name,settings", [("beam_search", {}),
+                                           ("speculative_beam_search", {"gamma": 2})])
+def test_beam_search_with_t5xs_step_cap_is_t5xs(max_decode_step, name, settings):
+  inputs = np.zeros((2, 6), np.int32)
+  inputs[1, 1] = 3
+  want, want_scores = t5x_decoding.beam_search(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, num_decodes=3, alpha=0.6,
+      max_decode_step=max_decode_step)
+  got, scores = _engine_loop(name, bigram_model, inputs, num_decodes=3, alpha=0.6,
+                             max_decode_step=max_decode_step, **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
