@@ -138,7 +138,9 @@ class Topology:
 
 
   def _gpu_devices(self) -> list[jax.Device]:
-    # No driver is used: its version check would refuse to load the plugin without one.
+    # No driver is used: its version check would refuse to load the plugin without one. JAX
+    # loads the plugin when its backends first start, so this holds where the topology is asked
+    # for first (the command does so before anything else touches JAX's devices).
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
     from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
     try:
