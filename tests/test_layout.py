@@ -201,3 +201,15 @@ def test_the_tiers_are_marker_selections():
     assert not [a for a in arguments if a.startswith("tests/") and a.endswith(".py")], script
   full = _pytest_arguments("test.sh")
   assert "-m" not in full and "-k" not in full and "tests" in full, full
+
+
+def test_the_readme_names_every_top_level_module():
+  """A newcomer finds the owner of each concern from the README's Layout table: it names every
+  module and package at the top of `spec_decode/`, and nothing that is not there."""
+  readme = (paths.ROOT / "README.md").read_text()
+  table = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+  named = set(re.findall(r"`spec_decode/(\w+)(?:\.py|/)`", table))
+  present = {path.stem for path in paths.PACKAGE.iterdir()
+             if (path.suffix == ".py" and path.stem != "__init__")
+             or (path.is_dir() and not path.name.startswith("__"))}
+  assert named == present, (sorted(present - named), sorted(named - present))
