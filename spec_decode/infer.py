@@ -212,7 +212,7 @@ def _batch_arguments(params: Any, draft_params: Any,
                     layout.put_replicated(jax.random.fold_in(jax.random.PRNGKey(seed), i)))
 
 
-def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: Any,
+def decode_all(decoder: core.Decoder, eos_id: int, params: Any, draft_params: Any, *,
                batches: Sequence[tuple[dict[str, np.ndarray], int]], seed: int,
                layout: decode_layout.DecodeLayout,
                progress: Callable[[str, int, int], None] = lambda *_: None,
@@ -333,8 +333,9 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   input_length, target_length = _check_dataset_config(dataset_cfg)
   source = dataset_cfg.mixture_or_task_name or dataset_cfg.input_file or "--text"
   store = infer_chunks.ChunkStore.open(output_dir, _run_identity(
-      model, dataset_cfg, source, examples, checkpoint_path, checkpoint_dtype, seed,
-      compare_with_baseline), restart)
+      model, dataset_cfg, source=source, examples=examples, checkpoint_path=checkpoint_path,
+      checkpoint_dtype=checkpoint_dtype, seed=seed,
+      compare_with_baseline=compare_with_baseline), restart)
   if partitioner is None:  # one device, the same path
     partitioner = partitioning.PjitPartitioner(mesh_shape=(1, 1))
   draft_module = model.draft_module if model.is_speculative else None  # None: a lookup alone
@@ -360,14 +361,15 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   with stop.handling():
     checkpointing = Checkpointing(store, checkpoint_period, stop)
     timed_calls = {} if timing_rounds else None
-    run = decode_all(model.decoder, eos_id, params, draft_params, batches, seed, layout,
-                     infer_outputs.progress(name), checkpointing, "decoder", model.num_decodes,
-                     timed_calls)
+    shared = dict(batches=batches, seed=seed, layout=layout, checkpointing=checkpointing,
+                  num_decodes=model.num_decodes, timed_calls=timed_calls)
+    run = decode_all(model.decoder, eos_id, params, draft_params,
+                     progress=infer_outputs.progress(name), name="decoder", **shared)
     baseline = costs = side_by_side = None
     if compare_with_baseline:
-      baseline = decode_all(model.decoder.baseline(), eos_id, params, None, batches, seed,
-                            layout, infer_outputs.progress("baseline (target alone)"),
-                            checkpointing, "baseline", model.num_decodes, timed_calls)
+      baseline = decode_all(model.decoder.baseline(), eos_id, params, None,
+                            progress=infer_outputs.progress("baseline (target alone)"),
+                            name="baseline", **shared)
     if timed_calls:
       print(f"timing both side by side: {infer_outputs.count(timing_rounds, 'round')}")
       side_by_side = infer_timing.side_by_side(timed_calls, len(batches), timing_rounds,
@@ -385,9 +387,10 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
           model.decode_settings["gamma"], dataset_cfg.batch_size, input_length, target_length)
   if jax.process_index() != 0:  # process 0 alone holds the committed outputs
     return None
-  summary, records = infer_outputs.summarize(model, source, dataset_cfg, examples, run, baseline,
-                                             costs, model.output_vocabulary.eos_id,
-                                             side_by_side, timing_rounds)
+  summary, records = infer_outputs.summarize(
+      model, source, dataset_cfg, examples, run=run, baseline=baseline, costs=costs,
+      eos_id=model.output_vocabulary.eos_id, side_by_side=side_by_side,
+      timing_rounds=timing_rounds)
   summary["run_seconds"] = time.perf_counter() - start  # this run's inputs, restore, decode
   out = infer_outputs.write(output_dir, summary, records)
   store.finish()
@@ -395,7 +398,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   return summary
 
 
-def _run_identity(model: models.EncoderDecoderModel, cfg: DatasetConfig, source: str,
+def _run_identity(model: models.EncoderDecoderModel, cfg: DatasetConfig, *, source: str,
                   examples: Sequence[Example], checkpoint_path: str,
                   checkpoint_dtype: str | None, seed: int, compare_with_baseline: bool
                   ) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """What `spec_decode.infer` writes and prints, and the checks that it can.
 
-`summarize(model, source, cfg, examples, run, baseline, costs, eos_id)` -> (summary, records):
+`summarize(model, source, cfg, examples, run=, baseline=, costs=, eos_id=)` -> (summary, records):
 one record per example (inputs, prediction, target when known, score, the decode's counters;
 the baseline's prediction and whether it is identical when compared) and the run's summary
 (wall time, tokens/s, the loop's counters summed and their ratios (`engine.stats`: alpha and
@@ -100,7 +100,7 @@ def progress(name: str) -> Callable[[str, int, int], None]:
 
 
 def summarize(model: models.EncoderDecoderModel, source: str, cfg: Any,
-               examples: Sequence[Any], run: DecodeRun, baseline: DecodeRun | None,
+               examples: Sequence[Any], *, run: DecodeRun, baseline: DecodeRun | None,
                costs: Mapping[str, float] | None, eos_id: int,
                side_by_side: Mapping[str, float] | None = None, timing_rounds: int = 0
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -331,10 +331,11 @@ class EncoderDecoderModel:
                              ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Decodes a batch (`core.Decoder.predict`: shapes, aux and T5X's conventions there);
     `num_decodes` None: the model's."""
-    return self.decoder.predict(params, None, batch, self.output_vocabulary.eos_id, rng,
-                                decoder_params, return_all_decodes,
-                                self.num_decodes if num_decodes is None else num_decodes,
-                                prompt_with_targets)
+    return self.decoder.predict(
+        params, None, batch, self.output_vocabulary.eos_id, rng=rng,
+        decoder_params=decoder_params, return_all_decodes=return_all_decodes,
+        num_decodes=self.num_decodes if num_decodes is None else num_decodes,
+        prompt_with_targets=prompt_with_targets)
 
 
 class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
@@ -428,7 +429,8 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     """As EncoderDecoderModel's; `draft_params` default to the loaded `draft_params`."""
     if self.draft_module is not None and draft_params is None:
       draft_params = self.draft_params
-    return self.decoder.predict(params, draft_params, batch, self.output_vocabulary.eos_id,
-                                rng, decoder_params, return_all_decodes,
-                                self.num_decodes if num_decodes is None else num_decodes,
-                                prompt_with_targets)
+    return self.decoder.predict(
+        params, draft_params, batch, self.output_vocabulary.eos_id, rng=rng,
+        decoder_params=decoder_params, return_all_decodes=return_all_decodes,
+        num_decodes=self.num_decodes if num_decodes is None else num_decodes,
+        prompt_with_targets=prompt_with_targets)

@@ -229,7 +229,7 @@ def _describe(name: str, model: ModelShapes, param_dtype: Any) -> str:
           f"{jnp.dtype(cfg.dtype).name}")
 
 
-def format_plan(rows: Sequence[PlanRow], target: ModelShapes, draft: ModelShapes | None,
+def format_plan(rows: Sequence[PlanRow], target: ModelShapes, draft: ModelShapes | None, *,
                 param_dtype: Any, device_kind: str, batch_rows: int, input_length: int,
                 max_decode_len: int) -> str:
   capacity = device_memory_bytes(device_kind)
@@ -378,8 +378,9 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
     rows = plan(target, draft, param_dtype, args.num_devices, args.parameter_partitioning_dims)
   except (ValueError, FileNotFoundError, TypeError) as e:  # what the config or flags name
     raise gin_utils.UsageError(gin_utils.first_line(e)) from None
-  print(format_plan(rows, target, draft, param_dtype, args.device_kind, batch_rows,
-                    sizes["input length"], sizes["target length"]))
+  print(format_plan(rows, target, draft, param_dtype=param_dtype, device_kind=args.device_kind,
+                    batch_rows=batch_rows, input_length=sizes["input length"],
+                    max_decode_len=sizes["target length"]))
   if args.compile_for:
     _print_compiled(args, bindings, rows)
 

@@ -291,9 +291,9 @@ def test_timing_rounds_time_both_decoders_side_by_side(real_text, setup, run_mai
   assert summary["identical_outputs"] is True
 
 
-@needs_shared
 def test_an_unreachable_gs_checkpoint_is_one_line_after_a_bounded_wait(
-    setup, run_main, tmp_path, unreachable_gcs):
+    real_text, setup, run_main, tmp_path, unreachable_gcs):
+  del real_text  # its run reads the T5 vocabulary as tests/conftest.py sets it
   start = time.monotonic()
   status, stderr = run_main([f"--gin_file={setup[3]}", "--text=Hello",
                              "--gin.CHECKPOINT_PATH='gs://spec-decode-unreachable/target'",
@@ -303,12 +303,12 @@ def test_an_unreachable_gs_checkpoint_is_one_line_after_a_bounded_wait(
   assert time.monotonic() - start < 10 * unreachable_gcs
 
 
-@needs_shared
 def test_the_command_line_turning_the_baseline_off_turns_a_configs_timing_off(
-    setup, run_main, tmp_path):
+    real_text, setup, run_main, tmp_path):
   """A config timing its decoder beside the baseline (as the demo's does) runs without the
   baseline and its rounds when the command line turns the baseline off; a config asking for
   rounds without a baseline stays an error."""
+  del real_text  # its run reads the T5 vocabulary as tests/conftest.py sets it
   timed = tmp_path / "timed.gin"
   timed.write_text(f"include '{setup[3]}'\nTIMING_ROUNDS = 2\n")
   out = tmp_path / "out"

@@ -213,3 +213,18 @@ def test_the_readme_names_every_top_level_module():
              if (path.suffix == ".py" and path.stem != "__init__")
              or (path.is_dir() and not path.name.startswith("__"))}
   assert named == present, (sorted(present - named), sorted(named - present))
+
+
+# Rows of the paper's table, written as the paper prints them.
+POSITIONAL_CALLS_ALLOWED = {"spec_decode/bench/paper.py"}
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(paths.ROOT)))
+def test_no_call_passes_eight_positional_arguments(path):
+  """Past a few arguments a call names them: a reader should not count positions."""
+  relative = str(path.relative_to(paths.ROOT))
+  if relative in POSITIONAL_CALLS_ALLOWED:
+    return
+  long_calls = [node.lineno for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Call) and len(node.args) >= 8]
+  assert not long_calls, f"{relative}: lines {long_calls}"

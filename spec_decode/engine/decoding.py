@@ -380,7 +380,8 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
   uniforms = None if compare_tokens else sampling.decode_uniforms(
       decode_rng, *rows.sequences.shape, gamma + 2)
   step = functools.partial(_speculative_step, problem, tokens_to_logits,
-                           draft_tokens_to_logits, rule, policy, gamma, uniforms)
+                           draft_tokens_to_logits, rule=rule, policy=policy, gamma=gamma,
+                           decode_uniforms=uniforms)
   initial = SpeculativeLoopState(rows, cache, draft_cache,
                                  SpeculativeStats.zeros(rows.index.shape[0]), jnp.int32(0))
   final = jax.lax.while_loop(lambda s: ~jnp.all(s.rows.done), step, initial)
@@ -389,9 +390,9 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
   return decodes, log_probs, stats
 
 
-def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
-           policy: drafting.Policy, gamma: int, rows: Rows, stats: SpeculativeStats,
-           draft_cache: Any, uniforms: jax.Array | None):
+def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits, *, rows: Rows,
+           stats: SpeculativeStats, draft_cache: Any, policy: drafting.Policy, gamma: int,
+           uniforms: jax.Array | None):
   """Proposes up to gamma tokens per row after its position i.
 
   The first call feeds positions (i-1, i) — the catch-up — except at i = 0, where it feeds
@@ -455,17 +456,18 @@ def _draft(problem: _Problem, draft_tokens_to_logits: TokensToLogits,
 
 
 def _speculative_step(problem: _Problem, tokens_to_logits: TokensToLogits,
-                      draft_tokens_to_logits: TokensToLogits, rule: verify.Rule,
-                      policy: drafting.Policy, gamma: int, decode_uniforms: jax.Array | None,
-                      state: SpeculativeLoopState) -> SpeculativeLoopState:
+                      draft_tokens_to_logits: TokensToLogits, state: SpeculativeLoopState, *,
+                      rule: verify.Rule, policy: drafting.Policy, gamma: int,
+                      decode_uniforms: jax.Array | None) -> SpeculativeLoopState:
   """One iteration; `decode_uniforms` None: greedy verification by comparing tokens."""
   rows = state.rows
   compare_tokens = decode_uniforms is None
   uniforms = sampling.iteration_uniforms(decode_uniforms, state.iteration)
   (draft_tokens, draft_probs, num_drafted, num_draft_calls, sequences, draft_cache,
    is_point) = _draft(
-      problem, draft_tokens_to_logits, policy, gamma, rows, state.stats, state.draft_cache,
-      None if compare_tokens else uniforms[:, :gamma])
+      problem, draft_tokens_to_logits, rows=rows, stats=state.stats,
+      draft_cache=state.draft_cache, policy=policy, gamma=gamma,
+      uniforms=None if compare_tokens else uniforms[:, :gamma])
 
   block = rows.index[:, None] + jnp.arange(gamma + 1)
   logits, cache = tokens_to_logits(DecodingState(

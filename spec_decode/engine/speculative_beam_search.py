@@ -108,7 +108,7 @@ def _widen(beams: BeamState, width: int) -> tuple[BeamState, jax.Array]:
   return wide, source
 
 
-def _draft_tree(problem: beam_search.BeamProblem, draft_tokens_to_logits, gamma: int,
+def _draft_tree(problem: beam_search.BeamProblem, draft_tokens_to_logits, *, gamma: int,
                 width: int, beams: BeamState, root_log_probs: jax.Array, draft_cache: Any,
                 active: jax.Array, budget: int) -> _Tree:
   """The draft's beam search of `width` beams, gamma steps from the K live beams (gamma - 1
@@ -303,8 +303,9 @@ def _iteration(problem: beam_search.BeamProblem, tokens_to_logits, draft_tokens_
           sequences=seqs, cache=state.draft_cache),
       jnp.repeat(state.num_pending - 1, num_beams))
   draft_root = _log_softmax(draft_logits)
-  tree = _draft_tree(problem, draft_tokens_to_logits, gamma, width, beams, draft_root,
-                     draft_cache, active, budget)
+  tree = _draft_tree(problem, draft_tokens_to_logits, gamma=gamma, width=width, beams=beams,
+                     root_log_probs=draft_root, draft_cache=draft_cache, active=active,
+                     budget=budget)
   root_log_probs, node_log_probs, cache, num_calls = _tree_call(
       tokens_to_logits, gamma, beams, state.num_pending, tree, state.cache)
   beams, steps, roots = _replay(problem, gamma, beams, tree, root_log_probs, node_log_probs,

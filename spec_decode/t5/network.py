@@ -491,8 +491,9 @@ class Decoder(nn.Module):
     new_caches = []
     for i, layer in enumerate(self.layers):
       x, new_cache = layer(x, self_bias, cross_key_values[i], cross_bias,
-                           None if self_caches is None else self_caches[i], write_positions,
-                           deterministic, attend_to_fed)
+                           self_cache=None if self_caches is None else self_caches[i],
+                           write_positions=write_positions, deterministic=deterministic,
+                           attend_to_fed=attend_to_fed)
       new_caches.append(new_cache)
     if logits_index is not None:
       x = jnp.take_along_axis(x, logits_index[:, None, None], axis=1)

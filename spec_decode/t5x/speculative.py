@@ -261,8 +261,10 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     self.shard_draft = shard_draft
     # T5X's constructor wants a decode_fn; decoding is the decoder's (predict_batch_with_aux).
     super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def,
-                     self.decoder.loop.fn, feature_converter_cls, label_smoothing, z_loss,
-                     loss_normalizing_factor, default_decoder_params)
+                     decode_fn=self.decoder.loop.fn, feature_converter_cls=feature_converter_cls,
+                     label_smoothing=label_smoothing, z_loss=z_loss,
+                     loss_normalizing_factor=loss_normalizing_factor,
+                     default_decoder_params=default_decoder_params)
 
   def get_initial_variables(self, rng: jax.Array, input_shapes: Mapping[str, Any],
                             input_types: Mapping[str, Any] | None = None
@@ -315,8 +317,10 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
       num_decodes = self._default_decoder_params.num_decodes
     target_params, draft_params = split_params(params)
     return self.decoder.predict(target_params, draft_params, batch,
-                                self.output_vocabulary.eos_id or 1, rng, decoder_params,
-                                return_all_decodes, num_decodes, prompt_with_targets)
+                                self.output_vocabulary.eos_id or 1, rng=rng,
+                                decoder_params=decoder_params,
+                                return_all_decodes=return_all_decodes, num_decodes=num_decodes,
+                                prompt_with_targets=prompt_with_targets)
 
 
 def speculative_version(model: t5x_models.EncoderDecoderModel,

@@ -65,8 +65,9 @@ def _model_costs(model: Model, config: VerifyCostConfig, read_bytes_per_s: float
       sequences[f"xla k={k}"] = [(model.module, model.params, k)]
       xla_defaults[f"xla k={k}"] = True
   timed = call_costs.interleaved_call_seconds(
-      sequences, 1, config.input_length, config.cache_length, config.calls, config.repetitions,
-      compiler_options, xla_defaults)
+      sequences, batch_size=1, input_length=config.input_length,
+      cache_length=config.cache_length, loops=config.calls, repetitions=config.repetitions,
+      compiler_options=compiler_options, xla_defaults=xla_defaults)
   weights = step_weights(model)
   weight_s = weights["bytes"] / read_bytes_per_s
 
