@@ -115,6 +115,26 @@ def _roofline(call: dict, chip: dict) -> float:
              call["argument_bytes"] / chip["hbm_bytes_per_second"])
 
 
+def _reading(figures: dict[str, dict], prefix: str) -> list[str]:
+  """What the table's compiled decodes say, computed from them."""
+  decodes = [found["programs"][0] | {"plan": found["plan"][found["programs"][0]["name"]]}
+             for name, found in figures.items()
+             if name.startswith(prefix) and found.get("programs")
+             and found["programs"][0]["name"] == "speculative decode"]
+  if not decodes:
+    return []
+  largest = max(d["device_bytes"] for d in decodes)
+  deviation = max(abs(d["argument_bytes"] / d["plan"]["formula_params"] - 1) for d in decodes)
+  extra = [d["temp_bytes"] - d["plan"]["formula_cache"] for d in decodes]
+  return [f"{len(decodes)} rows compiled: the largest needs {_gib(largest)} GiB per chip "
+          f"(arguments, temporaries, output and code), "
+          f"{'every row fits' if all(d['plan']['fits'] for d in decodes) else 'NOT every row fits'}"
+          f" a v4's 32 GiB; XLA's arguments are the plan formula's parameters to within "
+          f"{max(deviation, 1e-4):.2%}; XLA's temporaries exceed the formula's caches by "
+          f"{_gib(min(extra))}-{_gib(max(extra))} GiB (docs/TPU_COMPILE.md traces those of "
+          "T5.1.1-XXL on one chip to weight relayouts hoisted out of the loop)."]
+
+
 def render() -> str:
   from spec_decode.bench import theory  # pylint: disable=g-import-not-at-top
   lines = [
@@ -130,6 +150,19 @@ def render() -> str:
       "uses the paper's alpha for the row with c and v(gamma+1) from those rooflines; the "
       "paper's measured speedup is beside it. `scripts/accelerator_check.sh` is the check "
       "for when a TPU is lent.",
+      "",
+      "How to read c and the prediction. At batch 1 every call is bound by reading its weights "
+      "(v(gamma+1) = 1.00 by the roofline in every row: a verification call of up to 8 tokens "
+      "costs what a 1-token call does, the paper's assumption), so c is the ratio of the "
+      "draft's and the target decoder's bytes per chip. The draft is replicated on every chip "
+      "(`decode_layout`'s default), the target split: at P = 4 a chip holds a quarter of the "
+      "target's weights but all of the draft's, so c is four times P = 1's and the predicted "
+      "speedup falls; sharding the draft like the target (`decode_layout`'s "
+      "`draft_logical_axis_rules`, the T5X hook's SHARD_DRAFT) would keep P = 1's c. Against "
+      "the paper's measurements (one TPU-v4, their fine-tuned models and alpha), the roofline "
+      "predicts the small drafts' speedups closely and overpredicts the large drafts': a "
+      "roofline counts bytes, but a batch-1 call of a 24-layer T5-large pays a fixed cost per "
+      "layer that bytes do not show, so its real c is larger.",
       ""]
   for family in FAMILIES:
     figures = _load(family)
@@ -176,7 +209,7 @@ def render() -> str:
             f"{', '.join(f'{op} x{n}' for op, n in sorted(collectives.items())) or 'none'} | "
             f"{'-' if c is None else f'{c:.3f}'} | {'-' if v is None else f'{v:.2f}'} | "
             f"{'-' if predicted is None else f'{predicted:.2f}x'} | {row.speedup}x |")
-      lines.append("")
+      lines += _reading(figures, prefix) + [""]
     sweep = [(batch, figures.get("p4_ende_target_calls" if batch == 1 else
                                  f"p4_ende_target_calls_b{batch}")) for batch in CALL_BATCHES]
     sweep = [(batch, found) for batch, found in sweep if found]
