@@ -73,7 +73,7 @@ def test_one_compile_per_decoder_and_flat_memory(pair, which):
         rss[done] = steadiness.rss_bytes()
         after_warm_up.setdefault(done, compiles.total)
 
-    run = infer.decode_all(decoder, eos_id, params, draft_params, batches, seed=0,
+    run = infer.decode_all(decoder, eos_id, params, draft_params, batches=batches, seed=0,
                            layout=layout, progress=progress)
   assert len(run.decodes) == NUM_EXAMPLES
   assert compiles.by_name["jit(predict)"] == 1, dict(compiles.by_name)
