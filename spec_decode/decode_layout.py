@@ -102,8 +102,10 @@ def _array_from_slices(shape: tuple[int, ...], sharding: jax.sharding.Sharding,
 
 def gather(outputs: Any) -> Any:
   """Outputs of a partitioned call (split over 'data') -> whole numpy arrays on every process
-  (`process_allgather`: multi-host safe, where `jax.device_get` of a global array is not)."""
-  return multihost_utils.process_allgather(outputs, tiled=True)
+  (`process_allgather`: multi-host safe, where `jax.device_get` of a global array is not).
+  Each array owns its memory: on one host `process_allgather` may hand back a view of the device
+  buffer, and a caller keeping a few rows would keep every output buffer of the call alive."""
+  return jax.tree.map(np.array, multihost_utils.process_allgather(outputs, tiled=True))
 
 
 # The kinds of argument `DecodeLayout.partition` lays out (see there).
