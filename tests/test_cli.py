@@ -18,7 +18,7 @@ import pytest
 import tiny_t5
 from spec_decode import bench
 from spec_decode import infer
-from spec_decode import infer_outputs
+from spec_decode.infer import outputs as infer_outputs
 from spec_decode import paths
 from spec_decode import plan
 from spec_decode.training import train

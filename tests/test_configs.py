@@ -24,6 +24,7 @@ from spec_decode import paths
 from spec_decode.bench import paper
 from spec_decode import gin_utils
 from spec_decode import infer
+from spec_decode.infer import inputs as infer_inputs
 from spec_decode import models
 from spec_decode.t5 import network
 
@@ -176,7 +177,7 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
   else:
     assert dataset_cfg.input_file is not None and dataset_cfg.mixture_or_task_name is None
     assert model.decode_settings["temperature"] == 0.0
-    assert len(infer.read_examples(dataset_cfg, model)) >= 20
+    assert len(infer_inputs.read_examples(dataset_cfg, model)) >= 20
 
 
 @pytest.mark.parametrize("gin_file", TABLE2 + TABLE2_T5_1_0)

@@ -19,7 +19,8 @@ import pytest
 
 import tiny_t5
 from spec_decode import infer
-from spec_decode import infer_outputs
+from spec_decode.infer import inputs as infer_inputs
+from spec_decode.infer import outputs as infer_outputs
 from spec_decode import models
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
@@ -148,12 +149,12 @@ def test_text_inputs_are_prefixed_trimmed_and_eos_terminated(tmp_path):
   texts = ["Hello.", "A much longer sentence that will not fit into eight tokens at all."]
   cfg = infer.DatasetConfig(texts=texts, input_prefix="p: ",
                             task_feature_lengths={"inputs": 8, "targets": 4}, batch_size=3)
-  examples = infer.read_examples(cfg, model)
+  examples = infer_inputs.read_examples(cfg, model)
   assert [e.inputs for e in examples] == ["p: " + t for t in texts]
   for example, text in zip(examples, texts):
     expected = vocabulary.encode("p: " + text)[:7] + [1]
     assert example.input_ids == expected and example.target is None
-  (batch, num_real), = infer.make_batches(examples, 3, 8, 4)
+  (batch, num_real), = infer_inputs.make_batches(examples, 3, 8, 4)
   assert num_real == 2 and batch["encoder_input_tokens"].shape == (3, 8)
   np.testing.assert_array_equal(batch["encoder_input_tokens"][2], batch["encoder_input_tokens"][1])
   assert not batch["decoder_input_tokens"].any()

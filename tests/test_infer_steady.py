@@ -13,6 +13,8 @@ import pytest
 
 import tiny_t5
 from spec_decode import infer
+from spec_decode.infer import inputs as infer_inputs
+from spec_decode.infer import run as infer_run
 from spec_decode import models
 from spec_decode import core
 from spec_decode import decode_layout
@@ -56,10 +58,10 @@ def pair():
   draft_params = layout.put_params("draft", checkpoints.random_params(draft_config, 2))
   texts = [f"Sentence number {i} is about {'a dog' if i % 2 else 'two cats'}."
            for i in range(NUM_EXAMPLES)]
-  examples = infer.read_examples(infer.DatasetConfig(
+  examples = infer_inputs.read_examples(infer.DatasetConfig(
       texts=texts, task_feature_lengths={"inputs": 16, "targets": 8}, batch_size=BATCH_SIZE),
       model)
-  batches = infer.make_batches(examples, BATCH_SIZE, 16, 8)
+  batches = infer_inputs.make_batches(examples, BATCH_SIZE, 16, 8)
   assert len(batches) == NUM_BATCHES and batches[-1][1] == 1  # the last batch is padded
   return decoder, layout, params, draft_params, batches, vocabulary.eos_id
 
@@ -81,7 +83,7 @@ def _decode_all(pair, which, leak_per_batch=0):
           rss[done] = steadiness.live_rss_bytes()
           compiled_by[done] = compiles.total
 
-    run = infer.decode_all(decoder, eos_id, params, draft_params, batches=batches, seed=0,
+    run = infer_run.decode_all(decoder, eos_id, params, draft_params, batches=batches, seed=0,
                            layout=layout, progress=progress)
   return run, rss, compiled_by, compiles.by_name
 

@@ -34,7 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spec_decode import bench
 from spec_decode.bench import pairs as bench_pairs
-from spec_decode import infer_outputs
+from spec_decode.infer import outputs as infer_outputs
 from spec_decode import models
 from spec_decode import decode_layout
 from spec_decode import partitioning
