@@ -23,6 +23,7 @@ import tiny_t5
 from spec_decode import paths
 from spec_decode.bench import paper
 from spec_decode import gin_utils
+from spec_decode.checkpoints import formats
 from spec_decode import infer
 from spec_decode.infer import inputs as infer_inputs
 from spec_decode import models
@@ -139,7 +140,7 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
         generation.mlp_activations, generation.logits_via_embedding)
     draft_path = checkpoint_dir(draft_config)
   else:  # the shipped draft
-    draft_config = models.checkpoint_config(draft_path, target_config)
+    draft_config = formats.checkpoint_config(draft_path, target_config)
   gin.parse_config([
       f"CHECKPOINT_PATH = '{checkpoint_dir(target_config)}'",
       f"DRAFT_CHECKPOINT_PATH = '{draft_path}'", f"INFER_OUTPUT_DIR = '{tmp_path}'"])
@@ -152,7 +153,7 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
   assert model.module.config == target_config
   assert model.draft_module.config == draft_config  # read from the draft's checkpoint
   assert model.input_vocabulary.vocab_size <= target_config.vocab_size
-  models.load_params(model.module, arguments["checkpoint_path"])
+  formats.load_params(model.module, arguments["checkpoint_path"])
   assert model.draft_params is not None  # restored and checked against the draft module
   assert arguments["compare_with_baseline"] is True
   assert dataset_cfg.batch_size >= 1 and set(dataset_cfg.task_feature_lengths) == {

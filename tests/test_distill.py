@@ -5,7 +5,7 @@ import jax
 import sentencepiece as spm
 
 from spec_decode import corpora
-from spec_decode.t5 import demo_pair
+from spec_decode.checkpoints import demo_pair
 from spec_decode.training import distill
 from spec_decode.training import greedy
 from spec_decode.t5 import network

@@ -20,7 +20,7 @@ from spec_decode import core
 from spec_decode import decode_layout
 from spec_decode import partitioning
 from spec_decode.bench import steadiness
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 
@@ -54,8 +54,8 @@ def pair():
                                 gamma=3, temperature=1.0)
   layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(1, 1)),
                                        target_config, draft_config)
-  params = layout.put_params("target", checkpoints.random_params(target_config, 1))
-  draft_params = layout.put_params("draft", checkpoints.random_params(draft_config, 2))
+  params = layout.put_params("target", t5x_format.random_params(target_config, 1))
+  draft_params = layout.put_params("draft", t5x_format.random_params(draft_config, 2))
   texts = [f"Sentence number {i} is about {'a dog' if i % 2 else 'two cats'}."
            for i in range(NUM_EXAMPLES)]
   examples = infer_inputs.read_examples(infer.DatasetConfig(

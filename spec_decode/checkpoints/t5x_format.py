@@ -21,7 +21,7 @@ arrays slice by slice, as `spec_decode.decode_layout` restores into shards)
     (`InferenceState`) and `load_t5x_checkpoint` read it; resuming training needs the
     optimizer's slots, which are not written.
 
-Hugging Face checkpoints: `spec_decode.t5.hf_checkpoints`.
+Hugging Face checkpoints: `spec_decode.checkpoints.hf_format`.
 
 `expected_param_shapes(config)` is the parameter tree's shapes; `random_params(config, seed,
 dtype, on_device)` draws values of those shapes (for benchmarks and tests).
@@ -49,8 +49,8 @@ import tensorstore as ts
 from flax import serialization
 from flax.core import unfreeze
 
-from spec_decode.t5 import checkpoint_faults
-from spec_decode.t5 import storage
+from spec_decode.checkpoints import checkpoint_faults
+from spec_decode.checkpoints import storage
 from spec_decode.t5.network import T5Config, Transformer
 
 Params = dict[str, Any]
