@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode import bench
 from spec_decode.training import bleu
 from spec_decode.checkpoints import demo_pair

@@ -60,8 +60,8 @@ def restore_in_this_process(path: str, method: str, num_partitions: int) -> dict
   """Restores `path` by `method` and returns the memory figures (MiB)."""
   import jax  # pylint: disable=g-import-not-at-top
   from spec_decode.checkpoints import formats  # pylint: disable=g-import-not-at-top
-  from spec_decode import decode_layout  # pylint: disable=g-import-not-at-top
-  from spec_decode import partitioning  # pylint: disable=g-import-not-at-top
+  from spec_decode.runtime import decode_layout  # pylint: disable=g-import-not-at-top
+  from spec_decode.runtime import partitioning  # pylint: disable=g-import-not-at-top
   from spec_decode.t5 import network  # pylint: disable=g-import-not-at-top
   module = network.Transformer(_config())
   layout = decode_layout.decode_layout(
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     path = (str(directory / "checkpoint_1") if (directory / "checkpoint_1").exists()
             else write_checkpoint(directory))
     on_disk = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / MIB
-    from spec_decode import partitioning  # pylint: disable=g-import-not-at-top
+    from spec_decode.runtime import partitioning  # pylint: disable=g-import-not-at-top
     import jax  # pylint: disable=g-import-not-at-top
     shapes, _ = partitioning.abstract_params(_config())
     param_mib = sum(leaf.size * leaf.dtype.itemsize

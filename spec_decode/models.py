@@ -6,7 +6,9 @@
 `predict_batch_with_aux`), so T5X-style
 code (and `spec_decode.infer`) drives it unchanged. `SpeculativeEncoderDecoderModel` adds a
 draft: a second `network.Transformer` with its own checkpoint, loaded once (on first use) and
-kept by the model. `params` are always the target's, as in any T5X run.
+kept by the model. `params` are always the target's, as in any T5X run. `loss_fn`'s token loss
+is `cross_entropy_with_logits` (T5X's, which the trainer uses too); the vocabulary configs
+bind is `sentencepiece_vocabulary`.
 
 Batches use seqio's encoder-decoder features (B batch, Le input length, L target length):
   encoder_input_tokens [B, Le] int32 (0 = padding), decoder_input_tokens [B, L] (targets
@@ -53,7 +55,6 @@ import jax.numpy as jnp
 from flax.core import unfreeze
 
 from spec_decode import core
-from spec_decode import losses
 from spec_decode import paths
 from spec_decode.checkpoints import formats
 from spec_decode.engine import loops
@@ -64,11 +65,33 @@ from spec_decode.t5 import vocab
 Params = Any
 Batch = Mapping[str, jax.Array]
 
+
 def sentencepiece_vocabulary(sentencepiece_model_file: str,
                              extra_ids: int = 0) -> vocab.SentencePieceVocabulary:
   """`vocab.SentencePieceVocabulary` with its file found by `resolve_path` (T5: extra_ids=100)."""
   return vocab.SentencePieceVocabulary(paths.resolve(sentencepiece_model_file), extra_ids)
 
+
+def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array, z_loss: float,
+                              label_smoothing: float) -> tuple[jax.Array, jax.Array]:
+  """T5X's per-token cross-entropy (`t5x/losses.py`), of `EncoderDecoderModel.loss_fn` and the
+  trainer: (loss including the z-loss term, the z-loss term alone), both [B, L], for logits
+  [B, L, V] and targets [B, L]; the caller weights and sums them.
+
+  With label smoothing the constant entropy of the smoothed target is subtracted (as T5X
+  does) so that a perfect model scores 0.
+  """
+  vocab_size = logits.shape[-1]
+  confidence = 1.0 - label_smoothing
+  low_confidence = label_smoothing / (vocab_size - 1)
+  normalizer = -(confidence * jnp.log(confidence) +
+                 (vocab_size - 1) * low_confidence * jnp.log(low_confidence + 1e-20))
+  soft_targets = jax.nn.one_hot(targets, vocab_size) * (confidence - low_confidence) + low_confidence
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  log_probs = logits - log_z[..., None]
+  z_term = z_loss * jnp.square(log_z)
+  loss = -jnp.sum(soft_targets * log_probs, axis=-1) - normalizer + z_term
+  return loss, z_term
 
 
 # --------------------------------------------------------------------------- models
@@ -186,7 +209,7 @@ class EncoderDecoderModel:
     smoothing and z-loss) are summed with decoder_loss_weights, then divided by
     loss_normalizing_factor when it is set."""
     logits = self._compute_logits(params, batch, dropout_rng)
-    token_loss, z_term = losses.cross_entropy_with_logits(
+    token_loss, z_term = cross_entropy_with_logits(
         logits, batch["decoder_target_tokens"], self._z_loss, self._label_smoothing)
     weights = self._loss_weights(batch).astype(jnp.float32)
     loss, z_loss = jnp.sum(token_loss * weights), jnp.sum(z_term * weights)

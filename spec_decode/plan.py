@@ -57,8 +57,8 @@ from spec_decode import gin_utils
 from spec_decode.checkpoints import formats
 from spec_decode import models
 from spec_decode.t5 import network
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 
 NUM_PARTITIONS = (1, 2, 4, 8, 16)
 DEVICE_KINDS = ("tpu_v4", "h200", "cpu")

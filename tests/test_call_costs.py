@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from spec_decode import call_costs
+from spec_decode.runtime import call_costs
 from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode import gin_utils
 from spec_decode import paths
 from spec_decode.checkpoints import demo_pair

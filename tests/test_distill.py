@@ -4,7 +4,7 @@ model's own greedy translations."""
 import jax
 import sentencepiece as spm
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode.checkpoints import demo_pair
 from spec_decode.training import distill
 from spec_decode.training import greedy

@@ -241,7 +241,7 @@ SOURCES = {  # task -> (split, source file, target file or jsonl key)
 
 @pytest.mark.parametrize("task", sorted(SOURCES))
 def test_task_reads_its_files(real_text, task):
-  from spec_decode import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
+  from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
   split, source, target = SOURCES[task]
   (example,) = tasks.load_examples(task, split, {"inputs": 16, "targets": 8}, num_examples=1)
   data = real_text
@@ -262,12 +262,13 @@ def test_task_reads_its_files(real_text, task):
 
 def test_task_errors_name_the_problem(real_text, tmp_path):
   del real_text  # tatoeba_ende's files, through the data root tests/conftest.py sets
-  from spec_decode import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
+  from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
   with pytest.raises(ValueError, match="task 'tatoeba_ende' has no split 'train'"):
     tasks.load_examples("tatoeba_ende", "train", {"inputs": 8, "targets": 8})
   gin.clear_config()
   try:
-    gin.parse_config(["from __gin__ import dynamic_registration", "from spec_decode import tasks",
+    gin.parse_config(["from __gin__ import dynamic_registration",
+                      "from spec_decode.data import tasks",
                       f"tasks.data_dir.path = '{tmp_path / 'missing'}'"])
     with pytest.raises(FileNotFoundError, match="data directory not found: .*missing"):
       tasks.load_examples("wmt_ende_files", "test", {"inputs": 8, "targets": 8}, num_examples=1)

@@ -17,8 +17,8 @@ from spec_decode.infer import inputs as infer_inputs
 from spec_decode.infer import run as infer_run
 from spec_decode import models
 from spec_decode import core
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 from spec_decode.bench import steadiness
 from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network

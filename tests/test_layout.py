@@ -87,7 +87,7 @@ def test_no_module_registers_with_gin_on_import():
 
 # The places that decode: each through the one core, none wiring the engine's loops itself.
 RUNNERS = ("spec_decode/models.py", "spec_decode/t5x/speculative.py",
-           "spec_decode/decode_layout.py", "spec_decode/bench/decoders.py",
+           "spec_decode/runtime/decode_layout.py", "spec_decode/bench/decoders.py",
            "spec_decode/training/greedy.py")
 
 
@@ -99,7 +99,7 @@ def test_every_runner_decodes_through_the_core(relative):
   # one, so it alone wraps the network's step function): no runner wires a loop itself.
   source = path.read_text()
   wired = ("decoding.speculative_sample(", "decoding.temperature_sample(")
-  if relative != "spec_decode/decode_layout.py":
+  if relative != "spec_decode/runtime/decode_layout.py":
     wired += ("make_tokens_to_logits(", "init_decode_cache(")
   for name in wired:
     assert name not in source, (relative, name)
@@ -162,7 +162,7 @@ def test_one_place_chooses_the_platforms_products():
   choosers = {str(path.relative_to(paths.ROOT)) for path in MODULES
               if {"cpu_kernels.cpu_ops", "cpu_ops"} & _calls(path)
               and path.name != "cpu_kernels.py"}
-  assert choosers == {"spec_decode/platforms.py"}, choosers
+  assert choosers == {"spec_decode/runtime/platforms.py"}, choosers
   asking = {str(path.relative_to(paths.ROOT)) for path in MODULES
             if "jax.default_backend" in _calls(path)}
   assert asking <= {"spec_decode/bench/machine.py"}, asking
@@ -205,6 +205,16 @@ def test_the_tiers_are_marker_selections():
     assert not [a for a in arguments if a.startswith("tests/") and a.endswith(".py")], script
   full = _pytest_arguments("test.sh")
   assert "-m" not in full and "-k" not in full and "tests" in full, full
+
+
+# The top of the package: the central modules a newcomer reads first; the rest in packages
+# named by their role.
+MOST_TOP_LEVEL_MODULES = 8
+
+
+def test_the_top_level_holds_few_modules():
+  modules = sorted(path.name for path in paths.PACKAGE.glob("*.py"))
+  assert len(modules) <= MOST_TOP_LEVEL_MODULES, modules
 
 
 def test_the_readme_names_every_top_level_module():

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from spec_decode import gin_utils
-from spec_decode import platforms
+from spec_decode.runtime import platforms
 from spec_decode.bench.config import PairConfig, SimulatedTable2Config
 from spec_decode.checkpoints import t5x_format
 from spec_decode.checkpoints import demo_pair

@@ -5,7 +5,7 @@ with T5X's names (`token_embedder/embedding [V,E]`, `encoder/layers_0/attention/
 [E,H*D]`, ..., `decoder/logits_dense/kernel [E,V]`) whose leaves are numpy arrays.
 
 T5X (`load_t5x`, `restore_t5x_state`, `save_t5x`; `open_t5x_params` + `read_slice` for reading
-arrays slice by slice, as `spec_decode.decode_layout` restores into shards)
+arrays slice by slice, as `spec_decode.runtime.decode_layout` restores into shards)
   * Legacy layout: a `checkpoint_N/` directory (or its `checkpoint` file, or a bare msgpack
     file) holding flax msgpack `{'version': 3, 'optimizer': {'target': params, 'state': ...}}`.
     A leaf is an inline array, or a TensorStore zarr spec dict whose `kvstore.path` is

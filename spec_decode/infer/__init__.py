@@ -5,7 +5,7 @@ Run: `python -m spec_decode.infer --gin_file=FILE [--gin.MACRO=VALUE ...] [--gin
 without --gin_file, `configs/demo/infer.gin` (the shipped demo pair). Run configs include
 `configs/runs/infer.gin`, whose macros are T5X's: MODEL, CHECKPOINT_PATH (T5X checkpoint,
 Hugging Face folder or Hub id hf://ORG/NAME, or demo .safetensors), MIXTURE_OR_TASK_NAME (a
-`spec_decode.tasks` task: --data_dir is the file tasks' data root, --tfds_data_dir where TFDS
+`spec_decode.data.tasks` task: --data_dir is the file tasks' data root, --tfds_data_dir where TFDS
 datasets are prepared), TASK_FEATURE_LENGTHS, BATCH_SIZE, INFER_OUTPUT_DIR, plus SPLIT,
 NUM_EXAMPLES, INPUT_PREFIX, COMPARE_WITH_BASELINE, TIMING_ROUNDS and CHECKPOINT_PERIOD.
 `--text` (repeatable) and `--input_file` (one input per line) replace the task by text

@@ -18,21 +18,23 @@ from spec_decode.infer import timing
 DEFAULT_GIN_FILE = "configs/demo/infer.gin"
 
 def _task_directory_bindings(args: argparse.Namespace) -> list[str]:
-  """--data_dir and --tfds_data_dir as the bindings of `spec_decode.tasks` they stand for."""
+  """--data_dir and --tfds_data_dir as the bindings of `spec_decode.data.tasks` they stand for."""
   bindings = [f"tasks.{name}.path = {value!r}" for name, value in (
       ("data_dir", args.data_dir), ("tfds_data_dir", args.tfds_data_dir)) if value is not None]
   if not bindings:
     return []
-  return ["from __gin__ import dynamic_registration", "from spec_decode import tasks", *bindings]
+  return ["from __gin__ import dynamic_registration", "from spec_decode.data import tasks",
+          *bindings]
 
 
 def _task_settings() -> list[Callable[..., Any]]:
-  """The `spec_decode.tasks` functions whose bindings the config's task reads (none without a
+  """The `spec_decode.data.tasks` functions whose bindings the config's task reads (none without a
   task): they take effect although `infer` reaches them through no gin reference."""
   cfg = gin_utils.configured(inputs.DatasetConfig)()
   if cfg.mixture_or_task_name is None:
     return []
-  from spec_decode import tasks  # pylint: disable=g-import-not-at-top (TensorFlow: only for tasks)
+  # Only a task imports TensorFlow.
+  from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top
   return tasks.settings_read_by(cfg.mixture_or_task_name)
 
 

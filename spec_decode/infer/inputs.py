@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode import models
 from spec_decode.gin_utils import UsageError
 from spec_decode.t5 import vocab
@@ -66,7 +66,8 @@ def _vocabulary_signature(vocabulary: Any) -> tuple[int, int, bytes]:
 
 
 def _task_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel) -> list[Example]:
-  from spec_decode import tasks  # pylint: disable=g-import-not-at-top (TensorFlow: only for tasks)
+  # Only a task imports TensorFlow.
+  from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top
   vocabularies = tasks.output_vocabularies(cfg.mixture_or_task_name)
   for feature, model_vocabulary in (("inputs", model.input_vocabulary),
                                     ("targets", model.output_vocabulary)):

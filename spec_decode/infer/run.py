@@ -12,11 +12,11 @@ import gin
 import jax
 import numpy as np
 
-from spec_decode import call_costs
+from spec_decode.runtime import call_costs
 from spec_decode import core
-from spec_decode import decode_layout
+from spec_decode.runtime import decode_layout
 from spec_decode import models
-from spec_decode import partitioning
+from spec_decode.runtime import partitioning
 from spec_decode import plan
 from spec_decode.engine import stats
 from spec_decode.gin_utils import UsageError

@@ -18,7 +18,7 @@ calls, 1 or k tokens, give T5X's 1-token `decode=True` logits: every bfloat16 ac
 bit-identical, the float32 logits up to the accumulation order of the last projection
 (tests/t5x/test_t5x_bfloat16.py).
 `Transformer(config, ops)`: `ops` (`Ops`, default plain XLA) are the products it computes with,
-chosen by the platform of the program that runs it (`spec_decode.platforms`); this module
+chosen by the platform of the program that runs it (`spec_decode.runtime.platforms`); this module
 knows no backend.
 
 Shapes: B batch, Le encoder length, Ld decoder length, L cache length (max_decode_len),
@@ -119,7 +119,7 @@ def transposed_dot(x: Array, embedding: Array) -> Array:
 class Ops:
   """The products the network computes with, injected as flax's examples inject `dot_general`:
   this module knows no backend, the platform of the program that runs a model picks them
-  (`spec_decode.platforms.Platform.ops`).
+  (`spec_decode.runtime.platforms.Platform.ops`).
   The default is plain XLA, T5X's own ops.
 
   `dense_product(x [..., K], w [K, N]) -> [..., N]`: every `Dense` layer's product.

@@ -39,9 +39,9 @@ import numpy as np
 import optax
 import sentencepiece as spm
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode import gin_utils
-from spec_decode import losses
+from spec_decode import models
 from spec_decode import paths
 from spec_decode.training import bleu
 from spec_decode.training import data
@@ -61,7 +61,7 @@ def loss_and_metrics(params: Any, apply_fn: Callable[..., jax.Array], batch: Bat
   logits = apply_fn({"params": params}, batch["encoder_input_tokens"],
                     batch["decoder_input_tokens"], batch["decoder_target_tokens"],
                     enable_dropout=dropout_rng is not None, rngs=rngs)
-  token_loss, z_term = losses.cross_entropy_with_logits(
+  token_loss, z_term = models.cross_entropy_with_logits(
       logits.astype(jnp.float32), batch["decoder_target_tokens"], z_loss, label_smoothing)
   weights = batch["decoder_loss_weights"].astype(jnp.float32)
   num_tokens = jnp.maximum(jnp.sum(weights), 1.0)

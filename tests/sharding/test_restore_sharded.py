@@ -8,8 +8,8 @@ import tensorstore as ts
 
 from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 
 CONFIG = network.T5Config(vocab_size=64, emb_dim=16, num_heads=8, head_dim=2,
                           num_encoder_layers=1, num_decoder_layers=1, mlp_dim=16,

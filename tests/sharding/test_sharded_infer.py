@@ -36,8 +36,8 @@ from spec_decode import bench
 from spec_decode.bench import pairs as bench_pairs
 from spec_decode.infer import outputs as infer_outputs
 from spec_decode import models
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 from spec_decode import paths
 from spec_decode import plan
 from spec_decode.engine import decoding

@@ -1,5 +1,5 @@
 """Decoding on a device mesh: where a decode's parameters, caches and batches live, and the one
-place a decode is compiled (mesh, rules and shardings: `spec_decode.partitioning`).
+place a decode is compiled (mesh, rules and shardings: `spec_decode.runtime.partitioning`).
 
 Decode layout (`decode_layout` -> `DecodeLayout`): the one place a decode is compiled and its
 parameters placed, used by `spec_decode.infer` (through `DecodeLayout.partition_predict`, any
@@ -49,8 +49,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, PartitionSpec
 
 from spec_decode import core
-from spec_decode import partitioning
-from spec_decode import platforms
+from spec_decode.runtime import partitioning
+from spec_decode.runtime import platforms
 from spec_decode.engine import decoding
 from spec_decode.checkpoints import checkpoint_faults
 from spec_decode.checkpoints import formats
