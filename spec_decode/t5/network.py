@@ -368,7 +368,7 @@ class EncoderLayer(nn.Module):
     return x + _residual_dropout(cfg)(h, deterministic=deterministic)
 
 
-class Encoder(nn.Module):
+class EncoderStack(nn.Module):
   """Encoder stack: embedded tokens [B,Le,E] -> encoded [B,Le,E]."""
 
   config: T5Config
@@ -455,7 +455,7 @@ class DecoderLayer(nn.Module):
     return x + self.residual_dropout(h, deterministic=deterministic), self_cache
 
 
-class Decoder(nn.Module):
+class DecoderStack(nn.Module):
   """Decoder stack plus output projection; `embedder` is the shared token embedding."""
 
   config: T5Config
@@ -516,8 +516,9 @@ class Transformer(nn.Module):
     cfg = self.config
     self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, dtype=_activation_dtype(cfg),
                                 product=self.ops.embedding_product)
-    self.encoder = Encoder(cfg, self.ops)
-    self.decoder = Decoder(cfg, embedder=self.token_embedder, ops=self.ops)
+    # The attribute names, not the classes', name the parameter tree (T5X's 'encoder', 'decoder').
+    self.encoder = EncoderStack(cfg, self.ops)
+    self.decoder = DecoderStack(cfg, embedder=self.token_embedder, ops=self.ops)
 
   def encode(self, encoder_input_tokens: Array, enable_dropout: bool = False) -> Array:
     """[B,Le] int tokens (0 = padding) -> encoded [B,Le,E]."""
