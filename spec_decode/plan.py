@@ -55,7 +55,6 @@ from jax.sharding import AbstractMesh
 
 from spec_decode import gin_utils
 from spec_decode.checkpoints import formats
-from spec_decode import models
 from spec_decode.t5 import network
 from spec_decode.runtime import decode_layout
 from spec_decode.runtime import partitioning

@@ -11,8 +11,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from spec_decode.data import corpora
 from spec_decode import models
+from spec_decode.data import corpora
 from spec_decode.gin_utils import UsageError
 from spec_decode.t5 import vocab
 

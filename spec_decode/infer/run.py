@@ -12,11 +12,8 @@ import gin
 import jax
 import numpy as np
 
-from spec_decode.runtime import call_costs
 from spec_decode import core
-from spec_decode.runtime import decode_layout
 from spec_decode import models
-from spec_decode.runtime import partitioning
 from spec_decode import plan
 from spec_decode.engine import stats
 from spec_decode.gin_utils import UsageError
@@ -25,9 +22,9 @@ from spec_decode.infer import inputs
 from spec_decode.infer import outputs
 from spec_decode.infer import stop_signals
 from spec_decode.infer import timing
-
-
-# --------------------------------------------------------------------------- decoding
+from spec_decode.runtime import call_costs
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 
 
 @dataclasses.dataclass(frozen=True)
