@@ -2,9 +2,10 @@
 
 Bottom to top: `engine/` (imports only itself: no gin, no T5, no framework), `paths` and
 `checkpoints/storage` (nothing of ours), `t5/`, `checkpoints/`, the T5X-style modules at the top
-level and their packages, then the tools (`training/`, `bench/`) and the T5X hook (`t5x/`),
-which nothing below them imports. Only the hook imports `t5x`; only the top level and
-above import gin. Read from the source (ast), so the test sees every import, lazy ones too.
+level and their packages, then the tools (`infer/`, `training/`, `bench/`, `aot`'s command
+line) and the T5X hook (`t5x/`), which nothing below them imports. Only the hook imports
+`t5x`; only the top level and above import gin. Read from the source (ast), so the test sees
+every import, lazy ones too.
 """
 
 import ast
@@ -18,8 +19,8 @@ import pytest
 from spec_decode import paths
 
 MODULES = sorted(paths.PACKAGE.rglob("*.py"))
-TOOLS = ("spec_decode.training", "spec_decode.bench", "spec_decode.t5x", "spec_decode.aot.cli",
-         "spec_decode.aot.__main__")
+TOOLS = ("spec_decode.infer", "spec_decode.training", "spec_decode.bench", "spec_decode.t5x",
+         "spec_decode.aot.cli", "spec_decode.aot.__main__")
 # Modules above ~500 lines, with the reason a reader would accept.
 LONG_MODULES = {
     "spec_decode/t5/network.py": "the whole T5 network, as one definition (T5X splits "
