@@ -30,13 +30,14 @@ What `infer` does, in this order (every check before anything is compiled or wri
      (`timing`), and for speculative sampling with COMPARE_WITH_BASELINE, Theorem 3.8's
      c and v (`call_costs`);
   5. writes predictions.jsonl and summary.json from the chunks and prints what it measured.
-The package's modules, in the order a run meets them: `cli` (flags to gin bindings, exit
-status), `run` (`infer` and `decode_all`: steps 2 to 5), `inputs` (step 1: `DatasetConfig`,
-`read_examples`, `make_batches`), `chunks` and `stop_signals` (step 4's commits and stops),
-`timing` (step 4's side-by-side rounds), `outputs` (step 5).
 Multi-host: every process runs the same command with T5X's `--multiprocess_gpu
 --coordinator_address --process_count --process_index` (any backend), restores its shards and
 decodes its rows; process 0 alone reads and writes chunks and outputs, and says where to resume.
+
+The package's modules: `cli` (flags to gin bindings, exit status), `run` (`infer` and
+`decode_all`: steps 2 to 5), `inputs` (step 1: `DatasetConfig`, `read_examples`,
+`make_batches`), `chunks` and `stop_signals` (step 4's commits and stops), `timing` (step 4's
+side-by-side rounds), `outputs` (step 5).
 
 A usage error (a missing gin file, an ineffective binding, an unset macro, an unknown task, a
 missing, truncated, corrupt or non-finite checkpoint (`checkpoint_faults` names the file and
