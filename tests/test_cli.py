@@ -171,6 +171,15 @@ def test_input_file_problems_name_the_file(run_cli, tmp_path):
                 "spec_decode.infer", f"input file {empty} is empty", out)
 
 
+def test_data_dir_applies_to_a_config_that_imports_no_task(run_cli, tmp_path):
+  """The demo config imports no task: --data_dir still binds the file tasks' data root."""
+  missing, out = tmp_path / "no_data", tmp_path / "out"
+  _assert_error(run_cli("spec_decode.infer", [
+      "--gin.MIXTURE_OR_TASK_NAME='tatoeba_ende_demo'", "--gin.infer.DatasetConfig.input_file=None",
+      f"--data_dir={missing}", f"--gin.INFER_OUTPUT_DIR='{out}'"]),
+                "spec_decode.infer", f"data directory not found: {missing}", out)
+
+
 @pytest.mark.parametrize("which", ["target", "draft"])
 def test_truncated_safetensors_checkpoint(which, run_cli, tmp_path):
   truncated = tmp_path / f"{which}.safetensors"

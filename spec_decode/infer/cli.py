@@ -17,14 +17,17 @@ from spec_decode.infer import timing
 
 DEFAULT_GIN_FILE = "configs/demo/infer.gin"
 
+
 def _task_directory_bindings(args: argparse.Namespace) -> list[str]:
-  """--data_dir and --tfds_data_dir as the bindings of `spec_decode.data.tasks` they stand for."""
+  """--data_dir and --tfds_data_dir as the bindings of `spec_decode.data.tasks` they stand for:
+  one gin text, since gin parses each binding on its own and the import must precede them
+  (a config need not import the tasks itself)."""
   bindings = [f"tasks.{name}.path = {value!r}" for name, value in (
       ("data_dir", args.data_dir), ("tfds_data_dir", args.tfds_data_dir)) if value is not None]
   if not bindings:
     return []
-  return ["from __gin__ import dynamic_registration", "from spec_decode.data import tasks",
-          *bindings]
+  return ["\n".join(["from __gin__ import dynamic_registration",
+                     "from spec_decode.data import tasks", *bindings])]
 
 
 def _task_settings() -> list[Callable[..., Any]]:
