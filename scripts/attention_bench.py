@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import platforms
+from spec_decode.runtime import platforms
 from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import network
 

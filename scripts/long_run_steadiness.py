@@ -25,7 +25,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from spec_decode import infer  # pylint: disable=g-import-not-at-top,wrong-import-position
-from spec_decode import infer_outputs  # pylint: disable=wrong-import-position
+from spec_decode.infer import outputs as infer_outputs  # pylint: disable=wrong-import-position
 from spec_decode import paths  # pylint: disable=wrong-import-position
 from spec_decode.bench import steadiness  # pylint: disable=wrong-import-position
 

@@ -31,10 +31,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode import bench
 from spec_decode.training import bleu
-from spec_decode.t5 import demo_pair
+from spec_decode.checkpoints import demo_pair
 from spec_decode.t5 import vocab
 
 # The paper's Table 2 rows of the same task and draft size, by temperature.

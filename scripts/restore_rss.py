@@ -5,7 +5,7 @@ T5X checkpoint (T5.1.1-small-sized, float32, about 320 MB; kept in DIR when give
 then restores it in a fresh process with 8 CPU devices, once per method:
   * sharded: `decode_layout.decode_layout(...).restore` (what `spec_decode.infer` does): every
     TensorStore array read slice by slice into its shards;
-  * whole: `models.load_params` (the whole target in host memory) then `jax.device_put` onto
+  * whole: `formats.load_params` (the whole target in host memory) then `jax.device_put` onto
     one device and to the shardings (what `spec_decode.infer` did before).
 For each it prints the process's RSS before the restore, its peak (ru_maxrss) after, and the
 bytes the devices hold. On CPU the devices' buffers ARE host memory, so the peak always
@@ -42,12 +42,12 @@ def write_checkpoint(directory: pathlib.Path) -> str:
   """A random T5X checkpoint (gzip zarr arrays) of CONFIG; returns its path."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from spec_decode.t5 import checkpoints  # pylint: disable=g-import-not-at-top
+  from spec_decode.checkpoints import t5x_format  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   params = jax.tree_util.tree_map(
       lambda leaf: rng.standard_normal(leaf.shape, np.float32),
-      checkpoints.expected_param_shapes(_config()))
-  return checkpoints.save_t5x(params, str(directory), step=1)
+      t5x_format.expected_param_shapes(_config()))
+  return t5x_format.save_t5x(params, str(directory), step=1)
 
 
 def _rss_mib() -> float:
@@ -59,9 +59,9 @@ def _rss_mib() -> float:
 def restore_in_this_process(path: str, method: str, num_partitions: int) -> dict:
   """Restores `path` by `method` and returns the memory figures (MiB)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from spec_decode import models  # pylint: disable=g-import-not-at-top
-  from spec_decode import decode_layout  # pylint: disable=g-import-not-at-top
-  from spec_decode import partitioning  # pylint: disable=g-import-not-at-top
+  from spec_decode.checkpoints import formats  # pylint: disable=g-import-not-at-top
+  from spec_decode.runtime import decode_layout  # pylint: disable=g-import-not-at-top
+  from spec_decode.runtime import partitioning  # pylint: disable=g-import-not-at-top
   from spec_decode.t5 import network  # pylint: disable=g-import-not-at-top
   module = network.Transformer(_config())
   layout = decode_layout.decode_layout(
@@ -71,7 +71,7 @@ def restore_in_this_process(path: str, method: str, num_partitions: int) -> dict
   if method == "sharded":
     params = layout.restore("target", module, path)
   else:
-    params = jax.device_put(jax.device_put(models.load_params(module, path)),
+    params = jax.device_put(jax.device_put(formats.load_params(module, path)),
                             layout.params_shardings)
   jax.block_until_ready(params)
   device_bytes = sum(shard.data.nbytes for leaf in jax.tree_util.tree_leaves(params)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     path = (str(directory / "checkpoint_1") if (directory / "checkpoint_1").exists()
             else write_checkpoint(directory))
     on_disk = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / MIB
-    from spec_decode import partitioning  # pylint: disable=g-import-not-at-top
+    from spec_decode.runtime import partitioning  # pylint: disable=g-import-not-at-top
     import jax  # pylint: disable=g-import-not-at-top
     shapes, _ = partitioning.abstract_params(_config())
     param_mib = sum(leaf.size * leaf.dtype.itemsize

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import platforms
+from spec_decode.runtime import platforms
 
 SHAPES = [(1024, 1024), (1024, 2816), (2816, 1024), (1024, 32128)]
 ROWS = [1, 2, 4, 8]

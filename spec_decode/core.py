@@ -44,7 +44,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from spec_decode import platforms
+from spec_decode.runtime import platforms
 from spec_decode.engine import decoding
 from spec_decode.engine import lookup
 from spec_decode.engine import loops

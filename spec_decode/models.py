@@ -6,7 +6,9 @@
 `predict_batch_with_aux`), so T5X-style
 code (and `spec_decode.infer`) drives it unchanged. `SpeculativeEncoderDecoderModel` adds a
 draft: a second `network.Transformer` with its own checkpoint, loaded once (on first use) and
-kept by the model. `params` are always the target's, as in any T5X run.
+kept by the model. `params` are always the target's, as in any T5X run. `loss_fn`'s token loss
+is `cross_entropy_with_logits` (T5X's, which the trainer uses too); the vocabulary configs
+bind is `sentencepiece_vocabulary`.
 
 Batches use seqio's encoder-decoder features (B batch, Le input length, L target length):
   encoder_input_tokens [B, Le] int32 (0 = padding), decoder_input_tokens [B, L] (targets
@@ -44,10 +46,7 @@ is loaded or compiled.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
-import os
-import posixpath
 import sys
 from typing import Any, Callable, Mapping
 
@@ -56,15 +55,8 @@ import jax.numpy as jnp
 from flax.core import unfreeze
 
 from spec_decode import core
-from spec_decode import losses
 from spec_decode import paths
-from spec_decode.t5 import architecture
-from spec_decode.t5 import checkpoint_faults
-from spec_decode.t5 import checkpoints
-from spec_decode.t5 import hf_checkpoints
-from spec_decode.t5 import hf_hub
-from spec_decode.t5 import demo_pair
-from spec_decode.t5 import storage
+from spec_decode.checkpoints import formats
 from spec_decode.engine import loops
 from spec_decode.t5 import network
 from spec_decode.engine import sampling
@@ -73,9 +65,6 @@ from spec_decode.t5 import vocab
 Params = Any
 Batch = Mapping[str, jax.Array]
 
-# T5Config fields that do not change what a checkpoint computes (precision, training only).
-_NON_ARCHITECTURE_FIELDS = ("dtype", "float32_attention_logits", "dropout_rate")
-
 
 def sentencepiece_vocabulary(sentencepiece_model_file: str,
                              extra_ids: int = 0) -> vocab.SentencePieceVocabulary:
@@ -83,90 +72,26 @@ def sentencepiece_vocabulary(sentencepiece_model_file: str,
   return vocab.SentencePieceVocabulary(paths.resolve(sentencepiece_model_file), extra_ids)
 
 
-def _check_same_architecture(expected: network.T5Config, found: network.T5Config,
-                             source: str) -> None:
-  differences = [
-      f"{field.name} {getattr(found, field.name)!r} (model: {getattr(expected, field.name)!r})"
-      for field in dataclasses.fields(network.T5Config)
-      if field.name not in _NON_ARCHITECTURE_FIELDS
-      and getattr(found, field.name) != getattr(expected, field.name)]
-  if differences:
-    raise ValueError(f"{source}: the checkpoint's config differs from the model's: "
-                     + ", ".join(differences))
+def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array, z_loss: float,
+                              label_smoothing: float) -> tuple[jax.Array, jax.Array]:
+  """T5X's per-token cross-entropy (`t5x/losses.py`), of `EncoderDecoderModel.loss_fn` and the
+  trainer: (loss including the z-loss term, the z-loss term alone), both [B, L], for logits
+  [B, L, V] and targets [B, L]; the caller weights and sums them.
 
-
-# The Orbax item in which T5X's Orbax checkpoint manager keeps a step's train state
-# (`checkpoint_N/state`: an Orbax `_METADATA` tree, parameters under 'target').
-T5X_ORBAX_STATE_ITEM = "state"
-
-
-def t5x_orbax_state_item(path: str) -> str:
-  """`path`/state when `path` is a step directory T5X's Orbax checkpoint manager wrote, else
-  `path`: the folder `checkpoints.load_t5x` reads a T5X checkpoint from."""
-  item = posixpath.join(path.rstrip("/"), T5X_ORBAX_STATE_ITEM)
-  return item if storage.read_file(posixpath.join(item, "_METADATA")) is not None else path
-
-
-def checkpoint_format(path: str) -> tuple[str, str]:
-  """(format, resolved path) of a checkpoint `load_params` reads: format 'hf' (a Hugging Face
-  folder with config.json, or a Hub id `hf://ORG/NAME[@REVISION]` resolved to its folder in the
-  Hub's cache: `hf_hub`), 'demo' (a .safetensors file) or 't5x' (anything else: a T5X
-  checkpoint, legacy or Orbax; for a step directory T5X's Orbax checkpoint manager wrote, its
-  `state` item). FileNotFoundError when a local path or a Hub model does not exist."""
-  if hf_hub.is_hub_id(path):
-    return "hf", hf_hub.hub_folder(path)
-  resolved = paths.resolve(path)
-  if not resolved.startswith("gs://") and not os.path.exists(resolved):
-    raise FileNotFoundError(f"checkpoint not found: {path}")
-  if os.path.isfile(os.path.join(resolved, "config.json")):
-    return "hf", resolved
-  if resolved.endswith(".safetensors"):
-    return "demo", resolved
-  return "t5x", t5x_orbax_state_item(resolved)
-
-
-def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Params:
-  """Parameters for `module` from a checkpoint, checked against it (every path and shape), with
-  floating-point leaves cast to `dtype` when given, as numpy arrays in host memory (see
-  `decode_layout.restore_params` for a restore straight into a mesh's shards).
-
-  `path`: a T5X checkpoint (directory, its `checkpoint` file, or a msgpack file; local or
-  gs://), a Hugging Face T5 folder (with config.json) or Hub id (`hf://ORG/NAME`), or a
-  `.safetensors` file of the shipped demo format (`spec_decode.t5.demo_pair`). The configs of
-  the last two must match the module's.
+  With label smoothing the constant entropy of the smoothed target is subtracted (as T5X
+  does) so that a perfect model scores 0.
   """
-  kind, resolved = checkpoint_format(path)
-  with checkpoint_faults.reading(path):
-    if kind == "hf":
-      found, params = hf_checkpoints.load_hf(resolved)
-      _check_same_architecture(module.config, found, path)
-    elif kind == "demo":
-      found, params = demo_pair.load_model(resolved)
-      _check_same_architecture(module.config, found, path)
-    else:
-      params = checkpoints.load_t5x(resolved)
-  checkpoints.check_params(checkpoints.expected_param_shapes(module.config), params, path)
-  checkpoint_faults.check_finite_params(params, path)
-  return params if dtype is None else checkpoints.cast_floats(params, dtype)
-
-
-# --------------------------------------------------------------------------- checkpoints' configs
-
-
-def checkpoint_config(path: str, like: network.T5Config) -> network.T5Config:
-  """The network config of a checkpoint `load_params` reads, without reading its weights: a
-  Hugging Face folder's config.json, a demo .safetensors file's header, or a T5X checkpoint's
-  parameter shapes (`architecture.config_from_params`, what shapes cannot tell from `like`).
-  The activation dtype is always `like`'s."""
-  kind, resolved = checkpoint_format(path)
-  with checkpoint_faults.reading(path):
-    if kind == "hf":
-      found = hf_checkpoints.read_hf_config(resolved)
-    elif kind == "demo":
-      found = demo_pair.read_config(resolved)
-    else:
-      return architecture.config_from_params(architecture.t5x_param_shapes(resolved), like, path)
-  return dataclasses.replace(found, dtype=like.dtype)
+  vocab_size = logits.shape[-1]
+  confidence = 1.0 - label_smoothing
+  low_confidence = label_smoothing / (vocab_size - 1)
+  normalizer = -(confidence * jnp.log(confidence) +
+                 (vocab_size - 1) * low_confidence * jnp.log(low_confidence + 1e-20))
+  soft_targets = jax.nn.one_hot(targets, vocab_size) * (confidence - low_confidence) + low_confidence
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  log_probs = logits - log_z[..., None]
+  z_term = z_loss * jnp.square(log_z)
+  loss = -jnp.sum(soft_targets * log_probs, axis=-1) - normalizer + z_term
+  return loss, z_term
 
 
 # --------------------------------------------------------------------------- models
@@ -284,7 +209,7 @@ class EncoderDecoderModel:
     smoothing and z-loss) are summed with decoder_loss_weights, then divided by
     loss_normalizing_factor when it is set."""
     logits = self._compute_logits(params, batch, dropout_rng)
-    token_loss, z_term = losses.cross_entropy_with_logits(
+    token_loss, z_term = cross_entropy_with_logits(
         logits, batch["decoder_target_tokens"], self._z_loss, self._label_smoothing)
     weights = self._loss_weights(batch).astype(jnp.float32)
     loss, z_loss = jnp.sum(token_loss * weights), jnp.sum(z_term * weights)
@@ -342,11 +267,11 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
   """An EncoderDecoderModel with a draft, decoding with `decode_loop` ('speculative_sample' by
   default; any loop of `spec_decode.engine.loops`).
 
-  `draft_checkpoint_path`: the draft's checkpoint (any format of `load_params`), read on first
-  use; `draft_module`: the draft `network.Transformer`, by default the config read from that
-  checkpoint (`checkpoint_config`: no weight is read) in the target's dtype. A draft built or
-  trained in memory needs no checkpoint: give `draft_module` alone and pass its parameters to
-  `predict_batch_with_aux(draft_params=...)`. The decode
+  `draft_checkpoint_path`: the draft's checkpoint (any format of `formats.load_params`), read
+  on first use; `draft_module`: the draft `network.Transformer`, by default the config read from
+  that checkpoint (`formats.checkpoint_config`: no weight is read) in the target's dtype. A
+  draft built or trained in memory needs no checkpoint: give `draft_module` alone and pass its
+  parameters to `predict_batch_with_aux(draft_params=...)`. The decode
   settings (gamma, verifier, draft_policy, temperature, ...) are constructor arguments, as in
   the T5X hook (configs bind them from GAMMA, VERIFIER, DRAFT_POLICY, TEMPERATURE). With a loop
   that uses no draft (the baseline) the target runs alone and the draft is never read.
@@ -382,13 +307,13 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
 
   def _draft_network(self, decode_loop: str) -> network.Transformer:
     if self.draft_checkpoint_path is not None:
-      checkpoint_format(self.draft_checkpoint_path)  # FileNotFoundError when missing
+      formats.checkpoint_format(self.draft_checkpoint_path)  # FileNotFoundError when missing
     if self._given_draft_module is not None:  # built in memory: its params are given to decode
       return self._given_draft_module
     if self.draft_checkpoint_path is None:
       raise ValueError(f"decode loop {decode_loop!r} needs a draft: set draft_checkpoint_path "
                        "(or give draft_module)")
-    return network.Transformer(checkpoint_config(self.draft_checkpoint_path,
+    return network.Transformer(formats.checkpoint_config(self.draft_checkpoint_path,
                                                  like=self.module.config))
 
   @property
@@ -403,7 +328,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       if self.draft_module is None or self.draft_checkpoint_path is None:
         raise ValueError("no draft parameters: set draft_checkpoint_path, or pass draft_params")
       self._draft_params = jax.device_put(
-          load_params(self.draft_module, self.draft_checkpoint_path))
+          formats.load_params(self.draft_module, self.draft_checkpoint_path))
     return self._draft_params
 
   def baseline(self) -> EncoderDecoderModel:

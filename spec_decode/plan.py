@@ -10,7 +10,7 @@ What it reads (the gin config is parsed, nothing is built or allocated):
   * the target: the `network.T5Config` the config binds;
   * the draft: `--draft_gin_file` (a model gin file), else the config's
     `models.SpeculativeEncoderDecoderModel.draft_module`, else the config read from the
-    checkpoint DRAFT_CHECKPOINT_PATH names (its parameter shapes: `models.checkpoint_config`);
+    checkpoint DRAFT_CHECKPOINT_PATH names (its parameter shapes: `formats.checkpoint_config`);
     without any, the target alone is planned;
   * batch size and lengths: the BATCH_SIZE and TASK_FEATURE_LENGTHS macros ({'inputs': Le,
     'targets': L}), each overridden by its flag.
@@ -54,10 +54,10 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 
 from spec_decode import gin_utils
-from spec_decode import models
+from spec_decode.checkpoints import formats
 from spec_decode.t5 import network
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 
 NUM_PARTITIONS = (1, 2, 4, 8, 16)
 DEVICE_KINDS = ("tpu_v4", "h200", "cpu")
@@ -313,7 +313,7 @@ def read_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
       draft = reference.scoped_configurable_fn().config
     elif isinstance(draft_path, str):
       try:
-        draft = models.checkpoint_config(draft_path, like=target)
+        draft = formats.checkpoint_config(draft_path, like=target)
       except (ValueError, OSError) as e:
         raise gin_utils.UsageError(f"the draft's config could not be read from "
                                    f"DRAFT_CHECKPOINT_PATH ({gin_utils.first_line(e)}): give "

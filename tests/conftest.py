@@ -32,7 +32,7 @@ def unreachable_gcs(monkeypatch):
   """Google Cloud Storage as a run without network or credentials meets it: requests that are
   never answered (a local socket that accepts and stays silent), with `storage`'s bounded wait
   cut to 2 s. Yields that wait."""
-  from spec_decode.t5 import storage  # pylint: disable=g-import-not-at-top
+  from spec_decode.checkpoints import storage  # pylint: disable=g-import-not-at-top
   with socket.socket() as silent:
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)

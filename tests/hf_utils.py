@@ -2,7 +2,7 @@
 
 `hf_model_and_params(directory, name, seed)` builds a random
 `transformers.T5ForConditionalGeneration` from `HF_CONFIGS[name]`, saves it with
-`save_pretrained(directory)` and loads that folder with `spec_decode.t5.hf_checkpoints.load_hf`,
+`save_pretrained(directory)` and loads that folder with `spec_decode.checkpoints.hf_format.load_hf`,
 returning `(hf_model in eval mode, T5Config, params)`. Requires torch and transformers; tests
 that use them are marked `needs_hf` (the "test" extra installs both on Python 3.11 only: see
 setup.py).
@@ -56,9 +56,9 @@ def random_hf_model(name: str, seed: int):
 
 def hf_model_and_params(directory: str, name: str, seed: int = 0):
   """(hf_model, T5Config, params): a random HF model saved to `directory` and loaded back."""
-  from spec_decode.t5 import hf_checkpoints  # pylint: disable=g-import-not-at-top
+  from spec_decode.checkpoints import hf_format  # pylint: disable=g-import-not-at-top
 
   model = random_hf_model(name, seed)
   model.save_pretrained(os.fspath(directory))
-  config, params = hf_checkpoints.load_hf(directory)
+  config, params = hf_format.load_hf(directory)
   return model, config, params

@@ -13,11 +13,11 @@ import pytest
 
 import tiny_t5
 from spec_decode import core
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 from spec_decode import paths
 from spec_decode import plan
-from spec_decode import platforms
+from spec_decode.runtime import platforms
 from spec_decode.aot import cli
 from spec_decode.aot import programs
 from spec_decode.aot import topologies

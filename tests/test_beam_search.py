@@ -16,7 +16,7 @@ from spec_decode import core
 from spec_decode.engine import beam_search
 from spec_decode.engine import decoding
 from spec_decode.engine import loops
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 
 t5x_decoding = pytest.importorskip(
@@ -83,7 +83,7 @@ def test_equals_t5x_on_a_toy_model(eos_shift, num_beams, alpha, batch_size):
 def test_equals_t5x_on_a_tiny_t5(num_beams, alpha, batch_size):
   config = tiny_t5.tiny_config(64, tiny_t5.SHRINK)
   module = network.Transformer(config)
-  params = checkpoints.random_params(config, seed=2)
+  params = t5x_format.random_params(config, seed=2)
   encoder_tokens = jnp.asarray(
       np.random.default_rng(0).integers(2, 64, (batch_size, 6)), jnp.int32)
   inputs = jnp.zeros((batch_size, LENGTH), jnp.int32)

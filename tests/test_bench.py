@@ -13,8 +13,8 @@ import pytest
 
 from spec_decode import bench
 from spec_decode.bench.suites import peer
-from spec_decode.t5 import checkpoints
-from spec_decode.t5 import demo_pair
+from spec_decode.checkpoints import t5x_format
+from spec_decode.checkpoints import demo_pair
 from spec_decode.engine import loops
 from spec_decode.engine import verify
 from spec_decode.t5 import vocab
@@ -283,8 +283,8 @@ def test_near_bigram_draft_is_the_targets_own_arrays_and_agrees_with_it():
   assert (pair.draft.config.num_encoder_layers, pair.draft.config.num_decoder_layers) == (1, 1)
   assert pair.draft.config.emb_dim == pair.target.config.emb_dim and not pair.has_eos
   # Every residual branch of the target is scaled, nothing else is.
-  unscaled = dict(checkpoints.flatten_params(checkpoints.random_params(pair.target.config, 0)))
-  for path, leaf in checkpoints.flatten_params(target):
+  unscaled = dict(t5x_format.flatten_params(t5x_format.random_params(pair.target.config, 0)))
+  for path, leaf in t5x_format.flatten_params(target):
     expected = unscaled[path] * (1e-4 if path[-2] in ("out", "wo") else 1.0)
     np.testing.assert_allclose(np.asarray(leaf), expected, rtol=1e-6, err_msg=str(path))
   assert "scaled by 0.0001" in pair.description

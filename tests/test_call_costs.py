@@ -5,8 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-from spec_decode import call_costs
-from spec_decode.t5 import checkpoints
+from spec_decode.runtime import call_costs
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 
 CONFIG = network.T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
@@ -33,7 +33,7 @@ def test_a_one_logits_call_asks_for_its_last_fed_tokens_logits(monkeypatch, one_
     return call
 
   monkeypatch.setattr(network, "make_tokens_to_logits", recording_make)
-  call = call_costs.Call(network.Transformer(CONFIG), checkpoints.random_params(CONFIG, seed=0),
+  call = call_costs.Call(network.Transformer(CONFIG), t5x_format.random_params(CONFIG, seed=0),
                          3, one_logits)
   assert np.isfinite(call_costs.compile_call_sequence([call], 1, 4, 8, loops=2)())
   if one_logits:

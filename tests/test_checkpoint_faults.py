@@ -18,10 +18,10 @@ import pytest
 
 import tiny_t5
 from spec_decode.bench import steadiness
-from spec_decode.t5 import checkpoint_faults
-from spec_decode.t5 import checkpoints
-from spec_decode.t5 import demo_pair
-from spec_decode.t5 import hf_checkpoints
+from spec_decode.checkpoints import checkpoint_faults
+from spec_decode.checkpoints import t5x_format
+from spec_decode.checkpoints import demo_pair
+from spec_decode.checkpoints import hf_format
 
 PARAMETER = "decoder/layers_0/mlp/wo/kernel"
 ARRAY_DIR = "target.decoder.layers_0.mlp.wo.kernel"  # where save_t5x stores PARAMETER
@@ -33,26 +33,26 @@ def _truncate(path: pathlib.Path, keep: float = 0.5) -> None:
 
 
 def _legacy_inline_truncated(model, directory):
-  path = pathlib.Path(checkpoints.save_t5x(model.params, str(directory), 1, inline=True))
+  path = pathlib.Path(t5x_format.save_t5x(model.params, str(directory), 1, inline=True))
   _truncate(path / "checkpoint")
   return path, f"{path}: not a msgpack T5X checkpoint (Unpack failed"
 
 
 def _legacy_index_truncated(model, directory):
-  path = pathlib.Path(checkpoints.save_t5x(model.params, str(directory), 1))
+  path = pathlib.Path(t5x_format.save_t5x(model.params, str(directory), 1))
   _truncate(path / "checkpoint")
   return path, f"{path}: not a msgpack T5X checkpoint (Unpack failed"
 
 
 def _tensorstore_chunk_truncated(model, directory):
-  path = pathlib.Path(checkpoints.save_t5x(model.params, str(directory), 1))
+  path = pathlib.Path(t5x_format.save_t5x(model.params, str(directory), 1))
   _truncate(path / ARRAY_DIR / "0.0")
   return path, (f"checkpoint {path}, parameter {PARAMETER}, cannot be read: truncated, corrupt "
                 f"or not a checkpoint of its format (ValueError: ")
 
 
 def _tensorstore_metadata_corrupt(model, directory):
-  path = pathlib.Path(checkpoints.save_t5x(model.params, str(directory), 1))
+  path = pathlib.Path(t5x_format.save_t5x(model.params, str(directory), 1))
   (path / ARRAY_DIR / ".zarray").write_text("{\"zarr_format\": 2, ")
   return path, f"checkpoint {path}, parameter {PARAMETER}, cannot be read"
 
@@ -107,12 +107,12 @@ NAN_MESSAGE = f"parameter {PARAMETER} has 1 non-finite value (NaN or infinity), 
 
 
 def _nan_in_tensorstore(model, directory):
-  path = pathlib.Path(checkpoints.save_t5x(_with_nan(model), str(directory), 1))
+  path = pathlib.Path(t5x_format.save_t5x(_with_nan(model), str(directory), 1))
   return path, f"checkpoint {path}: {NAN_MESSAGE}"
 
 
 def _nan_in_hf_folder(model, directory):
-  hf_checkpoints.save_hf(model.config, _with_nan(model), str(directory))
+  hf_format.save_hf(model.config, _with_nan(model), str(directory))
   return directory, f"checkpoint {directory}: {NAN_MESSAGE}"
 
 

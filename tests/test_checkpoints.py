@@ -1,4 +1,4 @@
-"""Tests of spec_decode.t5.checkpoints: T5X legacy/Orbax reading, T5X writing, HF parity, errors."""
+"""spec_decode.checkpoints.t5x_format: T5X legacy/Orbax reading, T5X writing, HF parity, errors."""
 
 import dataclasses
 import json
@@ -15,8 +15,8 @@ from flax import serialization
 
 import shared_data
 from hf_utils import HF_CONFIGS, hf_model_and_params, needs_hf
-from spec_decode.t5 import checkpoints
-from spec_decode.t5 import hf_checkpoints
+from spec_decode.checkpoints import t5x_format
+from spec_decode.checkpoints import hf_format
 from spec_decode.t5.network import T5Config, Transformer
 
 try:
@@ -81,18 +81,18 @@ def t5x_written(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_params(t5x_written):
-  return checkpoints.load_t5x(str(t5x_written["inline"]))
+  return t5x_format.load_t5x(str(t5x_written["inline"]))
 
 
 def test_t5x_written_checkpoints_read_as_t5x_wrote_them(t5x_written, tiny_params):
   """Every format T5X's checkpointers write reads back as the parameters T5X was given (an
   Orbax step directory through its 'state' item, where T5X's manager keeps the train state)."""
   _assert_trees_equal(tiny_params, t5x_written["params"])
-  _assert_trees_equal(checkpoints.load_t5x(str(t5x_written["tensorstore"])),
+  _assert_trees_equal(t5x_format.load_t5x(str(t5x_written["tensorstore"])),
                       t5x_written["params"])
   orbax_state = t5x_written["orbax"] / "state"
   assert (orbax_state / "_METADATA").is_file()
-  _assert_trees_equal(checkpoints.load_t5x(str(orbax_state)), t5x_written["params"])
+  _assert_trees_equal(t5x_format.load_t5x(str(orbax_state)), t5x_written["params"])
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def small_params():
   rng = np.random.default_rng(0)
   return jax.tree_util.tree_map(
       lambda leaf: rng.standard_normal(leaf.shape).astype(leaf.dtype),
-      checkpoints.expected_param_shapes(SMALL_CONFIG))
+      t5x_format.expected_param_shapes(SMALL_CONFIG))
 
 
 # --------------------------------------------------------------------------- T5X reading
@@ -129,10 +129,10 @@ def test_load_t5x_accepts_directory_or_file_and_casts(t5x_written, tiny_params, 
   checkpoint_dir = tmp_path / "checkpoint_0"
   checkpoint_dir.mkdir()
   os.symlink(t5x_written["inline"], checkpoint_dir / "checkpoint")
-  _assert_trees_equal(checkpoints.load_t5x(str(checkpoint_dir)), tiny_params)
-  _assert_trees_equal(checkpoints.load_t5x(str(checkpoint_dir / "checkpoint")), tiny_params)
+  _assert_trees_equal(t5x_format.load_t5x(str(checkpoint_dir)), tiny_params)
+  _assert_trees_equal(t5x_format.load_t5x(str(checkpoint_dir / "checkpoint")), tiny_params)
 
-  bf16 = checkpoints.load_t5x(str(t5x_written["inline"]), dtype=jnp.bfloat16)
+  bf16 = t5x_format.load_t5x(str(t5x_written["inline"]), dtype=jnp.bfloat16)
   for path, leaf in _leaves(tiny_params).items():
     assert _leaves(bf16)[path].dtype == jnp.bfloat16
     np.testing.assert_array_equal(_leaves(bf16)[path], leaf.astype(jnp.bfloat16))
@@ -140,7 +140,7 @@ def test_load_t5x_accepts_directory_or_file_and_casts(t5x_written, tiny_params, 
 
 def test_tensorstore_and_orbax_toy_checkpoints_agree():
   """T5X's repository's own test files, as stored there (no .zarray files in the Orbax one)."""
-  legacy = checkpoints.restore_t5x_state(str(_require(T5X_TOY / "tiny_t5" / "checkpoint_1")))
+  legacy = t5x_format.restore_t5x_state(str(_require(T5X_TOY / "tiny_t5" / "checkpoint_1")))
   # The legacy msgpack describes every array itself; this is the content T5X's test expects.
   assert legacy["target"] == {}
   state = legacy["state"]
@@ -153,9 +153,9 @@ def test_tensorstore_and_orbax_toy_checkpoints_agree():
   orbax_dir = str(_require(T5X_TOY / "tiny_orbax" / "1"))
   # Its array directories carry no .zarray here, so their shapes/dtypes must be supplied.
   with pytest.raises(ValueError, match="template"):
-    checkpoints.restore_t5x_state(orbax_dir)
+    t5x_format.restore_t5x_state(orbax_dir)
   template = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-  orbax = checkpoints.restore_t5x_state(orbax_dir, template={"state": template})
+  orbax = t5x_format.restore_t5x_state(orbax_dir, template={"state": template})
   _assert_trees_equal(orbax["state"], state)
 
 
@@ -167,26 +167,26 @@ def test_orbax_metadata_layout(small_params, tmp_path):
     checkpointer = ocp.Checkpointer(
         ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt, use_zarr3=use_zarr3))
     checkpointer.save(directory, args=ocp.args.PyTreeSave(tree))
-    _assert_trees_equal(checkpoints.load_t5x(str(directory)), small_params)
-    assert int(checkpoints.restore_t5x_state(str(directory))["state"]["step"]) == 3
+    _assert_trees_equal(t5x_format.load_t5x(str(directory)), small_params)
+    assert int(t5x_format.restore_t5x_state(str(directory))["state"]["step"]) == 3
 
 
 def test_gcs_and_legacy_spec_paths_resolve_against_the_checkpoint():
   spec = {"driver": "zarr", "dtype": "float32",
           "kvstore": {"driver": "gfile", "path": "target.encoder.encoder_norm.scale/"},
           "metadata": {"chunks": np.array([8]), "compressor": {"id": "gzip"}, "shape": [8]}}
-  remote = checkpoints._legacy_array_spec(spec, "gs://bucket/run/checkpoint_5", "x")
+  remote = t5x_format._legacy_array_spec(spec, "gs://bucket/run/checkpoint_5", "x")
   assert remote["kvstore"] == {"driver": "gcs", "bucket": "bucket",
                                "path": "run/checkpoint_5/target.encoder.encoder_norm.scale/"}
   assert remote["metadata"]["chunks"] == [8]
   # Written on GCS (placeholder bucket), read from a local copy.
   gcs_written = dict(spec, kvstore={"driver": "gcs", "bucket": "t5x-dummy-bucket",
                                     "path": "target.x"})
-  local = checkpoints._legacy_array_spec(gcs_written, "/ckpt/checkpoint_5", "x")
+  local = t5x_format._legacy_array_spec(gcs_written, "/ckpt/checkpoint_5", "x")
   assert local["kvstore"] == {"driver": "file", "path": "/ckpt/checkpoint_5/target.x/"}
   # TensorStore < 0.1.14 kept the path at the top level.
   old = {"driver": "zarr", "dtype": "float32", "path": "target.x", "metadata": {"shape": [8]}}
-  assert checkpoints._legacy_array_spec(old, "/ckpt", "x")["kvstore"]["path"] == "/ckpt/target.x/"
+  assert t5x_format._legacy_array_spec(old, "/ckpt", "x")["kvstore"]["path"] == "/ckpt/target.x/"
 
 
 # --------------------------------------------------------------------------- T5X writing
@@ -195,7 +195,7 @@ def test_gcs_and_legacy_spec_paths_resolve_against_the_checkpoint():
 def _t5x_style_read(checkpoint_dir: Path, spec: dict) -> np.ndarray:
   """Opens an array the way T5X's restore does: the spec's chunking and compressor are
   dropped, the relative path is joined to the checkpoint directory, the .zarray rules."""
-  spec = checkpoints._to_json(spec)
+  spec = t5x_format._to_json(spec)
   del spec["metadata"]["chunks"], spec["metadata"]["compressor"]
   spec["kvstore"] = {"driver": "file", "path": str(checkpoint_dir / spec["kvstore"]["path"])}
   return ts.open(spec, open=True).result().read().result()
@@ -203,11 +203,11 @@ def _t5x_style_read(checkpoint_dir: Path, spec: dict) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_save_t5x_round_trip_in_t5x_layout(small_params, tmp_path, dtype):
-  params = checkpoints.cast_floats(small_params, dtype)
-  written = Path(checkpoints.save_t5x(params, str(tmp_path), 12))
+  params = t5x_format.cast_floats(small_params, dtype)
+  written = Path(t5x_format.save_t5x(params, str(tmp_path), 12))
   assert written == tmp_path / "checkpoint_12"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_12"]  # no temp dir left
-  _assert_trees_equal(checkpoints.load_t5x(str(written)), params)
+  _assert_trees_equal(t5x_format.load_t5x(str(written)), params)
 
   contents = serialization.msgpack_restore((written / "checkpoint").read_bytes())
   assert contents["version"] == 3
@@ -221,22 +221,22 @@ def test_save_t5x_round_trip_in_t5x_layout(small_params, tmp_path, dtype):
 
 
 def test_save_t5x_inline_and_missing_zarray(small_params, tmp_path):
-  inline = Path(checkpoints.save_t5x(small_params, str(tmp_path), 1, inline=True))
+  inline = Path(t5x_format.save_t5x(small_params, str(tmp_path), 1, inline=True))
   assert [p.name for p in inline.iterdir()] == ["checkpoint"]
-  _assert_trees_equal(checkpoints.load_t5x(str(inline)), small_params)
-  bf16 = checkpoints.cast_floats(small_params, jnp.bfloat16)
-  inline_bf16 = checkpoints.save_t5x(bf16, str(tmp_path), 4, inline=True)
-  _assert_trees_equal(checkpoints.load_t5x(inline_bf16), bf16)
+  _assert_trees_equal(t5x_format.load_t5x(str(inline)), small_params)
+  bf16 = t5x_format.cast_floats(small_params, jnp.bfloat16)
+  inline_bf16 = t5x_format.save_t5x(bf16, str(tmp_path), 4, inline=True)
+  _assert_trees_equal(t5x_format.load_t5x(inline_bf16), bf16)
 
-  stripped = Path(checkpoints.save_t5x(small_params, str(tmp_path), 2))
+  stripped = Path(t5x_format.save_t5x(small_params, str(tmp_path), 2))
   for zarray in stripped.glob("*/.zarray"):
     zarray.unlink()
-  _assert_trees_equal(checkpoints.load_t5x(str(stripped)), small_params)
+  _assert_trees_equal(t5x_format.load_t5x(str(stripped)), small_params)
 
   with pytest.raises(FileExistsError, match="checkpoint_2"):
-    checkpoints.save_t5x(small_params, str(tmp_path), 2)
+    t5x_format.save_t5x(small_params, str(tmp_path), 2)
   with pytest.raises(ValueError, match="step"):
-    checkpoints.save_t5x(small_params, str(tmp_path), -1)
+    t5x_format.save_t5x(small_params, str(tmp_path), -1)
 
 
 # --------------------------------------------------------------------------- errors
@@ -245,47 +245,47 @@ def test_save_t5x_inline_and_missing_zarray(small_params, tmp_path):
 def test_missing_checkpoint_and_array_are_named(small_params, tmp_path):
   missing = tmp_path / "checkpoint_7"
   with pytest.raises(FileNotFoundError, match=str(missing)):
-    checkpoints.load_t5x(str(missing))
+    t5x_format.load_t5x(str(missing))
   empty = tmp_path / "empty"
   empty.mkdir()
   with pytest.raises(FileNotFoundError, match=f"no T5X checkpoint at {empty}"):
-    checkpoints.load_t5x(str(empty))
+    t5x_format.load_t5x(str(empty))
 
-  written = Path(checkpoints.save_t5x(small_params, str(tmp_path), 3))
+  written = Path(t5x_format.save_t5x(small_params, str(tmp_path), 3))
   shutil.rmtree(written / "target.encoder.layers_1.mlp.wo.kernel")
   with pytest.raises(FileNotFoundError, match="encoder/layers_1/mlp/wo/kernel"):
-    checkpoints.load_t5x(str(written))
+    t5x_format.load_t5x(str(written))
 
   with pytest.raises(FileNotFoundError, match="config.json"):
-    hf_checkpoints.load_hf(str(empty))
+    hf_format.load_hf(str(empty))
   (empty / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
   with pytest.raises(ValueError, match=r"missing T5 config fields \['vocab_size', 'd_kv'"):
-    hf_checkpoints.load_hf(str(empty))
+    hf_format.load_hf(str(empty))
   hf_config = {"model_type": "t5", "vocab_size": 32, "d_model": 8, "d_kv": 2, "d_ff": 16,
                "num_layers": 1, "num_heads": 4}
   (empty / "config.json").write_text(json.dumps(hf_config))
   with pytest.raises(FileNotFoundError, match=f"model.safetensors .* in {empty}"):
-    hf_checkpoints.load_hf(str(empty))
+    hf_format.load_hf(str(empty))
 
 
 def test_shape_mismatch_names_path_and_both_shapes(small_params):
   wider = dataclasses.replace(SMALL_CONFIG, mlp_dim=32)
   with pytest.raises(ValueError) as error:
-    checkpoints.check_params(checkpoints.expected_param_shapes(wider), small_params, "small")
+    t5x_format.check_params(t5x_format.expected_param_shapes(wider), small_params, "small")
   message = str(error.value)
   # Sorted paths: the first mismatching one is the decoder's first gated MLP input.
   assert "small: parameter decoder/layers_0/mlp/wi_0/kernel" in message
   assert "(8, 16)" in message and "(8, 32)" in message
 
-  expected = checkpoints.expected_param_shapes(SMALL_CONFIG)
-  checkpoints.check_params(expected, small_params, "small")
+  expected = t5x_format.expected_param_shapes(SMALL_CONFIG)
+  t5x_format.check_params(expected, small_params, "small")
   pruned = {**small_params, "decoder": {k: v for k, v in small_params["decoder"].items()
                                        if k != "logits_dense"}}
   with pytest.raises(ValueError, match="missing parameter decoder/logits_dense/kernel"):
-    checkpoints.check_params(expected, pruned, "small")
+    t5x_format.check_params(expected, pruned, "small")
   extra = {**small_params, "extra": {"kernel": np.zeros((2, 2))}}
   with pytest.raises(ValueError, match=r"unexpected parameter extra/kernel with shape \(2, 2\)"):
-    checkpoints.check_params(expected, extra, "small")
+    t5x_format.check_params(expected, extra, "small")
 
 
 # --------------------------------------------------------------------------- Hugging Face
@@ -348,8 +348,8 @@ def test_hf_parity(tmp_path, name):
 def test_save_hf_round_trip(tmp_path, name):
   hf_model, config, params = hf_model_and_params(tmp_path / "original", name, seed=4)
   saved = tmp_path / "saved"
-  hf_checkpoints.save_hf(config, params, str(saved))
-  reloaded_config, reloaded = hf_checkpoints.load_hf(str(saved))
+  hf_format.save_hf(config, params, str(saved))
+  reloaded_config, reloaded = hf_format.load_hf(str(saved))
   assert reloaded_config == config
   _assert_trees_equal(reloaded, params)
 
@@ -367,7 +367,7 @@ def test_load_hf_pytorch_bin_with_tied_copies(tmp_path):
   shutil.copy(tmp_path / "safetensors" / "config.json", folder)
   # A full state dict also holds encoder/decoder embed_tokens and lm_head (all tied).
   torch.save(hf_model.state_dict(), folder / "pytorch_model.bin")
-  bin_config, bin_params = hf_checkpoints.load_hf(str(folder))
+  bin_config, bin_params = hf_format.load_hf(str(folder))
   assert bin_config == config
   _assert_trees_equal(bin_params, params)
 
@@ -378,7 +378,7 @@ def test_load_hf_head_follows_the_model_file(tmp_path):
   # embedding (and leaves it out of the file), transformers 4 keeps it separate.
   model = transformers.T5ForConditionalGeneration(transformers.T5Config(**HF_CONFIGS["t5_1_1"]))
   model.save_pretrained(tmp_path)
-  config, params = hf_checkpoints.load_hf(str(tmp_path))
+  config, params = hf_format.load_hf(str(tmp_path))
   assert not config.logits_via_embedding
   np.testing.assert_array_equal(params["decoder"]["logits_dense"]["kernel"],
                                 model.lm_head.weight.detach().numpy().T)
@@ -391,39 +391,39 @@ def test_load_hf_errors(tmp_path):
   hf_config = json.loads(config_path.read_text())
   config_path.write_text(json.dumps({**hf_config, "d_ff": 30}))
   with pytest.raises(ValueError) as error:
-    hf_checkpoints.load_hf(str(tmp_path))
+    hf_format.load_hf(str(tmp_path))
   assert "decoder/layers_0/mlp/wi_0/kernel" in str(error.value)
   assert "(12, 28)" in str(error.value) and "(12, 30)" in str(error.value)
 
   config_path.write_text(json.dumps({**hf_config, "feed_forward_proj": "gelu"}))
   with pytest.raises(ValueError, match="feed_forward_proj 'gelu'"):
-    hf_checkpoints.load_hf(str(tmp_path))
+    hf_format.load_hf(str(tmp_path))
   config_path.write_text(json.dumps({**hf_config, "model_type": "bart"}))
   with pytest.raises(ValueError, match="model_type is 'bart'"):
-    hf_checkpoints.load_hf(str(tmp_path))
+    hf_format.load_hf(str(tmp_path))
 
 
 def test_random_params_in_a_dtype_and_drawn_on_the_device():
   config = T5Config(vocab_size=96, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
                     num_encoder_layers=2, num_decoder_layers=2,
                     mlp_activations=("gelu", "linear"), dropout_rate=0.0)
-  shapes = checkpoints.expected_param_shapes(config)
-  host = dict(checkpoints.flatten_params(checkpoints.random_params(config, 0)))
+  shapes = t5x_format.expected_param_shapes(config)
+  host = dict(t5x_format.flatten_params(t5x_format.random_params(config, 0)))
   # In a dtype: the float32 draw rounded once, the same values the float32 draw gives.
-  for path, leaf in checkpoints.flatten_params(checkpoints.random_params(config, 0, "bfloat16")):
+  for path, leaf in t5x_format.flatten_params(t5x_format.random_params(config, 0, "bfloat16")):
     assert leaf.dtype == jnp.bfloat16, path
     np.testing.assert_array_equal(leaf, host[path].astype(jnp.bfloat16), err_msg=str(path))
 
-  device = dict(checkpoints.flatten_params(
-      checkpoints.random_params(config, 0, "bfloat16", on_device=True)))
+  device = dict(t5x_format.flatten_params(
+      t5x_format.random_params(config, 0, "bfloat16", on_device=True)))
   assert {p: l.shape for p, l in device.items()} == {
-      p: l.shape for p, l in checkpoints.flatten_params(shapes)}
+      p: l.shape for p, l in t5x_format.flatten_params(shapes)}
   assert all(isinstance(leaf, jax.Array) and leaf.dtype == jnp.bfloat16
              for leaf in device.values())
-  again = dict(checkpoints.flatten_params(
-      checkpoints.random_params(config, 0, "bfloat16", on_device=True)))
-  other = dict(checkpoints.flatten_params(
-      checkpoints.random_params(config, 1, "bfloat16", on_device=True)))
+  again = dict(t5x_format.flatten_params(
+      t5x_format.random_params(config, 0, "bfloat16", on_device=True)))
+  other = dict(t5x_format.flatten_params(
+      t5x_format.random_params(config, 1, "bfloat16", on_device=True)))
   path = ("token_embedder", "embedding")
   np.testing.assert_array_equal(device[path], again[path])  # a seed gives the same values
   assert not np.array_equal(np.asarray(device[path]), np.asarray(other[path]))

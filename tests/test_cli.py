@@ -18,7 +18,7 @@ import pytest
 import tiny_t5
 from spec_decode import bench
 from spec_decode import infer
-from spec_decode import infer_outputs
+from spec_decode.infer import outputs as infer_outputs
 from spec_decode import paths
 from spec_decode import plan
 from spec_decode.training import train
@@ -169,6 +169,15 @@ def test_input_file_problems_name_the_file(run_cli, tmp_path):
   _assert_error(run_cli("spec_decode.infer", [f"--input_file={empty}",
                                               f"--gin.INFER_OUTPUT_DIR='{out}'"]),
                 "spec_decode.infer", f"input file {empty} is empty", out)
+
+
+def test_data_dir_applies_to_a_config_that_imports_no_task(run_cli, tmp_path):
+  """The demo config imports no task: --data_dir still binds the file tasks' data root."""
+  missing, out = tmp_path / "no_data", tmp_path / "out"
+  _assert_error(run_cli("spec_decode.infer", [
+      "--gin.MIXTURE_OR_TASK_NAME='tatoeba_ende_demo'", "--gin.infer.DatasetConfig.input_file=None",
+      f"--data_dir={missing}", f"--gin.INFER_OUTPUT_DIR='{out}'"]),
+                "spec_decode.infer", f"data directory not found: {missing}", out)
 
 
 @pytest.mark.parametrize("which", ["target", "draft"])

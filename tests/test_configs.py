@@ -23,7 +23,9 @@ import tiny_t5
 from spec_decode import paths
 from spec_decode.bench import paper
 from spec_decode import gin_utils
+from spec_decode.checkpoints import formats
 from spec_decode import infer
+from spec_decode.infer import inputs as infer_inputs
 from spec_decode import models
 from spec_decode.t5 import network
 
@@ -138,7 +140,7 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
         generation.mlp_activations, generation.logits_via_embedding)
     draft_path = checkpoint_dir(draft_config)
   else:  # the shipped draft
-    draft_config = models.checkpoint_config(draft_path, target_config)
+    draft_config = formats.checkpoint_config(draft_path, target_config)
   gin.parse_config([
       f"CHECKPOINT_PATH = '{checkpoint_dir(target_config)}'",
       f"DRAFT_CHECKPOINT_PATH = '{draft_path}'", f"INFER_OUTPUT_DIR = '{tmp_path}'"])
@@ -151,7 +153,7 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
   assert model.module.config == target_config
   assert model.draft_module.config == draft_config  # read from the draft's checkpoint
   assert model.input_vocabulary.vocab_size <= target_config.vocab_size
-  models.load_params(model.module, arguments["checkpoint_path"])
+  formats.load_params(model.module, arguments["checkpoint_path"])
   assert model.draft_params is not None  # restored and checked against the draft module
   assert arguments["compare_with_baseline"] is True
   assert dataset_cfg.batch_size >= 1 and set(dataset_cfg.task_feature_lengths) == {
@@ -176,7 +178,7 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
   else:
     assert dataset_cfg.input_file is not None and dataset_cfg.mixture_or_task_name is None
     assert model.decode_settings["temperature"] == 0.0
-    assert len(infer.read_examples(dataset_cfg, model)) >= 20
+    assert len(infer_inputs.read_examples(dataset_cfg, model)) >= 20
 
 
 @pytest.mark.parametrize("gin_file", TABLE2 + TABLE2_T5_1_0)

@@ -11,7 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import core, decode_layout, partitioning, platforms
+from spec_decode import core
+
+from spec_decode.runtime import decode_layout
+
+from spec_decode.runtime import partitioning
+
+from spec_decode.runtime import platforms
 from spec_decode.engine import decoding
 from spec_decode.t5 import cpu_kernels, network
 

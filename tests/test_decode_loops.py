@@ -13,7 +13,7 @@ import tiny_t5
 import toy_loop
 from spec_decode import bench
 from spec_decode import core
-from spec_decode import infer_outputs
+from spec_decode.infer import outputs as infer_outputs
 from spec_decode.engine import loops
 from spec_decode.engine import stats
 from spec_decode.t5 import network

@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode import gin_utils
 from spec_decode import paths
-from spec_decode.t5 import demo_pair
+from spec_decode.checkpoints import demo_pair
 from spec_decode.t5 import network
 
 # A fixed sentence (the first bundled example then) and its greedy translation as printed by

@@ -4,8 +4,8 @@ model's own greedy translations."""
 import jax
 import sentencepiece as spm
 
-from spec_decode import corpora
-from spec_decode.t5 import demo_pair
+from spec_decode.data import corpora
+from spec_decode.checkpoints import demo_pair
 from spec_decode.training import distill
 from spec_decode.training import greedy
 from spec_decode.t5 import network

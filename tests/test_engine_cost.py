@@ -28,7 +28,7 @@ def demo_decoders():
                 f"{jax.__version__}")
   pair = bench.shipped_pair(["A man is riding a bicycle."], "translate English to German: ",
                             64, 64, "demo")
-  from spec_decode import platforms
+  from spec_decode.runtime import platforms
   return bench.PairDecoders(pair, platforms.Platform.default().compiler_options())
 
 

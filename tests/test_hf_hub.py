@@ -13,8 +13,8 @@ import pytest
 
 import shared_data
 import tiny_t5
-from spec_decode import models
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import formats
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 
 hub_constants = pytest.importorskip("huggingface_hub.constants")
@@ -59,10 +59,10 @@ def test_a_hub_id_loads_what_its_folder_loads(hub_cache, pair, revision):
   fill_cache(hub_cache, "tiny-org/tiny-t5", target.hf_folder)
   path = f"hf://tiny-org/tiny-t5{revision}"
   like = network.T5Config(**{**vars(target.config), "num_heads": 1})  # shapes must tell the rest
-  assert models.checkpoint_config(path, like) == target.config
+  assert formats.checkpoint_config(path, like) == target.config
   module = network.Transformer(target.config)
-  loaded = dict(checkpoints.flatten_params(models.load_params(module, path)))
-  expected = dict(checkpoints.flatten_params(target.params))
+  loaded = dict(t5x_format.flatten_params(formats.load_params(module, path)))
+  expected = dict(t5x_format.flatten_params(target.params))
   assert loaded.keys() == expected.keys()
   for key, value in expected.items():
     np.testing.assert_array_equal(np.asarray(loaded[key]), np.asarray(value), err_msg=str(key))
@@ -71,26 +71,26 @@ def test_a_hub_id_loads_what_its_folder_loads(hub_cache, pair, revision):
 def test_a_missing_id_is_one_line(hub_cache, pair):
   fill_cache(hub_cache, "tiny-org/tiny-t5", pair[0].hf_folder)
   with pytest.raises(FileNotFoundError) as error:
-    models.checkpoint_format("hf://tiny-org/no-such-model")
+    formats.checkpoint_format("hf://tiny-org/no-such-model")
   assert str(error.value) == (
       f"Hugging Face model hf://tiny-org/no-such-model is not in the Hub cache ({hub_cache}) and "
       "could not be downloaded (offline, or HF_HUB_OFFLINE is set)")
   with pytest.raises(FileNotFoundError, match="hf://tiny-org/tiny-t5@feedface is not in the Hub"):
-    models.checkpoint_format("hf://tiny-org/tiny-t5@feedface")  # a revision not cached
+    formats.checkpoint_format("hf://tiny-org/tiny-t5@feedface")  # a revision not cached
   with pytest.raises(FileNotFoundError, match="hf://a/b/c is not a Hugging Face model id"):
-    models.checkpoint_format("hf://a/b/c")
+    formats.checkpoint_format("hf://a/b/c")
 
 
 def test_a_missing_file_is_one_line(hub_cache, pair):
   fill_cache(hub_cache, "tiny-org/config-only", pair[0].hf_folder, files=["config.json"])
   with pytest.raises(FileNotFoundError) as error:
-    models.checkpoint_format("hf://tiny-org/config-only")
+    formats.checkpoint_format("hf://tiny-org/config-only")
   assert str(error.value).startswith("Hugging Face model hf://tiny-org/config-only has no weights")
   weights = [name for name in os.listdir(pair[0].hf_folder) if name != "config.json"]
   fill_cache(hub_cache, "tiny-org/weights-only", pair[0].hf_folder, files=weights)
   with pytest.raises(FileNotFoundError, match="^Hugging Face model hf://tiny-org/weights-only has "
                                               "no config.json$"):
-    models.checkpoint_format("hf://tiny-org/weights-only")
+    formats.checkpoint_format("hf://tiny-org/weights-only")
 
 
 @pytest.mark.slow

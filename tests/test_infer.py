@@ -19,7 +19,8 @@ import pytest
 
 import tiny_t5
 from spec_decode import infer
-from spec_decode import infer_outputs
+from spec_decode.infer import inputs as infer_inputs
+from spec_decode.infer import outputs as infer_outputs
 from spec_decode import models
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
@@ -148,12 +149,12 @@ def test_text_inputs_are_prefixed_trimmed_and_eos_terminated(tmp_path):
   texts = ["Hello.", "A much longer sentence that will not fit into eight tokens at all."]
   cfg = infer.DatasetConfig(texts=texts, input_prefix="p: ",
                             task_feature_lengths={"inputs": 8, "targets": 4}, batch_size=3)
-  examples = infer.read_examples(cfg, model)
+  examples = infer_inputs.read_examples(cfg, model)
   assert [e.inputs for e in examples] == ["p: " + t for t in texts]
   for example, text in zip(examples, texts):
     expected = vocabulary.encode("p: " + text)[:7] + [1]
     assert example.input_ids == expected and example.target is None
-  (batch, num_real), = infer.make_batches(examples, 3, 8, 4)
+  (batch, num_real), = infer_inputs.make_batches(examples, 3, 8, 4)
   assert num_real == 2 and batch["encoder_input_tokens"].shape == (3, 8)
   np.testing.assert_array_equal(batch["encoder_input_tokens"][2], batch["encoder_input_tokens"][1])
   assert not batch["decoder_input_tokens"].any()
@@ -240,7 +241,7 @@ SOURCES = {  # task -> (split, source file, target file or jsonl key)
 
 @pytest.mark.parametrize("task", sorted(SOURCES))
 def test_task_reads_its_files(real_text, task):
-  from spec_decode import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
+  from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
   split, source, target = SOURCES[task]
   (example,) = tasks.load_examples(task, split, {"inputs": 16, "targets": 8}, num_examples=1)
   data = real_text
@@ -261,12 +262,13 @@ def test_task_reads_its_files(real_text, task):
 
 def test_task_errors_name_the_problem(real_text, tmp_path):
   del real_text  # tatoeba_ende's files, through the data root tests/conftest.py sets
-  from spec_decode import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
+  from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
   with pytest.raises(ValueError, match="task 'tatoeba_ende' has no split 'train'"):
     tasks.load_examples("tatoeba_ende", "train", {"inputs": 8, "targets": 8})
   gin.clear_config()
   try:
-    gin.parse_config(["from __gin__ import dynamic_registration", "from spec_decode import tasks",
+    gin.parse_config(["from __gin__ import dynamic_registration",
+                      "from spec_decode.data import tasks",
                       f"tasks.data_dir.path = '{tmp_path / 'missing'}'"])
     with pytest.raises(FileNotFoundError, match="data directory not found: .*missing"):
       tasks.load_examples("wmt_ende_files", "test", {"inputs": 8, "targets": 8}, num_examples=1)

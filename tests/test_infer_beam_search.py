@@ -12,9 +12,9 @@ import pytest
 
 import tiny_t5
 from spec_decode import infer
-from spec_decode import infer_outputs
+from spec_decode.infer import outputs as infer_outputs
 from spec_decode import models
-from spec_decode.t5 import demo_pair
+from spec_decode.checkpoints import demo_pair
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 

@@ -19,8 +19,8 @@ import sys
 import pytest
 
 import tiny_t5
-from spec_decode import infer_chunks
-from spec_decode import infer_outputs
+from spec_decode.infer import chunks as infer_chunks
+from spec_decode.infer import outputs as infer_outputs
 
 # The slow tier (runs killed and resumed as subprocesses).
 pytestmark = pytest.mark.slow
@@ -36,7 +36,8 @@ TIMED = {"compile_seconds", "wall_seconds", "tokens_per_second", "run_seconds", 
 # with half of it in its temporary file ('during'), or sends SIGTERM after it ('sigterm').
 DRIVER = """
 import os, signal, sys
-from spec_decode import infer, infer_outputs
+from spec_decode import infer
+from spec_decode.infer import outputs as infer_outputs
 kill_at, mode = int(os.environ["KILL_AT"]), os.environ["KILL_MODE"]
 original, written = infer_outputs.write_atomically, [0]
 def write(path, text):

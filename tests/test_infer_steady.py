@@ -13,12 +13,14 @@ import pytest
 
 import tiny_t5
 from spec_decode import infer
+from spec_decode.infer import inputs as infer_inputs
+from spec_decode.infer import run as infer_run
 from spec_decode import models
 from spec_decode import core
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 from spec_decode.bench import steadiness
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 
@@ -52,14 +54,14 @@ def pair():
                                 gamma=3, temperature=1.0)
   layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(1, 1)),
                                        target_config, draft_config)
-  params = layout.put_params("target", checkpoints.random_params(target_config, 1))
-  draft_params = layout.put_params("draft", checkpoints.random_params(draft_config, 2))
+  params = layout.put_params("target", t5x_format.random_params(target_config, 1))
+  draft_params = layout.put_params("draft", t5x_format.random_params(draft_config, 2))
   texts = [f"Sentence number {i} is about {'a dog' if i % 2 else 'two cats'}."
            for i in range(NUM_EXAMPLES)]
-  examples = infer.read_examples(infer.DatasetConfig(
+  examples = infer_inputs.read_examples(infer.DatasetConfig(
       texts=texts, task_feature_lengths={"inputs": 16, "targets": 8}, batch_size=BATCH_SIZE),
       model)
-  batches = infer.make_batches(examples, BATCH_SIZE, 16, 8)
+  batches = infer_inputs.make_batches(examples, BATCH_SIZE, 16, 8)
   assert len(batches) == NUM_BATCHES and batches[-1][1] == 1  # the last batch is padded
   return decoder, layout, params, draft_params, batches, vocabulary.eos_id
 
@@ -81,7 +83,7 @@ def _decode_all(pair, which, leak_per_batch=0):
           rss[done] = steadiness.live_rss_bytes()
           compiled_by[done] = compiles.total
 
-    run = infer.decode_all(decoder, eos_id, params, draft_params, batches=batches, seed=0,
+    run = infer_run.decode_all(decoder, eos_id, params, draft_params, batches=batches, seed=0,
                            layout=layout, progress=progress)
   return run, rss, compiled_by, compiles.by_name
 

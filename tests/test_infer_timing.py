@@ -1,7 +1,7 @@
 """`infer_timing.side_by_side` interleaves the decoders batch by batch and keeps each batch's
 fastest call (a scripted clock stands in for the machine), and stops when asked."""
 
-from spec_decode import infer_timing
+from spec_decode.infer import timing as infer_timing
 
 
 def test_interleaved_rounds_keep_each_batchs_fastest_call(monkeypatch):

@@ -1,9 +1,11 @@
 """The package's import graph has the layers the README's Layout table describes.
 
-Bottom to top: `engine/` (imports only itself: no gin, no T5, no framework), `paths`, `t5/`,
-the T5X-style modules at the top level, then the tools (`training/`, `bench/`) and the T5X hook
-(`t5x/`), which nothing below them imports. Only the hook imports `t5x`; only the top level and
-above import gin. Read from the source (ast), so the test sees every import, lazy ones too.
+Bottom to top: `engine/` (imports only itself: no gin, no T5, no framework), `paths` and
+`checkpoints/storage` (nothing of ours), `t5/`, `checkpoints/`, the T5X-style modules at the top
+level and their packages, then the tools (`infer/`, `training/`, `bench/`, `aot`'s command
+line) and the T5X hook (`t5x/`), which nothing below them imports. Only the hook imports
+`t5x`; only the top level and above import gin. Read from the source (ast), so the test sees
+every import, lazy ones too.
 """
 
 import ast
@@ -17,8 +19,8 @@ import pytest
 from spec_decode import paths
 
 MODULES = sorted(paths.PACKAGE.rglob("*.py"))
-TOOLS = ("spec_decode.training", "spec_decode.bench", "spec_decode.t5x", "spec_decode.aot.cli",
-         "spec_decode.aot.__main__")
+TOOLS = ("spec_decode.infer", "spec_decode.training", "spec_decode.bench", "spec_decode.t5x",
+         "spec_decode.aot.cli", "spec_decode.aot.__main__")
 # Modules above ~500 lines, with the reason a reader would accept.
 LONG_MODULES = {
     "spec_decode/t5/network.py": "the whole T5 network, as one definition (T5X splits "
@@ -45,10 +47,13 @@ def _allowed(module: str) -> tuple[str, ...]:
   """The spec_decode prefixes `module` may import."""
   if module.startswith("spec_decode.engine"):
     return ("spec_decode.engine",)
-  if module == "spec_decode.paths":
+  if module in ("spec_decode.paths", "spec_decode.checkpoints.storage"):
     return ()
-  if module.startswith("spec_decode.t5."):
-    return ("spec_decode.engine", "spec_decode.t5.", "spec_decode.paths")
+  if module.startswith("spec_decode.t5."):  # the vocabulary reads gs:// files as checkpoints do
+    return ("spec_decode.engine", "spec_decode.t5.", "spec_decode.paths",
+            "spec_decode.checkpoints.storage")
+  if module.startswith("spec_decode.checkpoints"):
+    return ("spec_decode.checkpoints", "spec_decode.t5.", "spec_decode.paths")
   return ("spec_decode",)  # above t5/; the T5X-style layer is kept off the tools below
 
 
@@ -83,7 +88,7 @@ def test_no_module_registers_with_gin_on_import():
 
 # The places that decode: each through the one core, none wiring the engine's loops itself.
 RUNNERS = ("spec_decode/models.py", "spec_decode/t5x/speculative.py",
-           "spec_decode/decode_layout.py", "spec_decode/bench/decoders.py",
+           "spec_decode/runtime/decode_layout.py", "spec_decode/bench/decoders.py",
            "spec_decode/training/greedy.py")
 
 
@@ -95,7 +100,7 @@ def test_every_runner_decodes_through_the_core(relative):
   # one, so it alone wraps the network's step function): no runner wires a loop itself.
   source = path.read_text()
   wired = ("decoding.speculative_sample(", "decoding.temperature_sample(")
-  if relative != "spec_decode/decode_layout.py":
+  if relative != "spec_decode/runtime/decode_layout.py":
     wired += ("make_tokens_to_logits(", "init_decode_cache(")
   for name in wired:
     assert name not in source, (relative, name)
@@ -158,7 +163,7 @@ def test_one_place_chooses_the_platforms_products():
   choosers = {str(path.relative_to(paths.ROOT)) for path in MODULES
               if {"cpu_kernels.cpu_ops", "cpu_ops"} & _calls(path)
               and path.name != "cpu_kernels.py"}
-  assert choosers == {"spec_decode/platforms.py"}, choosers
+  assert choosers == {"spec_decode/runtime/platforms.py"}, choosers
   asking = {str(path.relative_to(paths.ROOT)) for path in MODULES
             if "jax.default_backend" in _calls(path)}
   assert asking <= {"spec_decode/bench/machine.py"}, asking
@@ -201,6 +206,16 @@ def test_the_tiers_are_marker_selections():
     assert not [a for a in arguments if a.startswith("tests/") and a.endswith(".py")], script
   full = _pytest_arguments("test.sh")
   assert "-m" not in full and "-k" not in full and "tests" in full, full
+
+
+# The top of the package: the central modules a newcomer reads first; the rest in packages
+# named by their role.
+MOST_TOP_LEVEL_MODULES = 8
+
+
+def test_the_top_level_holds_few_modules():
+  modules = sorted(path.name for path in paths.PACKAGE.glob("*.py"))
+  assert len(modules) <= MOST_TOP_LEVEL_MODULES, modules
 
 
 def test_the_readme_names_every_top_level_module():

@@ -274,7 +274,7 @@ def infer_run_gin(tmp_path_factory):
 @pytest.mark.parametrize("draft_source", ["lookup", "lookup+model"])
 def test_infer_greedy_lookup_equals_the_baseline(infer_run_gin, capsys, tmp_path, draft_source):
   import json  # pylint: disable=g-import-not-at-top
-  from spec_decode import infer_outputs  # pylint: disable=g-import-not-at-top
+  from spec_decode.infer import outputs as infer_outputs  # pylint: disable=g-import-not-at-top
   _, run_gin = infer_run_gin
   out = tmp_path / "out"
   bindings = [f"--gin.DRAFT_SOURCE='{draft_source}'", f"--gin.INFER_OUTPUT_DIR='{out}'"]

@@ -17,7 +17,8 @@ import scipy.special
 import tiny_t5
 from spec_decode import gin_utils
 from spec_decode import paths
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import formats
+from spec_decode.checkpoints import t5x_format
 from spec_decode import models
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
@@ -99,7 +100,7 @@ def test_get_initial_variables_follows_t5x(pair, vocabulary):
   variables = jax.eval_shape(functools.partial(model.get_initial_variables, input_shapes=shapes),
                              jax.random.PRNGKey(0))
   assert set(variables) == {"params", "params_axes"}
-  checkpoints.check_params(checkpoints.expected_param_shapes(pair[0].config),
+  t5x_format.check_params(t5x_format.expected_param_shapes(pair[0].config),
                            variables["params"], "initial variables")
   kernel_axes = variables["params_axes"]["decoder"]["logits_dense"]["kernel_axes"]
   assert tuple(kernel_axes.names) == ("embed", "vocab")
@@ -184,19 +185,19 @@ def test_draft_params_load_once_from_either_format(pair, vocabulary):
   loaded = model.draft_params
   assert model.draft_params is loaded  # kept, not re-read
   for path in (draft.t5x_checkpoint, draft.hf_folder):
-    params = models.load_params(network.Transformer(draft.config), path)
+    params = formats.load_params(network.Transformer(draft.config), path)
     jax.tree_util.tree_map(np.testing.assert_array_equal, params, draft.params)
-  cast = models.load_params(network.Transformer(draft.config), draft.t5x_checkpoint, "bfloat16")
+  cast = formats.load_params(network.Transformer(draft.config), draft.t5x_checkpoint, "bfloat16")
   assert {leaf.dtype for leaf in jax.tree_util.tree_leaves(cast)} == {jnp.dtype("bfloat16")}
   jax.tree_util.tree_map(
       lambda got, want: np.testing.assert_array_equal(got, want.astype(jnp.bfloat16)), cast,
       draft.params)
   with pytest.raises(ValueError, match="emb_dim 8 .model: 16."):
-    models.load_params(network.Transformer(target.config), draft.hf_folder)
+    formats.load_params(network.Transformer(target.config), draft.hf_folder)
   with pytest.raises(ValueError, match="has shape"):
-    models.load_params(network.Transformer(target.config), draft.t5x_checkpoint)
+    formats.load_params(network.Transformer(target.config), draft.t5x_checkpoint)
   with pytest.raises(FileNotFoundError, match="checkpoint not found: /nonexistent"):
-    models.load_params(network.Transformer(target.config), "/nonexistent")
+    formats.load_params(network.Transformer(target.config), "/nonexistent")
 
 
 def test_a_draft_built_in_memory_decodes_without_a_checkpoint(pair, vocabulary):
@@ -207,7 +208,7 @@ def test_a_draft_built_in_memory_decodes_without_a_checkpoint(pair, vocabulary):
   in_memory = models.SpeculativeEncoderDecoderModel(
       network.Transformer(target.config), vocabulary, vocabulary,
       draft_module=network.Transformer(draft.config), **GREEDY_SPECULATIVE)
-  draft_params = models.load_params(network.Transformer(draft.config), draft.t5x_checkpoint)
+  draft_params = formats.load_params(network.Transformer(draft.config), draft.t5x_checkpoint)
   batch = _batch(seed=3)
   expected, _ = from_disk.predict_batch_with_aux(target.params, batch)
   decodes, aux = in_memory.predict_batch_with_aux(target.params, batch,

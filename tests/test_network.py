@@ -10,7 +10,7 @@ import pytest
 from flax.traverse_util import flatten_dict
 
 from spec_decode import paths
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 from spec_decode.engine.decoding import DecodingState
 
@@ -187,7 +187,7 @@ class TinyModel:
   def __init__(self, family: str):
     self.config = tiny_config(family)
     module = network.Transformer(self.config)
-    self.params = jax.device_put(checkpoints.random_params(self.config, seed=len(family)))
+    self.params = jax.device_put(t5x_format.random_params(self.config, seed=len(family)))
     self.forward = jax.jit(lambda encoder_tokens, decoder_inputs, decoder_targets: module.apply(
         {"params": self.params}, encoder_tokens, decoder_inputs, decoder_targets))
     self.init_cache = jax.jit(lambda encoder_tokens: network.init_decode_cache(

@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import pytest
 
-from spec_decode import platforms
+from spec_decode.runtime import platforms
 from spec_decode.t5 import cpu_kernels, network
 
 

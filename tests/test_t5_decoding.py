@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spec_decode.engine import decoding
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 import hf_utils
 
@@ -39,9 +39,9 @@ def test_greedy_speculative_equals_baseline_with_t5_pair():
   draft_config = network.T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
                                   num_encoder_layers=1, num_decoder_layers=1,
                                   mlp_activations=("gelu", "linear"), dropout_rate=0.0)
-  target_params = checkpoints.random_params(target_config, 0)
+  target_params = t5x_format.random_params(target_config, 0)
   # A draft that agrees with the target often: the target's embeddings, a shallower stack.
-  draft_params = checkpoints.random_params(draft_config, 1)
+  draft_params = t5x_format.random_params(draft_config, 1)
   encoder_tokens = jnp.asarray(np.random.default_rng(0).integers(2, 64, (5, 7)), jnp.int32)
   encoder_tokens = encoder_tokens.at[3, 4:].set(0)  # a padded row
   baseline, speculative, stats = decode_both(target_params, draft_params, encoder_tokens,

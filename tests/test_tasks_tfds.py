@@ -1,5 +1,5 @@
-"""The paper's tasks from TFDS (`spec_decode.tasks`: wmt_ende, cnn_dailymail), offline: TFDS's own
-mock (`tfds.testing.mock_data`) stands in for the prepared datasets and records which dataset,
+"""The paper's tasks from TFDS (`spec_decode.data.tasks`: wmt_ende, cnn_dailymail), offline: TFDS's
+own mock (`tfds.testing.mock_data`) stands in for the prepared datasets and records which dataset,
 version and split each task asks for; a dataset not prepared is one line saying how to prepare
 it, from `tasks.load_examples` and from `python -m spec_decode.infer`."""
 
@@ -12,7 +12,7 @@ from spec_decode.t5 import vocab
 
 tf = pytest.importorskip("tensorflow")
 tfds = pytest.importorskip("tensorflow_datasets")
-from spec_decode import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 needs_vocabulary = pytest.mark.skipif(not tiny_t5.T5_VOCAB_FILE.is_file(),
                                       reason=shared_data.missing("the T5 vocabulary"))
@@ -60,7 +60,8 @@ def _mock(task_name, requests):
     ("cnn_dailymail", "test", ("cnn_dailymail", None, "3.4.0", "test")),
 ])
 def test_task_reads_t5s_tfds_dataset(task_name, split, dataset, tmp_path):
-  gin.parse_config(["from __gin__ import dynamic_registration", "from spec_decode import tasks",
+  gin.parse_config(["from __gin__ import dynamic_registration",
+                    "from spec_decode.data import tasks",
                     f"tasks.t5_vocabulary_file.path = '{tiny_t5.T5_VOCAB_FILE}'",
                     f"tasks.tfds_data_dir.path = '{tmp_path}'"])
   requests = []
@@ -80,7 +81,8 @@ def test_task_reads_t5s_tfds_dataset(task_name, split, dataset, tmp_path):
 @pytest.mark.parametrize("task_name, tfds_name", [
     ("wmt_ende", "wmt_t2t_translate/de-en:1.0.0"), ("cnn_dailymail", "cnn_dailymail:3.4.0")])
 def test_a_dataset_not_prepared_says_how_to_prepare_it(task_name, tfds_name, tmp_path):
-  gin.parse_config(["from __gin__ import dynamic_registration", "from spec_decode import tasks",
+  gin.parse_config(["from __gin__ import dynamic_registration",
+                    "from spec_decode.data import tasks",
                     f"tasks.tfds_data_dir.path = '{tmp_path}'"])
   with pytest.raises(FileNotFoundError) as error:
     tasks.load_examples(task_name, "test", LENGTHS, num_examples=1)

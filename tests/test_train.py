@@ -11,7 +11,7 @@ import optax
 import pytest
 import sentencepiece as spm
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode import paths
 from spec_decode.training import data
 from spec_decode.t5 import network

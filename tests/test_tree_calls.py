@@ -16,7 +16,7 @@ from spec_decode.engine import contract
 from spec_decode.engine import decoding
 from spec_decode.engine import lookup
 from spec_decode.engine import toy
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 
 CACHE_LEN = 12
@@ -58,7 +58,7 @@ class TinyT5:
         relative_attention_max_distance=12,
         mlp_activations=("relu",) if family == "t5_1_0" else ("gelu", "linear"),
         logits_via_embedding=family == "t5_1_0")
-    self.params = checkpoints.random_params(config, seed=5)
+    self.params = t5x_format.random_params(config, seed=5)
     encoder_tokens = jnp.array([[3, 4, 5, 0], [6, 7, 8, 9]], jnp.int32)
     self.init_cache = lambda: network.init_decode_cache(config, self.params, encoder_tokens,
                                                         CACHE_LEN)

@@ -17,8 +17,8 @@ import gin
 
 import shared_data
 from spec_decode import infer
-from spec_decode.t5 import checkpoints
-from spec_decode.t5 import hf_checkpoints
+from spec_decode.checkpoints import t5x_format
+from spec_decode.checkpoints import hf_format
 from spec_decode.t5 import network
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def _gin_text(config: network.T5Config) -> str:
 
 def write_model(directory: pathlib.Path, name: str, config: network.T5Config,
                 seed: int) -> TinyModel:
-  return write_model_files(directory, name, config, checkpoints.random_params(config, seed))
+  return write_model_files(directory, name, config, t5x_format.random_params(config, seed))
 
 
 def write_model_files(directory: pathlib.Path, name: str, config: network.T5Config,
@@ -71,9 +71,9 @@ def write_model_files(directory: pathlib.Path, name: str, config: network.T5Conf
   directory.mkdir(parents=True, exist_ok=True)
   gin_file = directory / f"{name}.gin"
   gin_file.write_text(_gin_text(config))
-  t5x_checkpoint = checkpoints.save_t5x(params, str(directory / f"{name}_t5x"), step=1)
+  t5x_checkpoint = t5x_format.save_t5x(params, str(directory / f"{name}_t5x"), step=1)
   hf_folder = directory / f"{name}_hf"
-  hf_checkpoints.save_hf(config, params, str(hf_folder))
+  hf_format.save_hf(config, params, str(hf_folder))
   return TinyModel(config, params, str(gin_file), t5x_checkpoint, str(hf_folder))
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from spec_decode import gin_utils
-from spec_decode import infer
+from spec_decode.infer import cli as infer_cli
 from spec_decode import plan
 from spec_decode.aot import programs
 from spec_decode.aot import report
@@ -129,7 +129,7 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
       prog="python -m spec_decode.aot",
       description="A run config's decode compiled for a TPU topology from this host (see the "
                   "spec_decode.aot docstring).")
-  gin_utils.add_gin_arguments(parser, infer.DEFAULT_GIN_FILE)
+  gin_utils.add_gin_arguments(parser, infer_cli.DEFAULT_GIN_FILE)
   parser.add_argument("--topology", default="v4-8",
                       help=f"a Cloud TPU name ({', '.join(topologies.NAMED)}) or libtpu's "
                            "<generation>:<chips per axis>, e.g. v4:1x1x1 (one v4 chip); "
@@ -152,7 +152,7 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                       help="programs compiled at once (default: 2, or this host's cores)")
   args, bindings = gin_utils.parse_args(parser, argv)
-  args.gin_file = args.gin_file or [infer.DEFAULT_GIN_FILE]
+  args.gin_file = args.gin_file or [infer_cli.DEFAULT_GIN_FILE]
   return args, bindings
 
 

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode import core
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 from spec_decode.engine import decoding
 from spec_decode.t5 import network
 

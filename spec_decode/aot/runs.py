@@ -14,7 +14,7 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from spec_decode import decode_layout
+from spec_decode.runtime import decode_layout
 from spec_decode import models
 from spec_decode import plan
 from spec_decode.t5 import network

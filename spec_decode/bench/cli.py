@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import gin
 
 from spec_decode import gin_utils
-from spec_decode import partitioning
+from spec_decode.runtime import partitioning
 from spec_decode.bench.config import (SUITES, BenchConfig, EngineCostConfig,
                                       OwnBaselineConfig, PairConfig, PeerConfig,
                                       PhysicalLimitConfig, SimulatedTable2Config,

@@ -20,7 +20,7 @@ SUITES = ("own_baseline", "engine_cost", "peer", "simulated_table2", "physical_l
 class PairConfig:
   """The target/draft pair of own_baseline and peer, and how it decodes.
 
-  `source`: 'demo' (the shipped pair of `spec_decode.t5.demo_pair`, with its bundled English inputs),
+  `source`: 'demo' (the shipped pair of `checkpoints.demo_pair`, with its bundled English inputs),
   'random' (random weights with the configs of `target_gin`/`draft_gin` plus the overrides, and
   random inputs), 'near_bigram' (`pairs.near_bigram_pair`: a random `target_gin` target with its
   residual branches scaled by `residual_scale` and a 1+1-layer draft made of the target's own

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import core
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 from spec_decode.bench.pairs import Pair
 from spec_decode.bench.simulated import SIMULATED, simulated_acceptance_rule
 from spec_decode.engine import drafting

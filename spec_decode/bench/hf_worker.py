@@ -4,7 +4,7 @@ waits on a pipe.
 
 `python -m spec_decode.bench.hf_worker DIRECTORY GAMMA NUM_THREADS ASSISTANT_SCHEDULE EOS_ID
 MAX_NEW_TOKENS DEVICE` (started by `suites.peer.HuggingFaceWorker`). DIRECTORY holds `target/`
-and `draft/`, folders written by `hf_checkpoints.save_hf`; EOS_ID -1 = no EOS (every row runs to
+and `draft/`, folders written by `hf_format.save_hf`; EOS_ID -1 = no EOS (every row runs to
 MAX_NEW_TOKENS). PyTorch uses NUM_THREADS threads; the assistant drafts GAMMA tokens per
 iteration with ASSISTANT_SCHEDULE ('constant' or Hugging Face's 'heuristic'). DEVICE: 'cpu',
 'cuda' or 'auto' (CUDA when torch sees it, else the CPU).

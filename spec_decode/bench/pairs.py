@@ -22,10 +22,10 @@ import jax
 import numpy as np
 
 from spec_decode import gin_utils
-from spec_decode import platforms
+from spec_decode.runtime import platforms
 from spec_decode.bench.config import PairConfig, SimulatedTable2Config
-from spec_decode.t5 import checkpoints
-from spec_decode.t5 import demo_pair
+from spec_decode.checkpoints import t5x_format
+from spec_decode.checkpoints import demo_pair
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 
@@ -63,12 +63,12 @@ class Model:
 
 
 def random_params(config: network.T5Config, seed: int) -> Any:
-  """`checkpoints.random_params` on the default device, in the model's activation dtype (as
+  """`t5x_format.random_params` on the default device, in the model's activation dtype (as
   T5X's inference restores a bfloat16 model's checkpoint: in bfloat16, so a step reads what it
   would read there). Drawn on the device itself off CPU (`on_device`: T5.1.1-XXL in seconds);
   on CPU by numpy, whose values the tests pin."""
   on_device = platforms.Platform.default().name != "cpu"
-  params = checkpoints.random_params(config, seed, config.dtype, on_device=on_device)
+  params = t5x_format.random_params(config, seed, config.dtype, on_device=on_device)
   return params if on_device else jax.device_put(params)
 
 

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import call_costs
-from spec_decode import platforms
+from spec_decode.runtime import call_costs
+from spec_decode.runtime import platforms
 from spec_decode.bench.decoders import RunOutput
 from spec_decode.bench.pairs import Model
 from spec_decode.engine import decoding

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from spec_decode import partitioning
+from spec_decode.runtime import partitioning
 from spec_decode.bench.config import PairConfig, SimulatedTable2Config
 from spec_decode.bench.decoders import PairDecoders
 from spec_decode.bench.pairs import Pair, build_pair, random_pair

@@ -1,10 +1,8 @@
-"""T5 itself: the network and its files.
+"""T5 itself: the network, its vocabulary and its CPU kernels (its checkpoints:
+`spec_decode.checkpoints`).
 
   network      T5 1.0 / T5.1.1 in Flax with T5X's parameter tree; multi-token cached decoding
                (the engine's model contract)
-  checkpoints     T5X checkpoints (legacy msgpack, TensorStore, Orbax), both ways; the tree
-  storage      local and gs:// files, read alike (gs:// within a bounded wait)
-  hf_checkpoints  Hugging Face checkpoints, both ways
   vocab        SentencePiece vocabularies with T5's conventions, seqio's API, no TensorFlow
-  demo_pair    the shipped demo pair's file format (float16 safetensors + its T5Config)
+  cpu_kernels  the network's products on XLA:CPU, among them the small-row matmul kernel
 """

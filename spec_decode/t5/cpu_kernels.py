@@ -3,7 +3,7 @@ XLA as an FFI custom call: `dense_product`, and its transposed form for a tied e
 `embedding_product`.
 
 `network.Transformer` takes its products as an injected `network.Ops` (default plain XLA); the
-program's platform (`spec_decode.platforms.Platform`, from the devices it is compiled for)
+program's platform (`spec_decode.runtime.platforms.Platform`, from the devices it is compiled for)
 picks `cpu_ops(dtype, small_rows_kernel=...)` on CPU and plain XLA elsewhere: this module
 offers the CPU's products, it does not decide where they run.
 

@@ -18,7 +18,7 @@ calls, 1 or k tokens, give T5X's 1-token `decode=True` logits: every bfloat16 ac
 bit-identical, the float32 logits up to the accumulation order of the last projection
 (tests/t5x/test_t5x_bfloat16.py).
 `Transformer(config, ops)`: `ops` (`Ops`, default plain XLA) are the products it computes with,
-chosen by the platform of the program that runs it (`spec_decode.platforms`); this module
+chosen by the platform of the program that runs it (`spec_decode.runtime.platforms`); this module
 knows no backend.
 
 Shapes: B batch, Le encoder length, Ld decoder length, L cache length (max_decode_len),
@@ -119,7 +119,7 @@ def transposed_dot(x: Array, embedding: Array) -> Array:
 class Ops:
   """The products the network computes with, injected as flax's examples inject `dot_general`:
   this module knows no backend, the platform of the program that runs a model picks them
-  (`spec_decode.platforms.Platform.ops`).
+  (`spec_decode.runtime.platforms.Platform.ops`).
   The default is plain XLA, T5X's own ops.
 
   `dense_product(x [..., K], w [K, N]) -> [..., N]`: every `Dense` layer's product.
@@ -368,7 +368,7 @@ class EncoderLayer(nn.Module):
     return x + _residual_dropout(cfg)(h, deterministic=deterministic)
 
 
-class Encoder(nn.Module):
+class EncoderStack(nn.Module):
   """Encoder stack: embedded tokens [B,Le,E] -> encoded [B,Le,E]."""
 
   config: T5Config
@@ -455,7 +455,7 @@ class DecoderLayer(nn.Module):
     return x + self.residual_dropout(h, deterministic=deterministic), self_cache
 
 
-class Decoder(nn.Module):
+class DecoderStack(nn.Module):
   """Decoder stack plus output projection; `embedder` is the shared token embedding."""
 
   config: T5Config
@@ -516,8 +516,9 @@ class Transformer(nn.Module):
     cfg = self.config
     self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, dtype=_activation_dtype(cfg),
                                 product=self.ops.embedding_product)
-    self.encoder = Encoder(cfg, self.ops)
-    self.decoder = Decoder(cfg, embedder=self.token_embedder, ops=self.ops)
+    # The attribute names, not the classes', name the parameter tree (T5X's 'encoder', 'decoder').
+    self.encoder = EncoderStack(cfg, self.ops)
+    self.decoder = DecoderStack(cfg, embedder=self.token_embedder, ops=self.ops)
 
   def encode(self, encoder_input_tokens: Array, enable_dropout: bool = False) -> Array:
     """[B,Le] int tokens (0 = padding) -> encoded [B,Le,E]."""

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import sentencepiece
 
-from spec_decode.t5 import storage
+from spec_decode.checkpoints import storage
 
 PAD_ID = 0
 EOS_ID = 1

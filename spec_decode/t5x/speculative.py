@@ -63,10 +63,10 @@ from t5x import models as t5x_models
 from tensorflow.io import gfile
 
 from spec_decode import core
-from spec_decode import models
-from spec_decode.t5 import architecture
-from spec_decode.t5 import checkpoint_faults
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import architecture
+from spec_decode.checkpoints import checkpoint_faults
+from spec_decode.checkpoints import formats
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 
 PyTree = Any
@@ -114,15 +114,15 @@ def check_target_checkpoint(checkpoint_path: Any) -> None:
 
 def read_draft_params(path: str, shapes_only: bool = False) -> PyTree:
   """The parameters of the T5X checkpoint `path` as numpy arrays, read by T5X for its legacy
-  format and by `spec_decode.t5.checkpoints` for the Orbax one T5X writes by default (T5X reads
+  format and by `checkpoints.t5x_format` for the Orbax one T5X writes by default (T5X reads
   Orbax checkpoints only into a train state); with `shapes_only`, leaves that only carry
   `.shape` (nothing but the index or the metadata is read). A checkpoint that cannot be read is
   a ValueError naming its file (`checkpoint_faults`)."""
-  item = models.t5x_orbax_state_item(path)
+  item = formats.t5x_orbax_state_item(path)
   with checkpoint_faults.reading(path):
     if item == path:
       return t5x_checkpoints.load_t5x_checkpoint(path, lazy_parameters=shapes_only)["target"]
-    return architecture.t5x_param_shapes(item) if shapes_only else checkpoints.load_t5x(item)
+    return architecture.t5x_param_shapes(item) if shapes_only else t5x_format.load_t5x(item)
 
 
 def draft_config_from_checkpoint(draft_checkpoint_path: str,

@@ -3,8 +3,8 @@
 Contract: `corpus_bleu(hypotheses, references) -> float` is sacrebleu's corpus BLEU score.
 CLI: `python -m spec_decode.training.bleu --model target --corpus multi30k/test [--limit 500]` decodes the
 English side of `<corpus>.en` greedily with a shipped demo model (or a `.safetensors` path; see
-`spec_decode.t5.demo_pair`) and scores it against `<corpus>.de`; corpora are resolved under the
-data root ($SPEC_DECODE_DATA_ROOT, or `--data_root`).
+`spec_decode.checkpoints.demo_pair`) and scores it against `<corpus>.de`; corpora are resolved
+under the data root ($SPEC_DECODE_DATA_ROOT, or `--data_root`).
 """
 from __future__ import annotations
 

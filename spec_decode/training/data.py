@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 
 PAD_ID = 0
 EOS_ID = 1

@@ -3,7 +3,7 @@
 Run: `python -m spec_decode.training.export_demo --checkpoint out/target/checkpoint_N.msgpack
 --gin_file configs/demo/target.gin --output spec_decode/assets/demo/target.safetensors`.
 The checkpoint is the trainer's own format (`train.save_checkpoint`); the model gin file gives
-the `network.T5Config` stored beside the weights (`spec_decode.t5.demo_pair`'s format).
+the `network.T5Config` stored beside the weights (`spec_decode.checkpoints.demo_pair`'s format).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import flax.serialization
 
 from spec_decode import gin_utils
-from spec_decode.t5 import demo_pair
+from spec_decode.checkpoints import demo_pair
 
 
 def params_from_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -22,9 +22,9 @@ import numpy as np
 import sentencepiece as spm
 
 from spec_decode import core
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode.training import data
-from spec_decode.t5 import demo_pair
+from spec_decode.checkpoints import demo_pair
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 

@@ -11,8 +11,8 @@ What it does (all knobs are arguments of the gin-configurable `train`):
   global-norm clipping; compute dtype is `network.T5Config.dtype` (params stay float32);
 - every `eval_every` steps: eval loss on the eval corpus and sacrebleu BLEU of greedy decodes;
 - checkpoints in `model_dir`: `checkpoint_<step>.msgpack` (the project format: flax-serialized
-  {step, params, opt_state}) and, via `spec_decode.t5.checkpoints.save_t5x`, T5X's legacy layout
-  in `model_dir/t5x/checkpoint_<step>` (`t5x_checkpoints`); the last `keep_checkpoints` are kept;
+  {step, params, opt_state}) and, via `spec_decode.checkpoints.t5x_format.save_t5x`, T5X's
+  legacy layout in `model_dir/t5x/checkpoint_<step>` (`t5x_checkpoints`); the last `keep_checkpoints` are kept;
 - a progress line every `log_every` steps: loss, z-loss, accuracy, gradient norm, target tokens/s;
 - resume: a run restarts from the newest `checkpoint_<step>.msgpack` in `model_dir`. The data
   batch and the dropout rng of step s are pure functions of (seed, s), so a resumed run is
@@ -39,9 +39,9 @@ import numpy as np
 import optax
 import sentencepiece as spm
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode import gin_utils
-from spec_decode import losses
+from spec_decode import models
 from spec_decode import paths
 from spec_decode.training import bleu
 from spec_decode.training import data
@@ -61,7 +61,7 @@ def loss_and_metrics(params: Any, apply_fn: Callable[..., jax.Array], batch: Bat
   logits = apply_fn({"params": params}, batch["encoder_input_tokens"],
                     batch["decoder_input_tokens"], batch["decoder_target_tokens"],
                     enable_dropout=dropout_rng is not None, rngs=rngs)
-  token_loss, z_term = losses.cross_entropy_with_logits(
+  token_loss, z_term = models.cross_entropy_with_logits(
       logits.astype(jnp.float32), batch["decoder_target_tokens"], z_loss, label_smoothing)
   weights = batch["decoder_loss_weights"].astype(jnp.float32)
   num_tokens = jnp.maximum(jnp.sum(weights), 1.0)
@@ -130,8 +130,8 @@ def save_checkpoint(state: train_state.TrainState, model_dir: pathlib.Path, keep
     shutil.rmtree(model_dir / "t5x" / f"checkpoint_{stale_step}", ignore_errors=True)
   if t5x_layout:
     # Imported here so that runs without T5X-layout output do not depend on that module.
-    from spec_decode.t5 import checkpoints  # pylint: disable=g-import-not-at-top
-    checkpoints.save_t5x(jax.device_get(state.params), str(model_dir / "t5x"), step)
+    from spec_decode.checkpoints import t5x_format  # pylint: disable=g-import-not-at-top
+    t5x_format.save_t5x(jax.device_get(state.params), str(model_dir / "t5x"), step)
   return path
 
 

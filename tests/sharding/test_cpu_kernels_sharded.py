@@ -6,7 +6,7 @@ traced value does not say how jit's in_shardings split it. Its platform decides
 import jax
 import pytest
 
-from spec_decode import decode_layout, partitioning, platforms
+from spec_decode.runtime import decode_layout, partitioning, platforms
 from spec_decode.t5 import cpu_kernels, network
 
 

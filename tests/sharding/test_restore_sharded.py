@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 
 CONFIG = network.T5Config(vocab_size=64, emb_dim=16, num_heads=8, head_dim=2,
                           num_encoder_layers=1, num_decoder_layers=1, mlp_dim=16,
@@ -50,7 +50,7 @@ def _assert_restored(restored, params, shardings, dtype=None):
 @pytest.mark.parametrize("inline", [False, True], ids=["tensorstore", "inline"])
 def test_restores_each_leaf_into_its_shards(setup, tmp_path, inline):
   params, template, shardings = setup
-  path = checkpoints.save_t5x(params, str(tmp_path), step=3, inline=inline)
+  path = t5x_format.save_t5x(params, str(tmp_path), step=3, inline=inline)
   restored = decode_layout.restore_sharded(path, shardings, template)
   _assert_restored(restored, params, shardings)
   kernel = _leaf(restored, MLP_KERNEL)
@@ -61,9 +61,9 @@ def test_tensorstore_arrays_are_read_slice_by_slice(setup, tmp_path, monkeypatch
   """Exactly the distinct device slices are read, each once: a 'model'-split kernel in four
   quarters (each shared by its two 'data' replicas), a replicated scale once for 8 devices."""
   params, template, shardings = setup
-  path = checkpoints.save_t5x(params, str(tmp_path), step=1)
+  path = t5x_format.save_t5x(params, str(tmp_path), step=1)
   reads = []
-  read_slice = checkpoints.read_slice
+  read_slice = t5x_format.read_slice
 
   def recording_read_slice(array, index):
     assert isinstance(array, ts.TensorStore)  # opened, never read whole up front
@@ -71,7 +71,7 @@ def test_tensorstore_arrays_are_read_slice_by_slice(setup, tmp_path, monkeypatch
     reads.append(data.shape)
     return data
 
-  monkeypatch.setattr(checkpoints, "read_slice", recording_read_slice)
+  monkeypatch.setattr(t5x_format, "read_slice", recording_read_slice)
   decode_layout.restore_sharded(path, shardings, template)
   expected = []
   for leaf, sharding in zip(jax.tree_util.tree_leaves(template),
@@ -84,7 +84,7 @@ def test_tensorstore_arrays_are_read_slice_by_slice(setup, tmp_path, monkeypatch
 
 def test_casts_floating_parameters(setup, tmp_path):
   params, template, shardings = setup
-  path = checkpoints.save_t5x(params, str(tmp_path), step=0)
+  path = t5x_format.save_t5x(params, str(tmp_path), step=0)
   restored = decode_layout.restore_sharded(path, shardings, template, dtype=jnp.bfloat16)
   _assert_restored(restored, params, shardings, dtype=jnp.bfloat16)
 
@@ -93,7 +93,7 @@ def test_checkpoint_must_match_the_template(setup, tmp_path):
   params, template, shardings = setup
   params = jax.tree_util.tree_map(lambda x: x, params)
   params["decoder"]["layers_0"]["mlp"]["wo"]["kernel"] = np.zeros((3, 3), np.float32)
-  path = checkpoints.save_t5x(params, str(tmp_path), step=0)
+  path = t5x_format.save_t5x(params, str(tmp_path), step=0)
   with pytest.raises(ValueError, match=r"decoder/layers_0/mlp/wo/kernel has shape \(3, 3\), "
                                        r"expected \(16, 16\)"):
     decode_layout.restore_sharded(path, shardings, template)

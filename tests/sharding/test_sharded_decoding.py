@@ -1,4 +1,4 @@
-"""Sharded decoding (`spec_decode.partitioning`) on 8 simulated CPU devices.
+"""Sharded decoding (`spec_decode.runtime.partitioning`) on 8 simulated CPU devices.
 
 For every mesh (data, model) in (1, 8), (2, 4), (4, 2), (8, 1), speculative decoding of a small
 random T5 pair gives exactly the tokens and statistics (scores to float rounding) of the same
@@ -22,8 +22,8 @@ import pytest
 from spec_decode import core
 from spec_decode.engine import decoding
 from spec_decode.t5 import network
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 from spec_decode.aot import programs
 
 MESH_SHAPES = [(1, 8), (2, 4), (4, 2), (8, 1)]

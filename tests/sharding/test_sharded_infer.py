@@ -34,14 +34,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spec_decode import bench
 from spec_decode.bench import pairs as bench_pairs
-from spec_decode import infer_outputs
+from spec_decode.infer import outputs as infer_outputs
 from spec_decode import models
-from spec_decode import decode_layout
-from spec_decode import partitioning
+from spec_decode.runtime import decode_layout
+from spec_decode.runtime import partitioning
 from spec_decode import paths
 from spec_decode import plan
 from spec_decode.engine import decoding
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 import tiny_t5
@@ -93,7 +93,7 @@ def _random_params(config: network.T5Config, seed: int) -> dict:
     scale = LOGIT_SCALE if path[-2].key == "logits_dense" else 1.0
     return (scale * rng.standard_normal(leaf.shape) / np.sqrt(leaf.shape[0])).astype(np.float32)
 
-  return jax.tree_util.tree_map_with_path(draw, checkpoints.expected_param_shapes(config))
+  return jax.tree_util.tree_map_with_path(draw, t5x_format.expected_param_shapes(config))
 
 
 def _draft_params(target_params: dict) -> dict:

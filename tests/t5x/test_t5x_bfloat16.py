@@ -23,7 +23,7 @@ pytest.importorskip("t5x.models",
                     reason="needs t5x, installed from its repository (README: Tests)")
 
 import t5x_setup  # pylint: disable=g-import-not-at-top
-from spec_decode import platforms  # pylint: disable=g-import-not-at-top
+from spec_decode.runtime import platforms  # pylint: disable=g-import-not-at-top
 from spec_decode.engine import decoding  # pylint: disable=g-import-not-at-top
 from spec_decode.t5 import cpu_kernels, network  # pylint: disable=g-import-not-at-top
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top

@@ -281,14 +281,14 @@ def test_orbax_draft_reads_what_t5x_wrote(setup):
 
 
 def test_standalone_runner_reads_what_t5x_wrote_with_orbax(setup):
-  """spec_decode.infer's reader takes the same Orbax step directory (`models.load_params`)."""
-  from spec_decode import models  # pylint: disable=g-import-not-at-top
+  """spec_decode.infer's reader takes the same Orbax step directory (`formats.load_params`)."""
+  from spec_decode.checkpoints import formats  # pylint: disable=g-import-not-at-top
   from spec_decode.t5 import network  # pylint: disable=g-import-not-at-top
   from spec_decode.t5x import speculative as hook  # pylint: disable=g-import-not-at-top
   config = hook.config_from_t5x(RUN_CONFIG)
-  _assert_same_params(models.load_params(network.Transformer(config), str(setup["draft_orbax"])),
+  _assert_same_params(formats.load_params(network.Transformer(config), str(setup["draft_orbax"])),
                       setup["draft_params"])
-  assert models.checkpoint_config(str(setup["draft_orbax"]), config) == config
+  assert formats.checkpoint_config(str(setup["draft_orbax"]), config) == config
 
 
 def test_orbax_target_and_draft_predict_what_t5x_predicts(setup, runs, baseline):

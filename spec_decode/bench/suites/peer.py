@@ -1,4 +1,4 @@
-"""The peer suite: the pair's weights exported with `hf_checkpoints.save_hf` and decoded by Hugging
+"""The peer suite: the pair's weights exported with `hf_format.save_hf` and decoded by Hugging
 Face `T5ForConditionalGeneration.generate` (PyTorch; on the CPU, or CUDA with
 `PeerConfig.torch_device`) without and with `assistant_model`, and, where T5X is installed,
 by T5X's standard sampler (`bench.t5x_sampler`: the paper's baseline), interleaved with our
@@ -32,12 +32,12 @@ from spec_decode.bench.pairs import Pair
 from spec_decode.bench.t5x_sampler import T5XSampler
 from spec_decode.bench.timing import interleave, summarize
 from spec_decode.bench.workspace import Workspace
-from spec_decode.t5 import hf_checkpoints
+from spec_decode.checkpoints import hf_format
 from spec_decode.t5 import vocab
 
 
 class HuggingFaceWorker:
-  """The pair's weights exported to `directory` with `hf_checkpoints.save_hf` and served by a
+  """The pair's weights exported to `directory` with `hf_format.save_hf` and served by a
   `bench.hf_worker` process; `run(temperature, assisted, repetition)` sends it the pair's batch-1
   input of that repetition and waits (this process idle) for a RunOutput. Raises RuntimeError
   naming why when the worker cannot serve (e.g. no torch). `close()` ends the worker."""
@@ -46,7 +46,7 @@ class HuggingFaceWorker:
                assistant_schedule: str, torch_device: str = "cpu"):
     for name in ("target", "draft"):
       model = getattr(pair, name)
-      hf_checkpoints.save_hf(model.config, jax.device_get(model.params),
+      hf_format.save_hf(model.config, jax.device_get(model.params),
                              os.path.join(directory, name))
     self.pair = pair
     environment = dict(os.environ)

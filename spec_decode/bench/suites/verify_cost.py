@@ -31,7 +31,7 @@ from typing import Any
 
 import jax
 
-from spec_decode import call_costs
+from spec_decode.runtime import call_costs
 from spec_decode.bench.config import VerifyCostConfig
 from spec_decode.bench.pairs import Model, random_model
 from spec_decode.bench.timing import matmul_throughput, read_bandwidth

@@ -11,7 +11,7 @@ Contract:
   keeps 3 more mantissa bits than bfloat16; export checks every value is in float16's range.
 - `load_model(name_or_path)` -> `(network.T5Config, params)` with params a nested dict of
   float32 numpy arrays, ready for `network.Transformer(config).apply({'params': params}, ...)`
-  and `spec_decode.t5.checkpoints.save_t5x`. `name_or_path` is "target", "draft" or a file path.
+  and `spec_decode.checkpoints.t5x_format.save_t5x`. `name_or_path` is "target", "draft" or a file path.
 - `save_model(params, config, path)` writes one; `spec_decode.training.export_demo` is the
   command that exports a trainer checkpoint.
 """

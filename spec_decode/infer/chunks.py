@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from spec_decode import infer_outputs
+from spec_decode.infer import outputs
 from spec_decode.gin_utils import UsageError
 
 CHUNK_DIR = "chunks"
@@ -129,9 +129,9 @@ class ChunkStore:
       num_batches = int(multihost_utils.broadcast_one_to_all(np.int32(num_batches)))
     return num_batches
 
-  def read(self, decoder: str) -> infer_outputs.DecodeRun:
+  def read(self, decoder: str) -> outputs.DecodeRun:
     """The committed outputs of `decoder` (process 0; empty elsewhere: only process 0 writes)."""
-    run = infer_outputs.DecodeRun([], [], 0.0, 0.0)
+    run = outputs.DecodeRun([], [], 0.0, 0.0)
     for _, _, path in self._chunks(decoder) if self.writer else []:
       try:
         chunk = json.loads(path.read_text(encoding="utf-8"))
@@ -154,7 +154,7 @@ class ChunkStore:
     chunk = {"decoder": decoder, "batches": [first, end], "compile_seconds": compile_seconds,
              "seconds": seconds, "decodes": [np.asarray(d).tolist() for d in decodes],
              "aux": list(aux)}
-    infer_outputs.write_atomically(self.directory / f"{decoder}.{first:06d}-{end:06d}.json",
+    outputs.write_atomically(self.directory / f"{decoder}.{first:06d}-{end:06d}.json",
                                    json.dumps(chunk, ensure_ascii=False))
 
   def finish(self) -> None:
@@ -172,7 +172,7 @@ class ChunkStore:
     for path in self.directory.iterdir():
       if path.name.startswith("."):  # a temporary file whose write was interrupted
         path.unlink()
-    infer_outputs.write_atomically(self.directory / RUN_FILE,
+    outputs.write_atomically(self.directory / RUN_FILE,
                                    json.dumps(self.identity, indent=2, ensure_ascii=False))
     self.restart, self._started = False, True
 

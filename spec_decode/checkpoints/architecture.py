@@ -1,19 +1,19 @@
 """A T5 checkpoint's architecture, told by its parameters' shapes (T5X checkpoints carry no
-config): what the T5X hook and `models.checkpoint_config` read a draft's config from."""
+config): what the T5X hook and `formats.checkpoint_config` read a draft's config from."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Mapping
 
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5.network import T5Config
 
 
 def t5x_param_shapes(path: str) -> Any:
   """The parameters of a T5X checkpoint, opened, not read (leaves with `.shape`): what
   `config_from_params` needs."""
-  return checkpoints.open_t5x_params(path, None)
+  return t5x_format.open_t5x_params(path, None)
 
 
 def config_from_params(params: Mapping[str, Any], like: T5Config, source: str) -> T5Config:
@@ -42,5 +42,5 @@ def config_from_params(params: Mapping[str, Any], like: T5Config, source: str) -
       mlp_activations=activations,
       logits_via_embedding="logits_dense" not in params["decoder"],
       relative_attention_num_buckets=num_buckets)
-  checkpoints.check_params(checkpoints.expected_param_shapes(config), params, source)
+  t5x_format.check_params(t5x_format.expected_param_shapes(config), params, source)
   return config

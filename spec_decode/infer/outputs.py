@@ -7,7 +7,7 @@ the baseline's prediction and whether it is identical when compared) and the run
 tokens per target call, or beam steps per target call and coverage by tree depth; the target
 calls saved); with the baseline its time, the speedup and whether the outputs are identical,
 meaningful at temperature 0 and for beam search (timed side by side where asked:
-`infer_timing`); with measured call costs, Theorem 3.8's
+`timing`); with measured call costs, Theorem 3.8's
 prediction on this machine and where a (gamma+1)-token call costs one token's). `write` puts
 INFER_OUTPUT_DIR/predictions.jsonl and summary.json in place whole (temporary file, then rename;
 the usual mode, not a temporary file's 0600); `check_output_dir` refuses, before anything runs,
@@ -106,7 +106,7 @@ def summarize(model: models.EncoderDecoderModel, source: str, cfg: Any,
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
   """(summary, per-example records): see the module docstring. `cfg` is the run's
   `infer.DatasetConfig`, `examples` its `infer.Example`s; `side_by_side`: the seconds of
-  `infer_timing.side_by_side` in `timing_rounds` rounds, which the speedup then comes from."""
+  `timing.side_by_side` in `timing_rounds` rounds, which the speedup then comes from."""
   settings = model.decode_settings
   # Greedy decoding and beam search (no temperature) draw nothing: their outputs must be the
   # baseline's.

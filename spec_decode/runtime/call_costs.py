@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spec_decode import platforms
+from spec_decode.runtime import platforms
 from spec_decode.engine import decoding
 from spec_decode.t5 import cpu_kernels, network
 

@@ -5,7 +5,7 @@ with T5X's names (`token_embedder/embedding [V,E]`, `encoder/layers_0/attention/
 [E,H*D]`, ..., `decoder/logits_dense/kernel [E,V]`) whose leaves are numpy arrays.
 
 T5X (`load_t5x`, `restore_t5x_state`, `save_t5x`; `open_t5x_params` + `read_slice` for reading
-arrays slice by slice, as `spec_decode.decode_layout` restores into shards)
+arrays slice by slice, as `spec_decode.runtime.decode_layout` restores into shards)
   * Legacy layout: a `checkpoint_N/` directory (or its `checkpoint` file, or a bare msgpack
     file) holding flax msgpack `{'version': 3, 'optimizer': {'target': params, 'state': ...}}`.
     A leaf is an inline array, or a TensorStore zarr spec dict whose `kvstore.path` is
@@ -21,7 +21,7 @@ arrays slice by slice, as `spec_decode.decode_layout` restores into shards)
     (`InferenceState`) and `load_t5x_checkpoint` read it; resuming training needs the
     optimizer's slots, which are not written.
 
-Hugging Face checkpoints: `spec_decode.t5.hf_checkpoints`.
+Hugging Face checkpoints: `spec_decode.checkpoints.hf_format`.
 
 `expected_param_shapes(config)` is the parameter tree's shapes; `random_params(config, seed,
 dtype, on_device)` draws values of those shapes (for benchmarks and tests).
@@ -49,8 +49,8 @@ import tensorstore as ts
 from flax import serialization
 from flax.core import unfreeze
 
-from spec_decode.t5 import checkpoint_faults
-from spec_decode.t5 import storage
+from spec_decode.checkpoints import checkpoint_faults
+from spec_decode.checkpoints import storage
 from spec_decode.t5.network import T5Config, Transformer
 
 Params = dict[str, Any]

@@ -1,6 +1,6 @@
 """Hugging Face Hub model ids as checkpoint paths: `hf://ORG/NAME` or `hf://ORG/NAME@REVISION`
 (e.g. `hf://google-t5/t5-small`) names the model's folder in huggingface_hub's cache
-($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub), which `hf_checkpoints` reads
+($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub), which `hf_format` reads
 like any Hugging Face folder.
 
 The cache is asked first, so a model already there loads without the network (and with
@@ -16,7 +16,7 @@ import os
 
 SCHEME = "hf://"
 CONFIG_FILE = "config.json"
-# The weights `hf_checkpoints` reads, in the order it prefers them: each entry the files of one
+# The weights `hf_format` reads, in the order it prefers them: each entry the files of one
 # form (one file, or shards and their index).
 WEIGHT_FORMS = (("model.safetensors", "model-*.safetensors", "model.safetensors.index.json"),
                 ("pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json"))

@@ -21,8 +21,8 @@ translation file tasks with the demo pair's vocabulary (spec_decode/assets/demo/
 no extra ids).
 
 Paths are read when a dataset is built, not at import, so the bindings of a config that
-imports `spec_decode.tasks` apply: `tasks.data_dir.path` (default: `paths.data_root()`, from the
-environment), `tasks.tfds_data_dir.path` (default: TFDS's own, $TFDS_DATA_DIR or
+imports `spec_decode.data.tasks` apply: `tasks.data_dir.path` (default: `paths.data_root()`, from
+the environment), `tasks.tfds_data_dir.path` (default: TFDS's own, $TFDS_DATA_DIR or
 ~/tensorflow_datasets), `tasks.t5_vocabulary_file.path` (default: `paths.t5_vocabulary()`,
 T5X's copy unless the environment names another). A missing data directory or file, or a TFDS
 dataset not prepared, is a FileNotFoundError naming it (and, for TFDS, how to prepare it).
@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import seqio
 import tensorflow as tf
 
-from spec_decode import corpora
+from spec_decode.data import corpora
 from spec_decode import gin_utils
 from spec_decode import paths
 

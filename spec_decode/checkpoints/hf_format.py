@@ -2,12 +2,12 @@
 
 `T5ForConditionalGeneration` folders: `config.json` and `model.safetensors`,
 `pytorch_model.bin`, or their sharded `*.index.json` forms. Parameters are
-`spec_decode.t5.checkpoints`' tree (T5X's names). PyTorch linear weights [out, in] are
+`spec_decode.checkpoints.t5x_format`' tree (T5X's names). PyTorch linear weights [out, in] are
 transposed to kernels [in, out]; relative-attention tables [buckets, H] become [H, buckets].
 Tied (T5 1.0) models scale the decoder output by 1/sqrt(d_model) before the shared embedding
 (`logits_via_embedding=True`); untied (T5.1.1) models have `lm_head` (`decoder/logits_dense`).
 torch is imported only for `.bin` files. A checkpoint that does not match its config names the
-first offending parameter path (`checkpoints.check_params`).
+first offending parameter path (`t5x_format.check_params`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from spec_decode.t5 import checkpoint_faults
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import checkpoint_faults
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5.network import T5Config
 
 Params = dict[str, Any]
@@ -145,9 +145,9 @@ def read_hf_config(path: str) -> T5Config:
   missing = [key for key in _HF_REQUIRED_CONFIG_KEYS if key not in hf]
   if missing:
     raise ValueError(f"{config_path}: missing T5 config fields {missing}")
-  if hf.get("layer_norm_epsilon", checkpoints.LAYER_NORM_EPSILON) != checkpoints.LAYER_NORM_EPSILON:
+  if hf.get("layer_norm_epsilon", t5x_format.LAYER_NORM_EPSILON) != t5x_format.LAYER_NORM_EPSILON:
     raise ValueError(f"{config_path}: layer_norm_epsilon {hf['layer_norm_epsilon']} is not "
-                     f"supported (the network uses {checkpoints.LAYER_NORM_EPSILON})")
+                     f"supported (the network uses {t5x_format.LAYER_NORM_EPSILON})")
   # Tied T5 1.0 models scale the decoder output by 1/sqrt(d_model); transformers 5 calls
   # that `scale_decoder_outputs`, transformers 4 derives it from `tie_word_embeddings`.
   scaled = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True) is not False)
@@ -198,9 +198,9 @@ def load_hf(path: str, dtype: Any = None) -> tuple[T5Config, Params]:
     params[("decoder", "logits_dense", "kernel")] = np.ascontiguousarray(head.T)
   if unused:
     raise ValueError(f"{source}: unexpected weights {sorted(unused)[:5]} for a T5 model")
-  params = checkpoints.unflatten_params(params)
-  checkpoints.check_params(checkpoints.expected_param_shapes(config), params, source)
-  return config, (checkpoints.cast_floats(params, dtype) if dtype is not None else params)
+  params = t5x_format.unflatten_params(params)
+  t5x_format.check_params(t5x_format.expected_param_shapes(config), params, source)
+  return config, (t5x_format.cast_floats(params, dtype) if dtype is not None else params)
 
 
 def save_hf(config: T5Config, params: Mapping[str, Any], path: str) -> None:
@@ -211,8 +211,8 @@ def save_hf(config: T5Config, params: Mapping[str, Any], path: str) -> None:
   """
   from safetensors.numpy import save_file
 
-  checkpoints.check_params(checkpoints.expected_param_shapes(config), params, "save_hf params")
-  flat = {p: np.asarray(leaf) for p, leaf in checkpoints.flatten_params(params)}
+  t5x_format.check_params(t5x_format.expected_param_shapes(config), params, "save_hf params")
+  flat = {p: np.asarray(leaf) for p, leaf in t5x_format.flatten_params(params)}
   weights = {hf_name: np.ascontiguousarray(flat[t5x_path].T if transpose else flat[t5x_path])
              for hf_name, t5x_path, transpose in _hf_name_map(config)}
   if not config.logits_via_embedding:
@@ -231,7 +231,7 @@ def save_hf(config: T5Config, params: Mapping[str, Any], path: str) -> None:
       "relative_attention_num_buckets": config.relative_attention_num_buckets,
       "relative_attention_max_distance": config.relative_attention_max_distance,
       "dropout_rate": config.dropout_rate,
-      "layer_norm_epsilon": checkpoints.LAYER_NORM_EPSILON,
+      "layer_norm_epsilon": t5x_format.LAYER_NORM_EPSILON,
       "feed_forward_proj": _hf_feed_forward_proj(config.mlp_activations),
       "tie_word_embeddings": bool(config.logits_via_embedding),
       "is_encoder_decoder": True,

@@ -22,7 +22,7 @@ Before anything is traced or compiled, every split dimension is checked: a mesh 
 not divide it (heads, mlp_dim, the vocabulary, the batch, ...) is a ValueError naming the logical
 axis, its size, the mesh axis and its size.
 
-Decoding and restoring on such a mesh: `spec_decode.decode_layout`.
+Decoding and restoring on such a mesh: `spec_decode.runtime.decode_layout`.
 
 Multi-host: the entry point starts JAX's distributed system before anything touches JAX's
 devices (`spec_decode.infer`: T5X's --multiprocess_gpu flags, or a cluster's environment);
@@ -47,7 +47,7 @@ from flax.linen import partitioning as nn_partitioning
 from jax.experimental import mesh_utils
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from spec_decode import platforms
+from spec_decode.runtime import platforms
 from spec_decode.t5 import network
 
 MESH_AXES = ("data", "model")

@@ -1,5 +1,5 @@
 """Decoding on a device mesh: where a decode's parameters, caches and batches live, and the one
-place a decode is compiled (mesh, rules and shardings: `spec_decode.partitioning`).
+place a decode is compiled (mesh, rules and shardings: `spec_decode.runtime.partitioning`).
 
 Decode layout (`decode_layout` -> `DecodeLayout`): the one place a decode is compiled and its
 parameters placed, used by `spec_decode.infer` (through `DecodeLayout.partition_predict`, any
@@ -29,7 +29,7 @@ read slice by slice, each process reading only the slices its own devices hold, 
 slice once and dropped once on its devices, so host memory holds one slice (and the TensorStore
 chunk it is read from) at a time, never the whole model. Arrays stored inline in a msgpack file
 cannot be read partially: each process reads the whole file, then keeps its slices. Hugging
-Face folders and demo .safetensors files are read into host memory whole (`models.load_params`),
+Face folders and demo .safetensors files are read into host memory whole (`formats.load_params`),
 then each device receives only its slices (`put_host`).
 """
 
@@ -49,12 +49,12 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, PartitionSpec
 
 from spec_decode import core
-from spec_decode import models
-from spec_decode import partitioning
-from spec_decode import platforms
+from spec_decode.runtime import partitioning
+from spec_decode.runtime import platforms
 from spec_decode.engine import decoding
-from spec_decode.t5 import checkpoint_faults
-from spec_decode.t5 import checkpoints
+from spec_decode.checkpoints import checkpoint_faults
+from spec_decode.checkpoints import formats
+from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 
 Params = Any
@@ -299,7 +299,7 @@ def decode_layout(partitioner: partitioning.PjitPartitioner, target: network.T5C
 # --------------------------------------------------------------------------- restore
 
 
-# The checkpoint layouts are `spec_decode.t5.checkpoints`' business; this section reuses its
+# The checkpoint layouts are `spec_decode.checkpoints.t5x_format`' business; this section reuses its
 # locating and parsing helpers and replaces only the final whole-array read by sliced reads.
 
 
@@ -307,18 +307,18 @@ def restore_sharded(path: str, shardings: Params, template: Params, dtype: Any =
   """The parameters of a T5X checkpoint as jax.Arrays laid out by `shardings`.
 
   `template`: the params tree of ShapeDtypeStructs (e.g. `partitioning.abstract_params(config)[0]`); the
-  checkpoint must match it exactly (`checkpoints.check_params`). `shardings`: the same tree of
+  checkpoint must match it exactly (`t5x_format.check_params`). `shardings`: the same tree of
   Shardings (e.g. `partitioning.PjitPartitioner.params_shardings`). `dtype`: floating parameters are cast to
   it slice by slice (T5X's inference restores in bfloat16). Each process reads only the slices
   its own devices hold, each distinct slice once, one at a time; see the module docstring for
   the layouts that force a whole read.
   """
   source = os.fspath(path)
-  arrays = checkpoints.open_t5x_params(path, template)
-  checkpoints.check_params(template, arrays, source)
-  flat_shardings = dict(checkpoints.flatten_params(unfreeze(shardings)))
+  arrays = t5x_format.open_t5x_params(path, template)
+  t5x_format.check_params(template, arrays, source)
+  flat_shardings = dict(t5x_format.flatten_params(unfreeze(shardings)))
 
-  def place(key_path: checkpoints.KeyPath, array: ts.TensorStore | np.ndarray) -> jax.Array:
+  def place(key_path: t5x_format.KeyPath, array: ts.TensorStore | np.ndarray) -> jax.Array:
     stored = jnp.dtype(array.dtype.numpy_dtype if isinstance(array, ts.TensorStore)
                        else array.dtype)
     wanted = dtype if dtype is not None and jnp.issubdtype(stored, jnp.floating) else stored
@@ -326,26 +326,26 @@ def restore_sharded(path: str, shardings: Params, template: Params, dtype: Any =
 
     def read(index: tuple[slice, ...]) -> np.ndarray:
       with checkpoint_faults.reading(source, name):
-        data = checkpoints.read_slice(array, index)
+        data = t5x_format.read_slice(array, index)
       checkpoint_faults.check_finite(data, name, source)  # each slice is read once anyway
       return data.astype(wanted, copy=False)
 
     return _array_from_slices(tuple(array.shape), flat_shardings[key_path], read)
 
-  return checkpoints.unflatten_params(
-      {key_path: place(key_path, array) for key_path, array in checkpoints.flatten_params(arrays)})
+  return t5x_format.unflatten_params(
+      {key_path: place(key_path, array) for key_path, array in t5x_format.flatten_params(arrays)})
 
 
 def restore_params(module: network.Transformer, path: str, shardings: Params,
                    dtype: Any = None) -> Params:
-  """`module`'s parameters from any checkpoint `models.load_params` reads, as jax.Arrays laid
+  """`module`'s parameters from any checkpoint `formats.load_params` reads, as jax.Arrays laid
   out by `shardings`, no device receiving more than its slices. A T5X checkpoint goes through
   `restore_sharded` (TensorStore arrays read slice by slice: the whole target is never in host
   memory at once); a Hugging Face folder or a demo .safetensors file is read into host memory
   whole (their formats have no sliced reads), then each device gets its slices (`put_host`).
   `dtype`: floating parameters are cast to it."""
-  kind, resolved = models.checkpoint_format(path)
+  kind, resolved = formats.checkpoint_format(path)
   if kind == "t5x":
     template, _ = partitioning.abstract_params(module.config)
     return restore_sharded(resolved, shardings, template, dtype)
-  return put_host(models.load_params(module, path, dtype), shardings)
+  return put_host(formats.load_params(module, path, dtype), shardings)
