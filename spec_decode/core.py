@@ -9,8 +9,9 @@ T5X hook (`spec_decode.t5x.speculative`), `spec_decode.infer` on a mesh
     draft_policy, temperature, topk, topp, max_decode_steps, or a new loop's own);
   * the target's `network.Transformer` and (when the loop uses one) the draft: a
     `network.Transformer`, or a `LookupDraft` (n-gram lookup from the input and the output so
-    far, `spec_decode.engine.lookup`), alone or combined with a draft `network.Transformer`
-    (`make_draft` builds either from a runner's settings: one place for every runner);
+    far, `spec_decode.engine.lookup`), alone or combined with a draft `network.Transformer`,
+    or an `NGramDraft` (a unigram or bigram model, `spec_decode.engine.ngram`) (`make_draft`
+    builds each from a runner's settings: one place for every runner);
 and checks the pair there, once, before anything is restored or compiled: the loop exists,
 takes every setting and accepts its values, has a draft exactly when it needs one, and both
 models share a vocabulary size (a ValueError naming the problem).
@@ -32,7 +33,9 @@ Decoding with T5X's semantics (B batch, n num_decodes, L decoder length, Le inpu
       scores [B, n], aux {name: [B, n]}).
 Where caches live is a `ModelCalls`' business: `NetworkCalls` (the network as it is) by default;
 `decode_layout.DecodeLayout` pins each cache to its mesh layout (role 'lookup': a lookup's cache,
-the rows' encoder tokens). `draft_params` are the draft network's (None for a lookup alone).
+the rows' encoder tokens). `draft_params` are the draft network's, an n-gram draft's
+`engine.ngram.NGramModel` (its tables: data, like a network's parameters), or None for a lookup
+alone.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from spec_decode.runtime import platforms
 from spec_decode.engine import decoding
 from spec_decode.engine import lookup
 from spec_decode.engine import loops
+from spec_decode.engine import ngram
 from spec_decode.t5 import network
 
 Params = Any
@@ -57,7 +61,7 @@ TokensToLogits = Callable[[decoding.DecodingState], tuple[jax.Array, Any]]
 # The settings that fix the sampled distribution (T5X temperature_sample's arguments).
 SAMPLING_SETTINGS = decoding.SAMPLING_DATA
 # Where a speculative decode's drafts come from (a runner's `draft_source` setting).
-DRAFT_SOURCES = ("model", "lookup", "lookup+model")
+DRAFT_SOURCES = ("model", "lookup", "lookup+model", "ngram")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,16 +82,42 @@ class LookupDraft:
     return lookup.NGramLookup(vocab_size, self.max_ngram, self.min_ngram)
 
 
-Draft = network.Transformer | LookupDraft
+@dataclasses.dataclass(frozen=True)
+class NGramDraft:
+  """A unigram (order 1) or bigram (order 2) draft, `engine.ngram.NGramModel`: no network; the
+  model itself is the decode's `draft_params`."""
+  order: int
+  vocab_size: int
+
+  def __post_init__(self):
+    if self.order not in ngram.ORDERS:
+      raise ValueError(f"an n-gram draft's order must be one of {ngram.ORDERS}, got "
+                       f"{self.order!r}")
+
+  @classmethod
+  def of(cls, model: ngram.NGramModel) -> "NGramDraft":
+    return cls(model.order, model.vocab_size)
+
+
+Draft = network.Transformer | LookupDraft | NGramDraft
 
 
 def make_draft(draft_source: str, model: network.Transformer | None,
-               lookup_max_ngram: int = 4, lookup_min_ngram: int | None = None) -> Draft:
+               lookup_max_ngram: int = 4, lookup_min_ngram: int | None = None, *,
+               ngram_draft: NGramDraft | None = None) -> Draft:
   """The draft of a runner's settings: 'model' (the draft network), 'lookup' (n-gram lookup
-  alone: `model` must be None) or 'lookup+model' (lookup where a match of `lookup_min_ngram`
-  tokens exists, default 2, the model elsewhere). ValueError naming a bad setting."""
+  alone: `model` must be None), 'lookup+model' (lookup where a match of `lookup_min_ngram`
+  tokens exists, default 2, the model elsewhere) or 'ngram' (`ngram_draft`, a unigram or bigram
+  model: `model` must be None). ValueError naming a bad setting."""
   if draft_source not in DRAFT_SOURCES:
     raise ValueError(f"draft_source must be one of {DRAFT_SOURCES}, got {draft_source!r}")
+  if draft_source == "ngram":
+    if model is not None:
+      raise ValueError("draft_source 'ngram' uses no draft model, but one is given")
+    if ngram_draft is None:
+      raise ValueError("draft_source 'ngram' needs an n-gram model file (draft_checkpoint_path "
+                       "of a `python -m spec_decode.data.ngrams` output)")
+    return ngram_draft
   if draft_source != "lookup" and model is None:
     raise ValueError(f"draft_source {draft_source!r} needs a draft model")
   if draft_source == "model":
@@ -100,8 +130,11 @@ def make_draft(draft_source: str, model: network.Transformer | None,
 
 
 def draft_network(draft: Draft | None) -> network.Transformer | None:
-  """The network a draft's parameters belong to (None: a lookup alone, or no draft)."""
-  return draft.model if isinstance(draft, LookupDraft) else draft
+  """The network a draft's parameters belong to (None: a lookup alone, an n-gram draft, or no
+  draft)."""
+  if isinstance(draft, LookupDraft):
+    return draft.model
+  return draft if isinstance(draft, network.Transformer) else None
 
 
 class ModelCalls(Protocol):
@@ -177,16 +210,18 @@ class Decoder:
     loop = loops.get(self.loop_name)
     if not isinstance(self.target, network.Transformer):
       raise ValueError(f"the target must be a network.Transformer, got {self.target!r}")
-    if self.draft is not None and not isinstance(self.draft, (network.Transformer, LookupDraft)):
-      raise ValueError(f"the draft must be a network.Transformer or a LookupDraft, got "
-                       f"{self.draft!r}")
+    if self.draft is not None and not isinstance(self.draft, (network.Transformer, LookupDraft,
+                                                              NGramDraft)):
+      raise ValueError(f"the draft must be a network.Transformer, a LookupDraft or an "
+                       f"NGramDraft, got {self.draft!r}")
     if loop.uses_draft and self.draft is None:
       raise ValueError(f"decode loop {self.loop_name!r} needs a draft model")
     if not loop.uses_draft and self.draft is not None:
       raise ValueError(f"decode loop {self.loop_name!r} uses no draft model, but one is given")
-    if self.draft_network is not None:
+    draft_vocab = (self.draft.vocab_size if isinstance(self.draft, NGramDraft) else
+                   None if self.draft_network is None else self.draft_network.config.vocab_size)
+    if draft_vocab is not None:
       target_vocab = self.target.config.vocab_size
-      draft_vocab = self.draft_network.config.vocab_size
       if target_vocab != draft_vocab:
         raise ValueError(f"target and draft vocabularies differ: the target has {target_vocab} "
                          f"ids, the draft {draft_vocab}")
@@ -212,8 +247,15 @@ class Decoder:
     return draft_network(self.draft)
 
   @property
+  def takes_draft_params(self) -> bool:
+    """Whether a decode takes draft_params: a draft network's, or an n-gram draft's model."""
+    return self.draft_network is not None or isinstance(self.draft, NGramDraft)
+
+  @property
   def draft_description(self) -> str:
     """Where the drafts come from, for reports: 'draft model', 'n-gram lookup (n 1..4)', ..."""
+    if isinstance(self.draft, NGramDraft):
+      return ("unigram", "bigram")[self.draft.order - 1] + " draft"
     if not isinstance(self.draft, LookupDraft):
       return "draft model"
     lookup_text = f"n-gram lookup (n {self.draft.min_ngram}..{self.draft.max_ngram})"
@@ -221,6 +263,8 @@ class Decoder:
 
   def _draft_cache(self, calls: ModelCalls, draft_params: Params | None,
                    encoder_input_tokens: jax.Array, max_decode_len: int) -> Any:
+    if isinstance(self.draft, NGramDraft):
+      return draft_params.init_cache(encoder_input_tokens.shape[0], max_decode_len)
     model_cache = None
     if self.draft_network is not None:
       model_cache = calls.init_cache("draft", self.draft_network, draft_params,
@@ -236,6 +280,8 @@ class Decoder:
   def _draft_calls(self, calls: ModelCalls, draft_params: Params | None,
                    cache: Any) -> tuple[Any, TokensToLogits]:
     """(the draft's cache, pinned, and its tokens_to_logits)."""
+    if isinstance(self.draft, NGramDraft):
+      return cache, draft_params.tokens_to_logits
     if not isinstance(self.draft, LookupDraft):
       return (calls.pin_cache("draft", cache),
               calls.tokens_to_logits("draft", self.draft, draft_params))

@@ -57,6 +57,7 @@ from flax.core import unfreeze
 from spec_decode import core
 from spec_decode import paths
 from spec_decode.checkpoints import formats
+from spec_decode.checkpoints import ngram_format
 from spec_decode.engine import loops
 from spec_decode.t5 import network
 from spec_decode.engine import sampling
@@ -277,8 +278,10 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
   that uses no draft (the baseline) the target runs alone and the draft is never read.
   `draft_source` (`core.make_draft`): 'model' (the checkpoint's draft), 'lookup' (n-gram
   lookup from the input and the output so far: no draft checkpoint, and giving one is an error
-  since it would be ignored) or 'lookup+model'; `lookup_max_ngram`, `lookup_min_ngram` are the
-  lookup's n-gram lengths.
+  since it would be ignored), 'lookup+model', or 'ngram' (a unigram or bigram draft:
+  draft_checkpoint_path names its .npz file, `python -m spec_decode.data.ngrams`, read at
+  construction: it is small); `lookup_max_ngram`, `lookup_min_ngram` are the lookup's n-gram
+  lengths.
   """
 
   def __init__(self, module: network.Transformer, input_vocabulary: Any,
@@ -303,7 +306,20 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         raise ValueError("draft_source 'lookup' uses no draft model: unset "
                          "draft_checkpoint_path (the draft would be ignored)")
       return core.make_draft("lookup", None, max_ngram, min_ngram)
+    if draft_source == "ngram":
+      return self._ngram_draft()
     return core.make_draft(draft_source, self._draft_network(decode_loop), max_ngram, min_ngram)
+
+  def _ngram_draft(self) -> core.NGramDraft:
+    if self._given_draft_module is not None:
+      raise ValueError("draft_source 'ngram' uses no draft model: unset draft_module")
+    if self.draft_checkpoint_path is None or not ngram_format.is_ngram_file(
+        self.draft_checkpoint_path):
+      raise ValueError(f"draft_source 'ngram' reads an n-gram draft file (.npz, written by "
+                       f"`python -m spec_decode.data.ngrams`) from draft_checkpoint_path, got "
+                       f"{self.draft_checkpoint_path!r}")
+    self._draft_params = ngram_format.load(self.draft_checkpoint_path)
+    return core.make_draft("ngram", None, ngram_draft=core.NGramDraft.of(self._draft_params))
 
   def _draft_network(self, decode_loop: str) -> network.Transformer:
     if self.draft_checkpoint_path is not None:

@@ -53,7 +53,8 @@ def _allowed(module: str) -> tuple[str, ...]:
     return ("spec_decode.engine", "spec_decode.t5.", "spec_decode.paths",
             "spec_decode.checkpoints.storage")
   if module.startswith("spec_decode.checkpoints"):
-    return ("spec_decode.checkpoints", "spec_decode.t5.", "spec_decode.paths")
+    return ("spec_decode.checkpoints", "spec_decode.engine", "spec_decode.t5.",
+            "spec_decode.paths")
   return ("spec_decode",)  # above t5/; the T5X-style layer is kept off the tools below
 
 

@@ -201,6 +201,8 @@ def test_bad_lookup_configurations_fail_at_construction(pair, vocabulary):
   with pytest.raises(ValueError, match="lookup max_ngram must be an integer >= 1, got 0"):
     build(draft_source="lookup", lookup_max_ngram=0)
   with pytest.raises(ValueError, match="draft_source must be one of"):
+    build(draft_checkpoint_path=draft.t5x_checkpoint, draft_source="trigram")
+  with pytest.raises(ValueError, match="draft_source 'ngram' reads an n-gram draft file"):
     build(draft_checkpoint_path=draft.t5x_checkpoint, draft_source="ngram")
   with pytest.raises(ValueError, match="needs a draft: set draft_checkpoint_path"):
     build(draft_source="lookup+model")

@@ -4,14 +4,20 @@ by hand, the model contract, and speculative sampling with them keeping the targ
 checks it for model and lookup drafts."""
 
 import collections
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spec_decode.checkpoints import ngram_format
+from spec_decode.data import ngrams
 from spec_decode.engine import contract, drafting, ngram, verify
+from spec_decode.infer import outputs as infer_outputs
+from spec_decode.t5 import vocab
 import test_exactness
+import tiny_t5
 import toy_setup
 
 CORPUS = [[3, 4, 3, 4, 2], [3, 4, 1], [2, 2, 3, 0, 0], [4]]  # 0: padding, skipped
@@ -117,3 +123,79 @@ def test_negative_control_fails_with_ngram_drafts():
   p_value = test_exactness.chi_square_p_value(decodes,
                                               test_exactness.exact_law(target, sampling_args))
   assert p_value < test_exactness.P_VALUE_FLOOR, f"not caught: p = {p_value:.2e}"
+
+
+# The runners: `python -m spec_decode.data.ngrams` writes the draft, `spec_decode.infer` decodes
+# with it (DRAFT_SOURCE = 'ngram'), a tiny random pair with the demo's vocabulary.
+TEXTS = ["Die Katze sitzt auf der Matte.", "Wo ist der Bahnhof, bitte?", "Guten Morgen.",
+         "Die Katze sitzt auf dem Stuhl."]
+INFER_TEXTS = ["The cat sits on the mat.", "Where is the station?", "Good morning."]
+
+
+@pytest.fixture(scope="module")
+def bigram_file(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("ngrams")
+  (directory / "texts.de").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+  output = directory / "bigram.npz"
+  assert ngrams.main([f"--text_file={directory / 'texts.de'}", f"--output={output}",
+                      "--order=2", "--max_successors=4"]) == 0
+  return output
+
+
+def test_the_command_line_writes_the_estimate_of_the_tokenized_texts(bigram_file):
+  vocabulary = vocab.SentencePieceVocabulary(str(ngrams.DEMO_VOCABULARY))
+  model = ngram_format.load(str(bigram_file))
+  expected = ngram.estimate([vocabulary.encode(text) + [vocabulary.eos_id] for text in TEXTS],
+                            vocabulary.vocab_size, order=2, max_successors=4)
+  assert model.order == 2 and model.vocab_size == vocabulary.vocab_size
+  for name in ("unigram_log_probs", "successors", "successor_counts", "smoothing"):
+    np.testing.assert_array_equal(getattr(model, name), getattr(expected, name))
+
+
+@pytest.mark.parametrize("flags,problem", [
+    (["--output=/tmp/model.bin"], "--output must name a .npz file"),
+    (["--output=/tmp/model.npz", "--vocab_size=10"], "--vocab_size=10 is below the vocabulary"),
+])
+def test_the_command_line_answers_bad_flags_in_one_line(tmp_path, capsys, flags, problem):
+  (tmp_path / "texts").write_text("Hallo\n", encoding="utf-8")
+  assert ngrams.main([f"--text_file={tmp_path / 'texts'}", *flags]) == 2
+  stderr = capsys.readouterr().err.strip().splitlines()
+  assert len(stderr) == 1 and problem in stderr[0], stderr
+
+
+def test_a_file_that_is_not_an_ngram_draft_is_named(tmp_path):
+  np.savez(tmp_path / "other.npz", weights=np.zeros(3))
+  with pytest.raises(ValueError, match="other.npz: not an n-gram draft file"):
+    ngram_format.load(str(tmp_path / "other.npz"))
+
+
+@pytest.fixture(scope="module")
+def run_gin(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("infer_ngram")
+  target, draft = tiny_t5.write_pair(directory, 8000)
+  return tiny_t5.write_run_gin(directory / "run.gin", target, draft, tiny_t5.DEMO_VOCAB_FILE,
+                               0, {"inputs": 16, "targets": 12}, batch_size=2)
+
+
+@pytest.mark.slow
+def test_infer_greedy_with_an_ngram_draft_equals_the_baseline(run_gin, bigram_file, capsys,
+                                                              tmp_path):
+  out = tmp_path / "out"
+  status, stderr = tiny_t5.run_infer_main(
+      [f"--gin_file={run_gin}", *(f"--text={text}" for text in INFER_TEXTS),
+       "--gin.DRAFT_SOURCE='ngram'", f"--gin.DRAFT_CHECKPOINT_PATH='{bigram_file}'",
+       f"--gin.INFER_OUTPUT_DIR='{out}'"], capsys)
+  assert status == 0, stderr
+  summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
+  assert summary["draft"] == "bigram draft"
+  assert summary["identical_outputs"] is True and summary["num_identical"] == len(INFER_TEXTS)
+  assert summary["drafted_tokens"] > 0
+
+
+def test_infer_with_a_network_checkpoint_as_ngram_draft_is_one_line(run_gin, capsys, tmp_path):
+  status, stderr = tiny_t5.run_infer_main(
+      [f"--gin_file={run_gin}", "--text=Hello", "--gin.DRAFT_SOURCE='ngram'",
+       f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"], capsys)
+  assert status == 2
+  assert len(stderr) == 1 and "draft_source 'ngram' reads an n-gram draft file" in stderr[0]
+  assert not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@
   architecture       a T5X checkpoint's config, told by its parameters' shapes
   checkpoint_faults  a truncated, corrupt or non-finite checkpoint named in one line
   storage            local and gs:// files, read alike (gs:// within a bounded wait)
+  ngram_format       unigram and bigram drafts (`engine.ngram.NGramModel`) as .npz files
 
 The network itself (`spec_decode.t5.network`: T5Config, the parameter tree a config has) and
 the vocabulary stay in `spec_decode/t5/`: they are T5's architecture, which a checkpoint is

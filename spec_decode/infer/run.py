@@ -170,7 +170,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
       compare_with_baseline=compare_with_baseline), restart)
   if partitioner is None:  # one device, the same path
     partitioner = partitioning.PjitPartitioner(mesh_shape=(1, 1))
-  draft_module = model.draft_module if model.is_speculative else None  # None: a lookup alone
+  draft_module = model.draft_module if model.is_speculative else None  # None: a lookup, n-gram
   layout = decode_layout.decode_layout(
       partitioner, model.module.config, None if draft_module is None else draft_module.config)
   _check_batch_size(layout, dataset_cfg.batch_size)
@@ -179,9 +179,12 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
                   target_length, checkpoint_dtype, device_memory_gib)
   # Straight into their shards, once: the baseline run reuses the same arrays.
   params = layout.restore("target", model.module, checkpoint_path, checkpoint_dtype)
-  draft_params = (None if draft_module is None else
-                  layout.restore("draft", draft_module, model.draft_checkpoint_path,
-                                 checkpoint_dtype))
+  draft_params = None
+  if draft_module is not None:
+    draft_params = layout.restore("draft", draft_module, model.draft_checkpoint_path,
+                                  checkpoint_dtype)
+  elif model.is_speculative and model.decoder.takes_draft_params:  # an n-gram draft's tables
+    draft_params = layout.put_replicated(model.draft_params)
   batches = inputs.make_batches(examples, dataset_cfg.batch_size, input_length, target_length)
   print(f"{outputs.count(len(examples), 'example')} in "
         f"{outputs.count(len(batches), 'batch')} of {dataset_cfg.batch_size}")

@@ -60,6 +60,14 @@ from spec_decode.t5 import network
 Params = Any
 
 
+def _draft_kind(decoder: core.Decoder) -> str | None:
+  """How a decode's draft_params are laid out: a draft network's by the draft's rules, an
+  n-gram draft's tables replicated (small: O(V K)), none without draft params."""
+  if decoder.draft_network is not None:
+    return "draft"
+  return "replicated" if decoder.takes_draft_params else None
+
+
 def _batch_axes(leaf: Any) -> PartitionSpec:
   """Logical axes of a batch leaf: 'batch' first, the rest unsplit."""
   return PartitionSpec("batch", *[None] * (len(leaf.shape) - 1))
@@ -240,7 +248,7 @@ class DecodeLayout:
       return decoder.predict(params, draft_params, batch, eos_id, rng, num_decodes=num_decodes,
                              calls=self)
 
-    return self.partition(predict, ("target", "draft" if decoder.draft_network else None,
+    return self.partition(predict, ("target", _draft_kind(decoder),
                                     "batch", "replicated"))
 
   def put_params(self, role: str, params: Params) -> Params:
