@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode.engine import contract
-from spec_decode.engine import decoding
+from spec_decode.engine import decode_rows
 from spec_decode.engine import loops
 
 # T5X's stand-in for -inf in beam scores (`t5x.decoding.NEG_INF`).
@@ -222,7 +222,7 @@ def beam_search(inputs: jax.Array, cache: Any, tokens_to_logits: contract.Tokens
                                log_probs.reshape(state.live_log_probs.shape + (-1,)), active)
     return state, gather_cache(cache, parents)
 
-  cache = decoding._expand(cache, num_decodes)  # pylint: disable=protected-access
+  cache = decode_rows.expand(cache, num_decodes)
   state, _ = jax.lax.while_loop(lambda carry: jnp.any(continues(problem, carry[0])), step,
                                 (state, cache))
   return results(problem, state)

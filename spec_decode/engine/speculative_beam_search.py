@@ -43,8 +43,9 @@ import jax.numpy as jnp
 
 from spec_decode.engine import beam_search
 from spec_decode.engine import contract
-from spec_decode.engine import decoding
+from spec_decode.engine import decode_rows
 from spec_decode.engine import loops
+from spec_decode.engine import speculative_sampling
 from spec_decode.engine.stats import BeamSearchStats
 
 BeamState = beam_search.BeamState
@@ -80,7 +81,7 @@ def check_speculative_beam_settings(gamma: int | None = None, alpha: float = 0.6
                                     draft_beams: int | None = None, **_: Any) -> None:
   """ValueError for a gamma, alpha, node budget or draft beam count speculative beam search
   cannot run with."""
-  decoding.check_speculative_settings(gamma)
+  speculative_sampling.check_speculative_settings(gamma)
   beam_search.check_beam_settings(alpha, max_decode_step)
   for name, value in (("nodes_per_beam", nodes_per_beam), ("draft_beams", draft_beams)):
     if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
@@ -358,8 +359,7 @@ def speculative_beam_search(inputs: jax.Array, cache: Any,
   problem, beams = beam_search.init(inputs, num_decodes, eos_id, alpha, scratch=gamma + 1,
                                     max_decode_step=max_decode_step)
   batch_size = inputs.shape[0]
-  cache, draft_cache = decoding._expand(  # pylint: disable=protected-access
-      (cache, draft_cache), num_decodes)
+  cache, draft_cache = decode_rows.expand((cache, draft_cache), num_decodes)
   initial = _LoopState(beams, jnp.ones((batch_size,), jnp.int32), cache, draft_cache,
                        BeamSearchStats.zeros(batch_size, gamma))
   iteration = functools.partial(_iteration, problem, tokens_to_logits, draft_tokens_to_logits,
