@@ -25,26 +25,29 @@ def make_pair(vocab_size: int, draft: str, seed: int = 0, eos_shift: float = 0.0
 
 
 @functools.partial(jax.jit, static_argnames=("num_decodes", "sampling_args",
-                                             "max_decode_steps"))
+                                             "max_decode_steps", "logit_callback_fn"))
 def baseline(target, inputs, rng, num_decodes=1, sampling_args=(1.0, 0, 0.0),
-             max_decode_steps=None):
+             max_decode_steps=None, logit_callback_fn=None):
   temperature, topk, topp = sampling_args
   return decoding.temperature_sample(
       inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS, decode_rng=rng,
       num_decodes=num_decodes, temperature=temperature, topk=topk, topp=topp,
-      max_decode_steps=max_decode_steps)
+      max_decode_steps=max_decode_steps, logit_callback_fn=logit_callback_fn)
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "num_decodes", "sampling_args",
-                                             "verifier", "draft_policy", "max_decode_steps"))
+                                             "verifier", "draft_policy", "max_decode_steps",
+                                             "logit_callback_fn"))
 def speculative(target, draft, inputs, rng, gamma, num_decodes=1, sampling_args=(1.0, 0, 0.0),
-                verifier="token", draft_policy="fixed", max_decode_steps=None):
+                verifier="token", draft_policy="fixed", max_decode_steps=None,
+                logit_callback_fn=None):
   temperature, topk, topp = sampling_args
   return decoding.speculative_sample(
       inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
       draft_cache=draft.init_cache(*inputs.shape), draft_tokens_to_logits=draft.tokens_to_logits,
       gamma=gamma, decode_rng=rng, num_decodes=num_decodes, temperature=temperature, topk=topk,
-      topp=topp, verifier=verifier, draft_policy=draft_policy, max_decode_steps=max_decode_steps)
+      topp=topp, verifier=verifier, draft_policy=draft_policy, max_decode_steps=max_decode_steps,
+      logit_callback_fn=logit_callback_fn)
 
 
 def random_prompts(rng: np.random.Generator, batch_size: int, max_decode_len: int,

@@ -8,7 +8,7 @@ to each row; `finish` cuts the buffer into T5X's outputs. `temperature_sample`
 written down in `spec_decode.engine.decoding`.
 """
 
-from typing import Any
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -38,6 +38,8 @@ class Problem:
   eos_id: int = flax.struct.field(pytree_node=False)
   sampling_args: tuple[Any, Any, Any]  # temperature ([N] per row, or one), topk, topp: data
   rescale_log_probs: bool = flax.struct.field(pytree_node=False, default=True)
+  max_decode_len: int = flax.struct.field(pytree_node=False, default=0)  # L
+  logit_callback: Any = flax.struct.field(pytree_node=False, default=None)  # LogitCallback
 
   @property
   def greedy(self) -> bool:
@@ -76,7 +78,7 @@ def expand(tree: Any, num_decodes: int) -> Any:
 def setup(inputs: jax.Array, *, eos_id: int, num_decodes: int, initial_index: Any,
           temperature: Any, topk: Any, topp: Any, max_decode_steps: Any,
           max_decode_steps_hard_limit: int | None, rescale_log_probs: bool,
-          block_size: int) -> tuple[Problem, Rows]:
+          logit_callback_fn: "LogitCallback | None", block_size: int) -> tuple[Problem, Rows]:
   """Checks a sampler's arguments (ValueError naming the bad one), then builds the expanded
   problem constants and the starting rows.
 
@@ -86,7 +88,7 @@ def setup(inputs: jax.Array, *, eos_id: int, num_decodes: int, initial_index: An
   _validate(inputs, eos_id, num_decodes, temperature=temperature, topk=topk, topp=topp,
             max_decode_steps=max_decode_steps,
             max_decode_steps_hard_limit=max_decode_steps_hard_limit,
-            rescale_log_probs=rescale_log_probs)
+            rescale_log_probs=rescale_log_probs, logit_callback_fn=logit_callback_fn)
   max_decode_steps = _capped(max_decode_steps, max_decode_steps_hard_limit)
   sampling_args = (temperature, topk, topp)
   inputs = expand(jnp.asarray(inputs, jnp.int32), num_decodes)
@@ -107,7 +109,8 @@ def setup(inputs: jax.Array, *, eos_id: int, num_decodes: int, initial_index: An
     end = jnp.minimum(end, prompt_end + max_decode_steps)
   rows = Rows(index=index, done=index >= end, sequences=sequences,
               log_prob=jnp.zeros((num_rows,), jnp.float32))
-  return Problem(forced, end, eos_id, sampling_args, rescale_log_probs), rows
+  return Problem(forced, end, eos_id, sampling_args, rescale_log_probs, max_decode_len,
+                 logit_callback_fn), rows
 
 
 def gather(buffer: jax.Array, positions: jax.Array) -> jax.Array:
@@ -119,6 +122,42 @@ def scatter(buffer: jax.Array, positions: jax.Array, values: jax.Array) -> jax.A
   """buffer[n, positions[n, j]] = values[n, j]. Written per row (vmap) so that a batch-sharded
   buffer is updated where its rows live, with no cross-device traffic."""
   return jax.vmap(lambda row, where, new: row.at[where].set(new))(buffer, positions, values)
+
+
+@flax.struct.dataclass
+class LogitCallbackState:
+  """What T5X's `logit_callback_fn(logits, state)` is given with the logits [N, V] of one
+  position: the fields of T5X's `SamplingLoopState` that describe the prefix those logits
+  condition on, by T5X's names and in its shapes (N: the B * num_decodes rows, each example's
+  num_decodes rows adjacent, as T5X orders them). Its loop bookkeeping (step, ended, rng,
+  log_prob) is not given: a speculative iteration scores several positions in one step."""
+  cur_index: jax.Array  # [N] position of the prefix's last token; the logits are for the next
+  sequences: jax.Array  # [N, L + 2] the prefix up to cur_index, then the prompt's forced tokens
+  cur_token: jax.Array  # [N, 1] the token at cur_index
+  cache: Any  # the target's cache as given to the call that scored the position, or None
+
+
+# T5X's LogitCallbackFn: (logits [N, V], state) -> logits [N, V].
+LogitCallback = Callable[[jax.Array, LogitCallbackState], jax.Array]
+
+
+def through_logit_callback(problem: Problem, logits: jax.Array, *, sequences: jax.Array,
+                           index: jax.Array, cache: Any = None) -> jax.Array:
+  """`logits [N, C, V]` of positions index + 1 .. index + C, each offset c through the logit
+  callback with the state of the prefix up to index + c as `sequences [N, S]` holds it (the
+  committed tokens, then any drafts); unchanged without a callback."""
+  if problem.logit_callback is None:
+    return logits
+  width = problem.max_decode_len + 2  # T5X's buffer: two scratch columns past position L
+  called = []
+  for offset in range(logits.shape[1]):
+    cur_index = index + offset
+    after_prefix = jnp.arange(width)[None] > cur_index[:, None]
+    state = LogitCallbackState(
+        cur_index=cur_index, cur_token=gather(sequences, cur_index[:, None]), cache=cache,
+        sequences=jnp.where(after_prefix, problem.forced[:, :width], sequences[:, :width]))
+    called.append(problem.logit_callback(logits[:, offset], state))
+  return jnp.stack(called, axis=1)
 
 
 def target_probs(problem: Problem, logits: jax.Array, positions: jax.Array) -> jax.Array:

@@ -2,8 +2,9 @@
 
 `temperature_sample` (here) and `speculative_sample` (`spec_decode.engine.speculative_sampling`,
 re-exported here with its settings check) are pure functions over flax dataclass loop states,
-each one `jax.lax.while_loop` that the caller jits (the models in `spec_decode.models` jit them with the parameters as arguments). No
-host round-trip happens per token; prompts and rngs are data, so they never cause a recompile.
+each one `jax.lax.while_loop` that the caller jits (the models in `spec_decode.models` jit them
+with the parameters as arguments). No host round-trip happens per token; prompts and rngs are
+data, so they never cause a recompile.
 
 ## Models
 Models enter through the model contract (`spec_decode.engine.contract`; `DecodingState` and
@@ -26,6 +27,15 @@ as in T5X.
 < initial_index (a prefill) and `inputs` holds the prompt up to and including initial_index.
 `max_decode_steps`: each row samples at most that many positions past its prompt, and at most
 `max_decode_steps_hard_limit` (a Python int, T5X's static bound on a traced max_decode_steps).
+`logit_callback_fn(logits [N, V], state) -> logits` (T5X's): every sampled position's target
+logits pass through it before temperature, top-k and top-p, and the law sampled and scored is
+the one of the logits it returns. `state` is a `LogitCallbackState`: T5X's `cur_index`,
+`sequences` [N, L + 2] and `cur_token` of the prefix the logits condition on, as T5X's loop
+state has them at that prefix (the prefix, then the prompt's forced tokens, then 0), and `cache`
+(`temperature_sample`: the cache given to that step's call, as in T5X; `speculative_sample`:
+None, one call scoring several positions). A callback that is a function of the prefix (not of
+the cache, nor of how often it is called) gives both samplers T5X's law; `speculative_sample`
+calls it at each verified position, drafts included, and leaves the draft's logits alone.
 Unlike T5X, whose `topk=1` default silently means greedy, `topk` defaults to 0 (no truncation);
 greedy decoding is `temperature=0`.
 """
@@ -43,7 +53,7 @@ from spec_decode.engine import sampling
 # signature names, the speculative loop with its settings check and stats, and the settings
 # T5X takes as data.
 from spec_decode.engine.contract import DecodingState, TokensToLogits
-from spec_decode.engine.decode_rows import SAMPLING_DATA
+from spec_decode.engine.decode_rows import SAMPLING_DATA, LogitCallback, LogitCallbackState
 from spec_decode.engine.speculative_sampling import (SpeculativeLoopState,
                                                      check_speculative_settings,
                                                      speculative_sample)
@@ -65,17 +75,19 @@ def temperature_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
                        topp: float = 0.0, initial_index: jax.Array | None = None,
                        max_decode_steps: int | None = None,
                        max_decode_steps_hard_limit: int | None = None,
-                       rescale_log_probs: bool = True) -> tuple[jax.Array, jax.Array]:
+                       rescale_log_probs: bool = True,
+                       logit_callback_fn: LogitCallback | None = None
+                       ) -> tuple[jax.Array, jax.Array]:
   """Autoregressive sampling, one target call per token: the baseline.
 
   Returns (decodes [B, num_decodes, L] int32, log_probs [B, num_decodes] float32; see the
-  conventions above for what log_probs sums).
+  conventions above for what log_probs sums, and for `logit_callback_fn`).
   """
   problem, rows = decode_rows.setup(
       inputs, eos_id=eos_id, num_decodes=num_decodes, initial_index=initial_index,
       temperature=temperature, topk=topk, topp=topp, max_decode_steps=max_decode_steps,
       max_decode_steps_hard_limit=max_decode_steps_hard_limit,
-      rescale_log_probs=rescale_log_probs, block_size=1)
+      rescale_log_probs=rescale_log_probs, logit_callback_fn=logit_callback_fn, block_size=1)
   batch_size, max_decode_len = inputs.shape
   # [S, N, 1]: at most one iteration per buffer position (sequences [N, S]).
   uniforms = None if problem.greedy else sampling.decode_uniforms(
@@ -87,6 +99,8 @@ def temperature_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
     logits, cache = tokens_to_logits(DecodingState(
         cur_index=index, cur_token=decode_rows.gather(state.rows.sequences, index[:, None]),
         sequences=state.rows.sequences, cache=state.cache))
+    logits = decode_rows.through_logit_callback(problem, logits, sequences=state.rows.sequences,
+                                                index=index, cache=state.cache)
     positions = index[:, None] + 1
     if problem.greedy:
       token = decode_rows.greedy_tokens(problem, logits, positions)

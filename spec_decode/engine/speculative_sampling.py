@@ -28,6 +28,10 @@ verification, and every exact rule's law is the target's given any such m (the v
 m and weighs only those drafts; p_{m+1} conditions only on positions <= i + m). A deterministic
 proposal x has q = one-hot(x): the token rule accepts it with p(x) and otherwise emits from
 norm(p with x removed), which is p again; greedy, it is kept exactly when x is the target's argmax.
+A logit callback (`logit_callback_fn`, see `spec_decode.engine.decoding`) is part of the
+target's law: p_{j} is the target's logits of position i + j through the callback, given the
+state of the prefix up to i + j - 1 (the committed tokens, then x_1..x_{j-1}), which is what
+`temperature_sample` gives it had it sampled that prefix; q is the draft's own.
 Forced prompt tokens are exact by construction: at a forced position both p and q become the
 same point mass (on the forced token, or an id standing in for one outside the vocabulary), so
 it is always drafted, always accepted, and the forced token is always emitted.
@@ -97,7 +101,8 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
                        max_decode_steps_hard_limit: int | None = None,
                        rescale_log_probs: bool = True,
                        verifier: str | verify.Rule = "token",
-                       draft_policy: str | drafting.Policy = "fixed"
+                       draft_policy: str | drafting.Policy = "fixed",
+                       logit_callback_fn: decode_rows.LogitCallback | None = None
                        ) -> tuple[jax.Array, jax.Array, SpeculativeStats]:
   """Speculative sampling (Leviathan et al., 2023): same law as `temperature_sample`.
 
@@ -120,7 +125,8 @@ def speculative_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensTo
       inputs, eos_id=eos_id, num_decodes=num_decodes, initial_index=initial_index,
       temperature=temperature, topk=topk, topp=topp, max_decode_steps=max_decode_steps,
       max_decode_steps_hard_limit=max_decode_steps_hard_limit,
-      rescale_log_probs=rescale_log_probs, block_size=gamma + 1)
+      rescale_log_probs=rescale_log_probs, logit_callback_fn=logit_callback_fn,
+      block_size=gamma + 1)
   batch_size, max_decode_len = inputs.shape
   cache, draft_cache = decode_rows.expand((cache, draft_cache), num_decodes)
   target_vocab = _vocab_size(tokens_to_logits, cache, rows.sequences)
@@ -238,6 +244,8 @@ def _speculative_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLo
   block = rows.index[:, None] + jnp.arange(gamma + 1)
   logits, cache = tokens_to_logits(DecodingState(
       rows.index, decode_rows.gather(drafts.sequences, block), drafts.sequences, state.cache))
+  logits = decode_rows.through_logit_callback(problem, logits, sequences=drafts.sequences,
+                                              index=rows.index)
   if compare_tokens:
     target_tokens = decode_rows.greedy_tokens(problem, logits, block + 1)
     num_accepted, next_token = verify.compare_tokens(draft_tokens, target_tokens, num_drafted)
