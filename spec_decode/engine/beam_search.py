@@ -17,7 +17,15 @@ row's finished set, so every row's output is T5X's. The outputs differ only wher
 batch has no finished beam and only filler live beams (log-probs below -1e7), which finite
 logits within 1e7 of each other never produce.
 
-`initial_index` (a prefilled prompt) is refused: T5X's encoder-decoder models never give one.
+`initial_index [B]` (T5X's prefilled prompts): row b starts at position initial_index[b], its
+cache holding the positions before it and `inputs` its prompt up to and including that position
+(as in T5X, which takes a prompt's last non-zero token as its end: nothing is forced after it);
+the brevity penalty counts the prompt, and `max_decode_step` counts steps from the row's start.
+T5X runs every row of a batch L - min(initial_index) steps, so a row with a longer prompt goes
+on past position L, scoring tokens its output then cuts (T5X's beam_search NOTE); here every row
+stops at position L, where its buffer and its model's cache end. A batch whose rows share one
+initial_index gets T5X's output, as does each row T5X's search terminates before position L;
+otherwise each row gets what T5X gives it alone.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ class BeamState:
 class BeamProblem:
   """Per-example constants of one beam search."""
   forced: jax.Array  # [B, S] forced token per position, 0 where free
+  start: jax.Array  # [B] the position each row starts from (its initial_index, or 0)
   max_decode_len: int = flax.struct.field(pytree_node=False)
   eos_id: int = flax.struct.field(pytree_node=False)
   alpha: float = flax.struct.field(pytree_node=False)
@@ -75,6 +84,9 @@ def check_beam_settings(alpha: float = 0.6, max_decode_step: int = -1, **_: Any)
 
 def validate(inputs: jax.Array, eos_id: int, num_decodes: int, initial_index: Any) -> None:
   """ValueError for arguments no beam search takes."""
+  if initial_index is not None and np.shape(initial_index) != inputs.shape[:1]:
+    raise ValueError(f"initial_index must be one position per example ({inputs.shape[0]}), "
+                     f"got shape {np.shape(initial_index)}")
   if inputs.ndim != 2:
     raise ValueError(f"inputs must be [batch, max_decode_len], got shape {inputs.shape}")
   if int(eos_id) != eos_id or eos_id < 0:
@@ -82,27 +94,34 @@ def validate(inputs: jax.Array, eos_id: int, num_decodes: int, initial_index: An
   if isinstance(num_decodes, bool) or int(num_decodes) != num_decodes or num_decodes < 1:
     raise ValueError(f"num_decodes (the beam size) must be an integer >= 1, got "
                      f"{num_decodes!r}")
-  if initial_index is not None:
-    raise ValueError("beam search takes no initial_index (prefilled prompts); give the prompt "
-                     "in inputs")
 
 
-def init(inputs: jax.Array, num_beams: int, eos_id: int, alpha: float,
-         scratch: int, max_decode_step: int = -1) -> tuple[BeamProblem, BeamState]:
-  """The problem and the starting beams: one live beam (BOS) and K - 1 fillers per row. The
-  buffers hold positions 0..L plus `scratch` columns a multi-token call may read past L."""
+def init(inputs: jax.Array, num_beams: int, eos_id: int, alpha: float, scratch: int, *,
+         max_decode_step: int = -1,
+         initial_index: jax.Array | None = None) -> tuple[BeamProblem, BeamState]:
+  """The problem and the starting beams: one live beam (BOS, or the prompt up to
+  `initial_index`) and K - 1 fillers per row. The buffers hold positions 0..L plus `scratch`
+  columns a multi-token call may read past L."""
   inputs = jnp.asarray(inputs, jnp.int32)
   batch_size, max_decode_len = inputs.shape
   length = max_decode_len + 1 + scratch
-  forced = jnp.pad(inputs, ((0, 0), (0, 1 + scratch))).at[:, 0].set(0)
+  prompts = jnp.pad(inputs, ((0, 0), (0, 1 + scratch)))
+  if initial_index is None:
+    start = jnp.zeros((batch_size,), jnp.int32)
+    forced, live_seqs = prompts.at[:, 0].set(0), jnp.zeros((batch_size, length), jnp.int32)
+  else:  # the prompt is the row's beam already; nothing is forced after it
+    start = jnp.asarray(initial_index, jnp.int32)
+    live_seqs = jnp.where(jnp.arange(length) <= start[:, None], prompts, 0)
+    forced = jnp.zeros_like(prompts)
   live_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (num_beams - 1), jnp.float32),
                             (batch_size, 1))
-  seqs = jnp.zeros((batch_size, num_beams, length), jnp.int32)
+  live_seqs = jnp.broadcast_to(live_seqs[:, None], (batch_size, num_beams, length))
+  # Finished slots start as the prompt too: T5X puts it before every decode it returns.
   state = BeamState(
-      index=jnp.zeros((batch_size,), jnp.int32), live_log_probs=live_log_probs, live_seqs=seqs,
+      index=start, live_log_probs=live_log_probs, live_seqs=live_seqs,
       finished_scores=jnp.full((batch_size, num_beams), NEG_INF, jnp.float32),
-      finished_seqs=seqs, finished_flags=jnp.zeros((batch_size, num_beams), bool))
-  return BeamProblem(forced, max_decode_len, eos_id, alpha, max_decode_step), state
+      finished_seqs=live_seqs, finished_flags=jnp.zeros((batch_size, num_beams), bool))
+  return BeamProblem(forced, start, max_decode_len, eos_id, alpha, max_decode_step), state
 
 
 def continues(problem: BeamProblem, state: BeamState) -> jax.Array:
@@ -112,11 +131,12 @@ def continues(problem: BeamProblem, state: BeamState) -> jax.Array:
   worst_finished = jnp.where(state.finished_flags,
                              jnp.min(state.finished_scores, axis=1, keepdims=True), NEG_INF)
   terminated = jnp.all(worst_finished > best_live[:, None], axis=1)
-  below_min_log_prob = (best_live < NEG_INF / min_brevity_penalty) & (state.index > 0)
-  limit = problem.max_decode_len
+  below_min_log_prob = ((best_live < NEG_INF / min_brevity_penalty)
+                        & (state.index > problem.start))
+  within_limit = state.index < problem.max_decode_len
   if problem.max_decode_step > 0:
-    limit = min(limit, problem.max_decode_step)
-  return (state.index < limit) & ~terminated & ~below_min_log_prob
+    within_limit &= state.index - problem.start < problem.max_decode_step
+  return within_limit & ~terminated & ~below_min_log_prob
 
 
 def _gather(x: jax.Array, indices: jax.Array) -> jax.Array:
@@ -207,7 +227,7 @@ def beam_search(inputs: jax.Array, cache: Any, tokens_to_logits: contract.Tokens
   validate(inputs, eos_id, num_decodes, initial_index)
   check_beam_settings(alpha, max_decode_step)
   problem, state = init(inputs, num_decodes, eos_id, alpha, scratch=0,
-                        max_decode_step=max_decode_step)
+                        max_decode_step=max_decode_step, initial_index=initial_index)
 
   def step(carry):
     state, cache = carry

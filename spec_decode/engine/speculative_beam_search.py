@@ -357,7 +357,8 @@ def speculative_beam_search(inputs: jax.Array, cache: Any,
                      f"num_decodes ({num_decodes}): the draft's tree must be able to hold them")
   budget = width * gamma if nodes_per_beam is None else min(nodes_per_beam, width * gamma)
   problem, beams = beam_search.init(inputs, num_decodes, eos_id, alpha, scratch=gamma + 1,
-                                    max_decode_step=max_decode_step)
+                                    max_decode_step=max_decode_step,
+                                    initial_index=initial_index)
   batch_size = inputs.shape[0]
   cache, draft_cache = decode_rows.expand((cache, draft_cache), num_decodes)
   initial = _LoopState(beams, jnp.ones((batch_size,), jnp.int32), cache, draft_cache,

@@ -324,3 +324,61 @@ def test_a_logit_callback_sees_the_state_t5x_gives_it(name, settings):
                logit_callback_fn=_recording(repeat_penalty, got), **settings)
   assert len(want) >= 6 and any(i == 0 and s[1:3] == (4, 2) for i, s, _ in want)  # a prompt ahead
   assert want <= got, sorted(want - got)
+
+
+def cached_position_bigram(state):
+  """`bigram_model` as T5X's beam search with initial_index needs it: T5X then feeds the step
+  as cur_index, so the position is the model's own (its cache, prefilled to the prompt's end)."""
+  position = jnp.minimum(state.cache["position"], BIGRAM.shape[0] - 1)
+  return (jnp.asarray(BIGRAM)[position, state.cur_token[:, 0]],
+          {"position": state.cache["position"] + 1})
+
+
+def _t5x_prefilled_beam_search(inputs, initial_index, **settings):
+  return t5x_decoding.beam_search(
+      jnp.asarray(inputs), {"position": jnp.asarray(initial_index)}, cached_position_bigram,
+      EOS_ID, initial_index=jnp.asarray(initial_index), **settings)
+
+
+PROMPTS = {"empty": [], "one": [3], "three": [4, 2, 5]}
+
+
+@pytest.mark.parametrize("max_decode_step", [-1, 2])
+@pytest.mark.parametrize("prompt", sorted(PROMPTS))
+@pytest.mark.parametrize("name,settings", [("beam_search", {}),
+                                           ("speculative_beam_search", {"gamma": 2})])
+def test_beam_search_from_a_prefilled_prompt_is_t5xs(prompt, max_decode_step, name, settings):
+  """initial_index (the cache holds the prompt before it): T5X's beams and scores, for rows
+  sharing one prompt length, the brevity penalty counting the prompt."""
+  tokens = PROMPTS[prompt]
+  inputs = np.zeros((2, 7), np.int32)
+  inputs[:, 1:1 + len(tokens)] = tokens
+  initial_index = np.full((2,), len(tokens), np.int32)
+  want, want_scores = _t5x_prefilled_beam_search(inputs, initial_index, num_decodes=3,
+                                                 alpha=0.6, max_decode_step=max_decode_step)
+  np.testing.assert_array_equal(want[:, -1, :len(tokens)], [tokens, tokens])
+  got, scores = _engine_loop(name, bigram_model, inputs, num_decodes=3, alpha=0.6,
+                             max_decode_step=max_decode_step,
+                             initial_index=jnp.asarray(initial_index), **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,settings", [("beam_search", {}),
+                                           ("speculative_beam_search", {"gamma": 2})])
+def test_prefilled_rows_of_different_lengths_are_t5xs_rows_alone(name, settings):
+  """Rows with different initial_index each get what T5X gives that example alone (T5X runs
+  a batch L - min(initial_index) steps, past position L for longer prompts)."""
+  inputs = np.zeros((3, 7), np.int32)
+  initial_index = np.zeros((3,), np.int32)
+  for row, tokens in enumerate(PROMPTS.values()):
+    inputs[row, 1:1 + len(tokens)] = tokens
+    initial_index[row] = len(tokens)
+  got, scores = _engine_loop(name, bigram_model, inputs, num_decodes=3, alpha=0.6,
+                             initial_index=jnp.asarray(initial_index), **settings)
+  for row in range(3):
+    want, want_scores = _t5x_prefilled_beam_search(inputs[row:row + 1],
+                                                   initial_index[row:row + 1], num_decodes=3,
+                                                   alpha=0.6)
+    np.testing.assert_array_equal(got[row:row + 1], want)
+    np.testing.assert_allclose(scores[row:row + 1], want_scores, rtol=1e-5, atol=1e-5)
