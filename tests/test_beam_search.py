@@ -124,7 +124,10 @@ def test_equals_t5x_on_a_tiny_t5(num_beams, alpha, batch_size):
 
 def test_it_is_a_registered_loop_with_checked_settings():
   loop = loops.get("beam_search")
-  assert not loop.uses_draft and loop.setting_names == ("alpha", "max_decode_step")
+  assert not loop.uses_draft and loop.setting_names == ("alpha", "max_decode_step",
+                                                        "min_log_prob")
+  with pytest.raises(ValueError, match="min_log_prob must be a number, got 'low'"):
+    loop.check({"min_log_prob": "low"})
   config = tiny_t5.tiny_config(64, tiny_t5.SHRINK)
   with pytest.raises(ValueError, match="alpha .* must be a number >= 0, got -1"):
     core.Decoder.create("beam_search", network.Transformer(config), alpha=-1)

@@ -27,7 +27,7 @@ as in T5X.
 < initial_index (a prefill) and `inputs` holds the prompt up to and including initial_index.
 `max_decode_steps`: each row samples at most that many positions past its prompt, and at most
 `max_decode_steps_hard_limit` (a Python int, T5X's static bound on a traced max_decode_steps).
-`logit_callback_fn(logits [N, V], state) -> logits` (T5X's): every sampled position's target
+`logit_callback_fn(logits [N, V], state) -> logits` (T5X's): every scored position's target
 logits pass through it before temperature, top-k and top-p, and the law sampled and scored is
 the one of the logits it returns. `state` is a `LogitCallbackState`: T5X's `cur_index`,
 `sequences` [N, L + 2] and `cur_token` of the prefix the logits condition on, as T5X's loop
@@ -50,8 +50,8 @@ from spec_decode.engine import decode_rows
 from spec_decode.engine import loops
 from spec_decode.engine import sampling
 # What other modules and users read from here: the contract's types, which every loop's
-# signature names, the speculative loop with its settings check and stats, and the settings
-# T5X takes as data.
+# signature names, the speculative loop with its settings check and stats, the settings T5X
+# takes as data and the logit callback's types.
 from spec_decode.engine.contract import DecodingState, TokensToLogits
 from spec_decode.engine.decode_rows import SAMPLING_DATA, LogitCallback, LogitCallbackState
 from spec_decode.engine.speculative_sampling import (SpeculativeLoopState,

@@ -12,13 +12,13 @@ deterministic proposal (q is the point mass there), which the stats count as a l
 Each iteration of `speculative_sample`, for every row independently at its own position i
 (the position of its last committed token):
 1. the draft proposes x_1..x_m from q, m <= gamma chosen by a drafting policy (fixed m = gamma
-   by default; see `spec_decode.engine.drafting`): a k = 2 catch-up call at positions i-1, i (after a
-   fully accepted block the draft has never seen x_m; otherwise it rewrites an entry it already
-   holds) asking for the logits of position i alone, then k = 1 calls;
+   by default; see `spec_decode.engine.drafting`): a k = 2 catch-up call at positions i-1, i
+   (after a fully accepted block the draft has never seen x_m; otherwise it rewrites an entry
+   it already holds) asking for the logits of position i alone, then k = 1 calls;
 2. the target scores [seq[i], x_1..x_gamma] in ONE call (k = gamma + 1) giving p_1..p_{gamma+1};
 3. a verification rule from `spec_decode.engine.verify` turns (x, q, p, m) into the number of
-   accepted drafts n and the next token; the row commits n + 1 tokens (cut at EOS or its length limit)
-   and both caches roll back to the new position on the next call.
+   accepted drafts n and the next token; the row commits n + 1 tokens (cut at EOS or its
+   length limit) and both caches roll back to the new position on the next call.
 A draft may also stop a row by proposing nothing (all -inf logits), at any offset, the first
 included: the row then has m = the offset drafts (m = 0: the iteration emits one token of the
 target, the bonus from p_1 of the same single call). This stays exact for the reason the drafting

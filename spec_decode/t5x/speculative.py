@@ -139,13 +139,11 @@ def draft_config_from_checkpoint(draft_checkpoint_path: str,
 # value is refused, since it could not take effect. (The model fills in inputs, cache,
 # tokens_to_logits, eos_id, num_decodes, decode_rng, initial_index and max_decode_len itself.)
 _FIXED_ARGUMENTS = {
-    t5x_decoding.beam_search: ("min_log_prob", "cache_offset"),
+    t5x_decoding.beam_search: ("cache_offset",),
     t5x_decoding.temperature_sample: ("cache_offset", "state_callback_fn"),
 }
 # Why an argument cannot take effect.
 _WHY_NOT = {
-    "min_log_prob": "T5X stops a whole batch once no row's best live beam passes it, and the "
-                    "rows of speculative beam search advance at their own pace",
     "state_callback_fn": "it edits T5X's per-token loop state before each step, and a "
                          "speculative iteration commits up to gamma + 1 tokens from one target "
                          "call without building that state",
@@ -181,7 +179,8 @@ def decode_fn_settings(decode_fn: Callable[..., Any]) -> tuple[str, dict[str, An
   `logit_callback_fn` where bound to other values than T5X's defaults (the engine's too; a
   callback is given T5X's state of each prefix, `spec_decode.engine.decoding`).
   `t5x.decoding.beam_search`: 'speculative_beam_search' with its alpha and a bound
-  max_decode_step (the beam size is T5X's num_decodes). An argument of `_FIXED_ARGUMENTS`
+  max_decode_step or min_log_prob (the beam size is T5X's num_decodes; the loop's settings
+  check refuses what it cannot honour). An argument of `_FIXED_ARGUMENTS`
   bound to another value than T5X's default is refused, saying why. Any other decode_fn:
   ValueError.
   """
@@ -198,8 +197,9 @@ def decode_fn_settings(decode_fn: Callable[..., Any]) -> tuple[str, dict[str, An
                        f"take effect: {why}")
   if original is t5x_decoding.beam_search:
     settings = {"alpha": arguments["alpha"]}
-    if arguments["max_decode_step"] != defaults["max_decode_step"]:
-      settings["max_decode_step"] = arguments["max_decode_step"]
+    for name in ("max_decode_step", "min_log_prob"):
+      if arguments[name] != defaults[name]:
+        settings[name] = arguments[name]
     return "speculative_beam_search", settings
   settings = {name: arguments[name]
               for name in ("temperature", "topk", "topp", "max_decode_steps")}

@@ -382,3 +382,21 @@ def test_prefilled_rows_of_different_lengths_are_t5xs_rows_alone(name, settings)
                                                    alpha=0.6)
     np.testing.assert_array_equal(got[row:row + 1], want)
     np.testing.assert_allclose(scores[row:row + 1], want_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("min_log_prob", [-0.5, -1.5, -2.5])
+def test_beam_search_with_a_min_log_prob_is_t5xs(min_log_prob):
+  """T5X stops the batch once no row's best live beam passes min_log_prob: a row above it keeps
+  the others going, so a row's output depends on its batch."""
+  inputs = np.zeros((3, 7), np.int32)
+  inputs[1, 1] = 3
+  inputs[2, 1:3] = [4, 2]
+  settings = dict(num_decodes=3, alpha=0.6, min_log_prob=min_log_prob)
+  want, want_scores = t5x_decoding.beam_search(jnp.asarray(inputs), {}, bigram_model, EOS_ID,
+                                               **settings)
+  alone = [t5x_decoding.beam_search(jnp.asarray(inputs[row:row + 1]), {}, bigram_model,
+                                    EOS_ID, **settings)[0] for row in range(3)]
+  assert not np.array_equal(np.concatenate(alone), want)
+  got, scores = _engine_loop("beam_search", bigram_model, inputs, **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)

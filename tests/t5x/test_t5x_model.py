@@ -324,10 +324,21 @@ def test_greedy_decodes_with_a_logit_callback_equal_t5x(pairs):
 
 
 def test_beam_search_arguments_that_cannot_take_effect_are_refused():
-  with pytest.raises(ValueError, match="t5x.decoding.beam_search.min_log_prob = -5.0 cannot "
+  with pytest.raises(ValueError, match="t5x.decoding.beam_search.cache_offset = 1 cannot "
                                        "take effect"):
-    speculative.decode_fn_settings(functools.partial(t5x_decoding.beam_search,
-                                                     min_log_prob=-5.0))
+    speculative.decode_fn_settings(functools.partial(t5x_decoding.beam_search, cache_offset=1))
+
+
+def test_a_min_log_prob_is_passed_on_and_refused_by_speculative_beam_search(pairs):
+  """The speculative loop cannot honour it (its rows' pace differs, T5X's stop is batch-wide):
+  a one-line error when the model is built."""
+  decode_fn = functools.partial(t5x_decoding.beam_search, min_log_prob=-5.0)
+  assert speculative.decode_fn_settings(decode_fn) == (
+      "speculative_beam_search", {"alpha": 0.6, "min_log_prob": -5.0})
+  with pytest.raises(ValueError, match="speculative_beam_search takes only T5X's default "
+                                       "min_log_prob .* got -5.0: T5X stops a whole batch"):
+    speculative.speculative_version(t5x_setup.t5x_model(t5x_setup.TINY, decode_fn=decode_fn),
+                                    pairs["t5x_tiny"][1], gamma=2)
 
 
 @pytest.mark.parametrize("binding,message", [
