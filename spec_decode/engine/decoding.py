@@ -68,7 +68,7 @@ class SamplingLoopState:
 
 
 @loops.register("temperature_sample", uses_draft=False, check_settings=sampling.check_settings,
-                data_settings=decode_rows.SAMPLING_DATA)
+                data_settings=SAMPLING_DATA)
 def temperature_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
                        eos_id: int, decode_rng: jax.Array | None = None,
                        num_decodes: int = 1, temperature: float = 1.0, topk: int = 0,
