@@ -77,6 +77,21 @@ def test_equals_t5x_on_a_toy_model(eos_shift, num_beams, alpha, batch_size):
   assert finished > 0 if eos_shift > 0 else unfinished > 0
 
 
+def test_a_prefilled_prompt_decodes_as_the_forced_one():
+  """From a prefilled cache (initial_index, rows of different prompt lengths) every beam and
+  score is that of the same prompt forced: T5X keeps one beam inside a prompt."""
+  model, _ = toy_setup.make_pair(VOCAB, "same", seed=3, eos_shift=1.5)
+  inputs = toy_setup.random_prompts(np.random.default_rng(0), 4, LENGTH, VOCAB, 4)
+  assert len(set(np.sum(inputs > 0, axis=1))) > 1
+  want, want_scores = map(np.asarray, _ours(model, jnp.asarray(inputs), 4, 0.6))
+  cache, initial_index = toy_setup.prefilled(model, inputs)
+  got, scores = map(np.asarray, jax.jit(functools.partial(
+      beam_search.beam_search, tokens_to_logits=model.tokens_to_logits, eos_id=toy_setup.EOS,
+      num_decodes=4, alpha=0.6))(jnp.asarray(inputs), cache, initial_index=initial_index))
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-6)
+
+
 @pytest.mark.slow
 @pytest.mark.newest
 @pytest.mark.parametrize("num_beams,alpha,batch_size", [(4, 0.6, 3), (2, 0.0, 1)])
@@ -109,10 +124,13 @@ def test_equals_t5x_on_a_tiny_t5(num_beams, alpha, batch_size):
 
 def test_it_is_a_registered_loop_with_checked_settings():
   loop = loops.get("beam_search")
-  assert not loop.uses_draft and loop.setting_names == ("alpha", "max_decode_step")
+  assert not loop.uses_draft and loop.setting_names == ("alpha", "max_decode_step",
+                                                        "min_log_prob")
+  with pytest.raises(ValueError, match="min_log_prob must be a number, got 'low'"):
+    loop.check({"min_log_prob": "low"})
   config = tiny_t5.tiny_config(64, tiny_t5.SHRINK)
   with pytest.raises(ValueError, match="alpha .* must be a number >= 0, got -1"):
     core.Decoder.create("beam_search", network.Transformer(config), alpha=-1)
-  with pytest.raises(ValueError, match="takes no initial_index"):
+  with pytest.raises(ValueError, match=r"initial_index must be one position per example \(1\)"):
     beam_search.beam_search(jnp.zeros((1, 4), jnp.int32), None, None, 1,
-                            initial_index=jnp.zeros((1,), jnp.int32))
+                            initial_index=jnp.zeros((2,), jnp.int32))

@@ -215,7 +215,8 @@ def _call(**overrides):
     (dict(max_decode_steps=0), "max_decode_steps"), (dict(verifier="nope"), "verifier"),
     (dict(draft_policy="nope"), "draft_policy"),
     (dict(temperature=np.ones(3)), r"temperature must be a number or one per example \(1\)"),
-    (dict(rescale_log_probs=1), "rescale_log_probs")])
+    (dict(rescale_log_probs=1), "rescale_log_probs"),
+    (dict(logit_callback_fn="ban_eos"), "logit_callback_fn must be a function")])
 def test_bad_arguments_raise_before_compiling(overrides, name):
   with pytest.raises(ValueError, match=name):
     _call(**overrides)
@@ -227,7 +228,8 @@ def test_the_registry_states_which_settings_are_data():
   for name in ("temperature_sample", "speculative_sample"):
     assert loops.get(name).data_settings == ("temperature", "topk", "topp", "max_decode_steps")
   assert set(loops.get("speculative_sample").static_settings) == {
-      "gamma", "max_decode_steps_hard_limit", "rescale_log_probs", "verifier", "draft_policy"}
+      "gamma", "max_decode_steps_hard_limit", "rescale_log_probs", "verifier", "draft_policy",
+      "logit_callback_fn"}
   target, draft = toy_setup.make_pair(VOCAB, "near")
   decode = jax.jit(lambda gamma: loops.get("speculative_sample")(
       inputs=jnp.zeros((1, LENGTH), jnp.int32), cache=target.init_cache(1, LENGTH),

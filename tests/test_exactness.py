@@ -9,7 +9,8 @@ Every exact rule registered in `spec_decode.engine.verify` runs through the whol
 drafting policy of `spec_decode.engine.drafting` through a representative part of it; n-gram
 lookup drafts (`spec_decode.engine.lookup`), alone and combined with a model, run under every
 exact rule and policy, greedy and at temperature 1; sampling settings given as data (traced,
-and one temperature per example) under every exact rule.
+and one temperature per example) under every exact rule; a logit callback's law (T5X's
+logit_callback_fn) under every exact rule, and the baseline's too.
 
 SPEC_DECODE_EXACTNESS_SAMPLES draws fewer sequences (a quick check; at least MIN_SAMPLES). The
 chi-square statistic of a wrong rule grows with the sample count: at 100,000 the weakest
@@ -18,19 +19,22 @@ control (`resample_from_target`) scores ~10,500 on ~120 degrees of freedom, so a
 """
 
 
+import dataclasses
 import functools
 import os
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
 
-from spec_decode.engine import decoding, drafting, sampling, verify
+from spec_decode.engine import decoding, drafting, sampling, toy, verify
 from spec_decode.engine import lookup as engine_lookup
 import toy_setup
 from toy_setup import EOS
@@ -48,14 +52,30 @@ if NUM_SAMPLES < MIN_SAMPLES:
 P_VALUE_FLOOR = 1e-3
 
 
-def exact_law(target, sampling_args) -> dict[tuple, float]:
-  """P(output) for every complete output: ends at the first EOS or after LENGTH tokens."""
+def prefix_state(sequences, cur_index) -> decoding.LogitCallbackState:
+  """What T5X gives a logit callback for the prefixes `sequences [N, >= t + 1]` up to
+  `cur_index [N]` (no prompt: zeros after each prefix, in a buffer of LENGTH + 2)."""
+  width = LENGTH + 2
+  sequences = jnp.pad(sequences, ((0, 0), (0, max(0, width - sequences.shape[1]))))[:, :width]
+  sequences = jnp.where(jnp.arange(width) > cur_index[:, None], 0, sequences)
+  return decoding.LogitCallbackState(
+      cur_index=cur_index, sequences=sequences,
+      cur_token=jnp.take_along_axis(sequences, cur_index[:, None], axis=1), cache=None)
+
+
+def exact_law(target, sampling_args, logit_callback_fn=None) -> dict[tuple, float]:
+  """P(output) for every complete output: ends at the first EOS or after LENGTH tokens; with
+  `logit_callback_fn`, of the target's logits through it."""
   law, frontier = {}, {(): 1.0}
   for depth in range(LENGTH):
     prefixes = list(frontier)
     if not prefixes:
       break
-    logits = target.next_token_logits(np.array([(0,) + p for p in prefixes], np.int32))
+    sequences = np.array([(0,) + p for p in prefixes], np.int32)
+    logits = target.next_token_logits(sequences)
+    if logit_callback_fn is not None:
+      logits = logit_callback_fn(logits, prefix_state(
+          jnp.asarray(sequences), jnp.full((len(prefixes),), depth, jnp.int32)))
     probs = np.asarray(sampling.logits_to_probs(logits, *sampling_args), np.float64)
     next_frontier = {}
     for prefix, row in zip(prefixes, probs):
@@ -90,11 +110,13 @@ def chi_square_p_value(decodes: np.ndarray, law: dict[tuple, float]) -> float:
   return float(scipy.stats.chisquare(counts, expected).pvalue)
 
 
-def draw(target, draft, gamma, sampling_args, verifier, draft_policy="fixed", seed=0):
+def draw(target, draft, gamma, sampling_args, verifier, draft_policy="fixed", seed=0,
+         logit_callback_fn=None):
   inputs = jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32)
   decodes, _, stats = toy_setup.speculative(target, draft, inputs, jax.random.PRNGKey(seed),
                                             gamma, sampling_args=sampling_args,
-                                            verifier=verifier, draft_policy=draft_policy)
+                                            verifier=verifier, draft_policy=draft_policy,
+                                            logit_callback_fn=logit_callback_fn)
   return np.asarray(decodes[:, 0]), stats
 
 
@@ -233,6 +255,60 @@ def test_negative_control_a_temperature_for_every_example_fails():
   target, decodes = draw_with_data(PER_EXAMPLE[0], 0, 0.0, "token")
   p_value = chi_square_p_value(decodes, exact_law(target, (PER_EXAMPLE[1], 0, 0.0)))
   assert p_value < P_VALUE_FLOOR, f"the wrong temperature was not caught: p = {p_value:.2e}"
+
+
+def repeat_penalty(logits, state):
+  """A logit callback reading the prefix: each id loses 3 per occurrence in it, and EOS
+  gains 1 per position."""
+  vocab = jnp.arange(logits.shape[-1])
+  counts = jnp.sum(state.sequences[:, 1:, None] == vocab, axis=1)
+  return logits - 3.0 * counts + jnp.where(vocab == EOS, 1.0 * state.cur_index[:, None], 0.0)
+
+
+@flax.struct.dataclass
+class CallbackModel:
+  """A toy model whose logits pass through `callback`, each fed token's with its prefix."""
+  model: toy.PrefixHashModel
+  callback: Any = flax.struct.field(pytree_node=False)
+
+  def init_cache(self, batch_size, max_len):
+    return self.model.init_cache(batch_size, max_len)
+
+  def tokens_to_logits(self, state):
+    logits, cache = self.model.tokens_to_logits(dataclasses.replace(state, logits_index=None))
+    return jnp.stack([self.callback(logits[:, j], prefix_state(state.sequences,
+                                                                state.cur_index + j))
+                      for j in range(logits.shape[1])], axis=1), cache
+
+
+@pytest.mark.parametrize("case,verifier", [(case, rule)
+                                           for case in ("temperature_1", "temperature_1.5")
+                                           for rule in sorted(verify.EXACT_RULES)])
+def test_a_logit_callback_law_is_sampled(case, verifier):
+  """The target's law through a logit callback (at every verified position, given the prefix
+  with the drafts before it) is what speculative sampling and the baseline sample."""
+  draft_kind, gamma, sampling_args = CASES[case]
+  target, draft = toy_setup.make_pair(VOCAB, draft_kind, seed=1)
+  law, without = exact_law(target, sampling_args, repeat_penalty), exact_law(target, sampling_args)
+  assert sum(abs(law.get(s, 0) - without.get(s, 0)) for s in {*law, *without}) > 0.15
+  decodes, _ = draw(target, draft, gamma, sampling_args, verifier,
+                    logit_callback_fn=repeat_penalty)
+  p_value = chi_square_p_value(decodes, law)
+  assert p_value > P_VALUE_FLOOR, f"{case}/{verifier}: p = {p_value:.2e}"
+  baseline, _ = toy_setup.baseline(target, jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32),
+                                   jax.random.PRNGKey(0), sampling_args=sampling_args,
+                                   logit_callback_fn=repeat_penalty)
+  p_value = chi_square_p_value(np.asarray(baseline[:, 0]), law)
+  assert p_value > P_VALUE_FLOOR, f"{case} baseline: p = {p_value:.2e}"
+
+
+def test_negative_control_a_logit_callback_on_the_draft_only_fails():
+  """The callback's law is not sampled when only the draft's logits pass through it."""
+  target, draft = toy_setup.make_pair(VOCAB, "near", seed=1)
+  sampling_args = (1.0, 0, 0.0)
+  decodes, _ = draw(target, CallbackModel(draft, repeat_penalty), 2, sampling_args, "token")
+  p_value = chi_square_p_value(decodes, exact_law(target, sampling_args, repeat_penalty))
+  assert p_value < P_VALUE_FLOOR, f"a callback on the draft only was not caught: p = {p_value:.2e}"
 
 
 def accept_everything(draft_tokens, draft_probs, target_probs, num_drafted):

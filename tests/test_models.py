@@ -283,7 +283,8 @@ def test_settings_and_the_baseline(pair, vocabulary):
   assert model.baseline().decode_settings == {"temperature": 0.5, "topk": 7, "topp": 0.0,
                                               "max_decode_steps": None,
                                               "max_decode_steps_hard_limit": None,
-                                              "rescale_log_probs": True}
+                                              "rescale_log_probs": True,
+                                              "logit_callback_fn": None}
   assert not model.baseline().is_speculative
 
 

@@ -94,6 +94,28 @@ def test_equals_beam_search(gamma, draft_kind, num_beams, nodes_per_beam, draft_
     assert covered[0] > 0.5 * target_calls
 
 
+@pytest.mark.parametrize("draft_kind", ["near", "same"])
+def test_a_prefilled_prompt_decodes_as_beam_search_from_it(draft_kind):
+  """initial_index, both caches prefilled, rows of different prompt lengths: beam_search's
+  beams and scores from the same prefill; a draft that is the target (reading its own
+  prefill) saves target calls in every row."""
+  target, draft = toy_setup.make_pair(VOCAB, draft_kind, seed=5, eos_shift=1.5)
+  inputs = toy_setup.random_prompts(np.random.default_rng(1), 3, LENGTH, VOCAB, 4)
+  assert len(set(np.sum(inputs > 0, axis=1))) > 1
+  cache, initial_index = toy_setup.prefilled(target, inputs)
+  draft_cache, _ = toy_setup.prefilled(draft, inputs)
+  want = beam_search.beam_search(jnp.asarray(inputs), cache, target.tokens_to_logits,
+                                 toy_setup.EOS, num_decodes=2, initial_index=initial_index)
+  got = sbs.speculative_beam_search(
+      jnp.asarray(inputs), cache, target.tokens_to_logits, toy_setup.EOS,
+      draft_cache=draft_cache, draft_tokens_to_logits=draft.tokens_to_logits, gamma=3,
+      num_decodes=2, initial_index=initial_index)
+  np.testing.assert_array_equal(got[0], want[0])
+  np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+  if draft_kind == "same":
+    assert np.all(got[2].target_calls < got[2].beam_steps)
+
+
 @pytest.mark.slow
 def test_the_cases_finish_early_and_run_to_the_length_limit():
   finished = unfinished = 0
@@ -128,7 +150,11 @@ def test_a_replay_past_coverage_fails(monkeypatch):
 def test_it_is_a_registered_loop_with_checked_settings():
   loop = loops.get("speculative_beam_search")
   assert loop.uses_draft and loop.setting_names == ("gamma", "alpha", "max_decode_step",
-                                                    "nodes_per_beam", "draft_beams")
+                                                    "nodes_per_beam", "draft_beams",
+                                                    "min_log_prob")
+  with pytest.raises(ValueError, match="takes only T5X's default min_log_prob .*, got -5.0: "
+                                       "T5X stops a whole batch"):
+    loop.check({"gamma": 2, "min_log_prob": -5.0})
   with pytest.raises(ValueError, match="gamma must be an integer >= 1, got 0"):
     loop.check({"gamma": 0})
   with pytest.raises(ValueError, match="alpha .* must be a number >= 0"):

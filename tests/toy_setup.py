@@ -3,6 +3,7 @@
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from spec_decode.engine import decoding, toy
@@ -25,26 +26,42 @@ def make_pair(vocab_size: int, draft: str, seed: int = 0, eos_shift: float = 0.0
 
 
 @functools.partial(jax.jit, static_argnames=("num_decodes", "sampling_args",
-                                             "max_decode_steps"))
+                                             "max_decode_steps", "logit_callback_fn"))
 def baseline(target, inputs, rng, num_decodes=1, sampling_args=(1.0, 0, 0.0),
-             max_decode_steps=None):
+             max_decode_steps=None, logit_callback_fn=None):
   temperature, topk, topp = sampling_args
   return decoding.temperature_sample(
       inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS, decode_rng=rng,
       num_decodes=num_decodes, temperature=temperature, topk=topk, topp=topp,
-      max_decode_steps=max_decode_steps)
+      max_decode_steps=max_decode_steps, logit_callback_fn=logit_callback_fn)
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "num_decodes", "sampling_args",
-                                             "verifier", "draft_policy", "max_decode_steps"))
+                                             "verifier", "draft_policy", "max_decode_steps",
+                                             "logit_callback_fn"))
 def speculative(target, draft, inputs, rng, gamma, num_decodes=1, sampling_args=(1.0, 0, 0.0),
-                verifier="token", draft_policy="fixed", max_decode_steps=None):
+                verifier="token", draft_policy="fixed", max_decode_steps=None,
+                logit_callback_fn=None):
   temperature, topk, topp = sampling_args
   return decoding.speculative_sample(
       inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
       draft_cache=draft.init_cache(*inputs.shape), draft_tokens_to_logits=draft.tokens_to_logits,
       gamma=gamma, decode_rng=rng, num_decodes=num_decodes, temperature=temperature, topk=topk,
-      topp=topp, verifier=verifier, draft_policy=draft_policy, max_decode_steps=max_decode_steps)
+      topp=topp, verifier=verifier, draft_policy=draft_policy, max_decode_steps=max_decode_steps,
+      logit_callback_fn=logit_callback_fn)
+
+
+def prefilled(model, inputs: np.ndarray) -> tuple[dict, jax.Array]:
+  """(the cache holding each row's prompt but its last token, each row's initial_index: the
+  prompt's last position), as a prefill leaves them."""
+  initial_index = np.max(np.where(inputs > 0, np.arange(inputs.shape[1]), 0), axis=1)
+  cache = model.init_cache(*inputs.shape)
+  fed = int(initial_index.max())
+  if fed:
+    _, cache = model.tokens_to_logits(decoding.DecodingState(
+        cur_index=jnp.zeros((len(inputs),), jnp.int32), cur_token=jnp.asarray(inputs[:, :fed]),
+        sequences=jnp.asarray(inputs), cache=cache))
+  return cache, jnp.asarray(initial_index, jnp.int32)
 
 
 def random_prompts(rng: np.random.Generator, batch_size: int, max_decode_len: int,

@@ -7,7 +7,12 @@ Pure JAX (no gin, no T5, no checkpoints): models enter only through the model co
   sampling   logits -> the distribution actually sampled (temperature, top-k, top-p); draws
   verify     verification rules as exact laws ('token', 'block', lossy 'lenient'); a registry
   drafting   drafting policies ('fixed', 'expected_speedup', 'confidence'); a registry
-  decoding   `temperature_sample` (baseline) and `speculative_sample`, each one jitted loop
+  decoding   `temperature_sample` (the baseline) and the conventions every sampler follows;
+             re-exports `speculative_sample`
+  speculative_sampling
+             `speculative_sample`: drafts, one verification call, exact acceptance
+  decode_rows
+             the per-row problem and bookkeeping both samplers share (setup, commit, finish)
   stats      `SpeculativeStats`, the counters a speculative decode reports (alpha, calls, ...)
   beam_search, speculative_beam_search
              T5X's beam search (one shared step) and its exact speculative form

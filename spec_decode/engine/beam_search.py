@@ -8,16 +8,26 @@ finished kept, sorted ascending: the best last). `beam_search` calls the target 
 and feeds `beam_step`; `speculative_beam_search` replays `beam_step` on the target's log-probs
 of a draft's tree.
 
-Rows stop independently: a row stops at its length limit (and after `max_decode_step` steps
-where that is > 0, T5X's cap on steps), once no live beam can beat its worst
-finished one (T5X's `search_terminated`), or once its best live beam's log-prob is below T5X's
-`min_log_prob` default (-1e7, i.e. every live beam is a filler). T5X stops a batch when every row
-does; for alpha >= 0 (checked) the steps T5X runs past a row's termination never change that
-row's finished set, so every row's output is T5X's. The outputs differ only where a row of a
-batch has no finished beam and only filler live beams (log-probs below -1e7), which finite
-logits within 1e7 of each other never produce.
+`beam_search` runs T5X's loop condition: its rows step together until the batch stops, at the
+length limit (or after `max_decode_step` steps where that is > 0, T5X's cap), once no row's live
+beams can beat its worst finished one (T5X's `search_terminated`), or once no row's best live
+beam's log-prob passes `min_log_prob` (T5X's, default -1e7: only filler beams are left).
+`speculative_beam_search`'s rows advance at their own pace, so each row stops by itself
+(`continues`); for alpha >= 0 (checked) the steps T5X runs past a row's termination never change
+that row's finished set, so every row's output is still T5X's, except where a row has no
+finished beam and only filler live beams (log-probs below -1e7), which finite logits within 1e7
+of each other never produce. A `min_log_prob` above T5X's default would make that rule's
+batch-wide stop matter, so that loop takes only the default.
 
-`initial_index` (a prefilled prompt) is refused: T5X's encoder-decoder models never give one.
+`initial_index [B]` (T5X's prefilled prompts): row b starts at position initial_index[b], its
+cache holding the positions before it and `inputs` its prompt up to and including that position
+(as in T5X, which takes a prompt's last non-zero token as its end: nothing is forced after it);
+the brevity penalty counts the prompt, and `max_decode_step` counts steps from the row's start.
+T5X runs every row of a batch L - min(initial_index) steps, so a row with a longer prompt goes
+on past position L, scoring tokens its output then cuts (T5X's beam_search NOTE); here every row
+stops at position L, where its buffer and its model's cache end. A batch whose rows share one
+initial_index gets T5X's output, as does each row T5X's search terminates before position L;
+otherwise each row gets what T5X gives it alone.
 """
 
 from __future__ import annotations
@@ -30,11 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode.engine import contract
-from spec_decode.engine import decoding
+from spec_decode.engine import decode_rows
 from spec_decode.engine import loops
 
-# T5X's stand-in for -inf in beam scores (`t5x.decoding.NEG_INF`).
+# T5X's stand-in for -inf in beam scores (`t5x.decoding.NEG_INF`), and min_log_prob's default.
 NEG_INF = np.array(-1.0e7)
+DEFAULT_MIN_LOG_PROB = float(NEG_INF)
 
 
 @flax.struct.dataclass
@@ -52,6 +63,7 @@ class BeamState:
 class BeamProblem:
   """Per-example constants of one beam search."""
   forced: jax.Array  # [B, S] forced token per position, 0 where free
+  start: jax.Array  # [B] the position each row starts from (its initial_index, or 0)
   max_decode_len: int = flax.struct.field(pytree_node=False)
   eos_id: int = flax.struct.field(pytree_node=False)
   alpha: float = flax.struct.field(pytree_node=False)
@@ -63,18 +75,25 @@ def brevity_penalty(alpha: float, length: Any) -> jax.Array:
   return jnp.power((5.0 + length) / 6.0, alpha)
 
 
-def check_beam_settings(alpha: float = 0.6, max_decode_step: int = -1, **_: Any) -> None:
-  """ValueError for a brevity alpha or step cap beam search cannot run with."""
+def check_beam_settings(alpha: float = 0.6, max_decode_step: int = -1,
+                        min_log_prob: float = DEFAULT_MIN_LOG_PROB, **_: Any) -> None:
+  """ValueError for a brevity alpha, step cap or min_log_prob beam search cannot run with."""
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
     raise ValueError(f"alpha (the brevity penalty's exponent) must be a number >= 0, got "
                      f"{alpha!r}")
   if isinstance(max_decode_step, bool) or not isinstance(max_decode_step, int):
     raise ValueError(f"max_decode_step must be an integer (<= 0: no cap), got "
                      f"{max_decode_step!r}")
+  if isinstance(min_log_prob, bool) or not isinstance(min_log_prob, (int, float)) or (
+      min_log_prob != min_log_prob):
+    raise ValueError(f"min_log_prob must be a number, got {min_log_prob!r}")
 
 
 def validate(inputs: jax.Array, eos_id: int, num_decodes: int, initial_index: Any) -> None:
   """ValueError for arguments no beam search takes."""
+  if initial_index is not None and np.shape(initial_index) != inputs.shape[:1]:
+    raise ValueError(f"initial_index must be one position per example ({inputs.shape[0]}), "
+                     f"got shape {np.shape(initial_index)}")
   if inputs.ndim != 2:
     raise ValueError(f"inputs must be [batch, max_decode_len], got shape {inputs.shape}")
   if int(eos_id) != eos_id or eos_id < 0:
@@ -82,41 +101,64 @@ def validate(inputs: jax.Array, eos_id: int, num_decodes: int, initial_index: An
   if isinstance(num_decodes, bool) or int(num_decodes) != num_decodes or num_decodes < 1:
     raise ValueError(f"num_decodes (the beam size) must be an integer >= 1, got "
                      f"{num_decodes!r}")
-  if initial_index is not None:
-    raise ValueError("beam search takes no initial_index (prefilled prompts); give the prompt "
-                     "in inputs")
 
 
-def init(inputs: jax.Array, num_beams: int, eos_id: int, alpha: float,
-         scratch: int, max_decode_step: int = -1) -> tuple[BeamProblem, BeamState]:
-  """The problem and the starting beams: one live beam (BOS) and K - 1 fillers per row. The
-  buffers hold positions 0..L plus `scratch` columns a multi-token call may read past L."""
+def init(inputs: jax.Array, num_beams: int, eos_id: int, alpha: float, scratch: int, *,
+         max_decode_step: int = -1,
+         initial_index: jax.Array | None = None) -> tuple[BeamProblem, BeamState]:
+  """The problem and the starting beams: one live beam (BOS, or the prompt up to
+  `initial_index`) and K - 1 fillers per row. The buffers hold positions 0..L plus `scratch`
+  columns a multi-token call may read past L."""
   inputs = jnp.asarray(inputs, jnp.int32)
   batch_size, max_decode_len = inputs.shape
   length = max_decode_len + 1 + scratch
-  forced = jnp.pad(inputs, ((0, 0), (0, 1 + scratch))).at[:, 0].set(0)
+  prompts = jnp.pad(inputs, ((0, 0), (0, 1 + scratch)))
+  if initial_index is None:
+    start = jnp.zeros((batch_size,), jnp.int32)
+    forced, live_seqs = prompts.at[:, 0].set(0), jnp.zeros((batch_size, length), jnp.int32)
+  else:  # the prompt is the row's beam already; nothing is forced after it
+    start = jnp.asarray(initial_index, jnp.int32)
+    live_seqs = jnp.where(jnp.arange(length) <= start[:, None], prompts, 0)
+    forced = jnp.zeros_like(prompts)
   live_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (num_beams - 1), jnp.float32),
                             (batch_size, 1))
-  seqs = jnp.zeros((batch_size, num_beams, length), jnp.int32)
+  live_seqs = jnp.broadcast_to(live_seqs[:, None], (batch_size, num_beams, length))
+  # Finished slots start as the prompt too: T5X puts it before every decode it returns.
   state = BeamState(
-      index=jnp.zeros((batch_size,), jnp.int32), live_log_probs=live_log_probs, live_seqs=seqs,
+      index=start, live_log_probs=live_log_probs, live_seqs=live_seqs,
       finished_scores=jnp.full((batch_size, num_beams), NEG_INF, jnp.float32),
-      finished_seqs=seqs, finished_flags=jnp.zeros((batch_size, num_beams), bool))
-  return BeamProblem(forced, max_decode_len, eos_id, alpha, max_decode_step), state
+      finished_seqs=live_seqs, finished_flags=jnp.zeros((batch_size, num_beams), bool))
+  return BeamProblem(forced, start, max_decode_len, eos_id, alpha, max_decode_step), state
 
 
-def continues(problem: BeamProblem, state: BeamState) -> jax.Array:
-  """[B] bool: the row takes another step (T5X's loop condition, per row)."""
+def _row_stops(problem: BeamProblem, state: BeamState,
+               min_log_prob: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per row [B] bool: (within its length limit and step cap, its search terminated, its best
+  live beam's log-prob below min_log_prob after its first step), T5X's loop condition's parts."""
   min_brevity_penalty = brevity_penalty(problem.alpha, problem.max_decode_len + 1)
   best_live = state.live_log_probs[:, -1] / min_brevity_penalty
   worst_finished = jnp.where(state.finished_flags,
                              jnp.min(state.finished_scores, axis=1, keepdims=True), NEG_INF)
   terminated = jnp.all(worst_finished > best_live[:, None], axis=1)
-  below_min_log_prob = (best_live < NEG_INF / min_brevity_penalty) & (state.index > 0)
-  limit = problem.max_decode_len
+  below_min_log_prob = ((best_live < min_log_prob / min_brevity_penalty)
+                        & (state.index > problem.start))
+  within_limit = state.index < problem.max_decode_len
   if problem.max_decode_step > 0:
-    limit = min(limit, problem.max_decode_step)
-  return (state.index < limit) & ~terminated & ~below_min_log_prob
+    within_limit &= state.index - problem.start < problem.max_decode_step
+  return within_limit, terminated, below_min_log_prob
+
+
+def continues(problem: BeamProblem, state: BeamState) -> jax.Array:
+  """[B] bool: the row takes another step (T5X's loop condition, per row)."""
+  within_limit, terminated, below_min_log_prob = _row_stops(problem, state,
+                                                            DEFAULT_MIN_LOG_PROB)
+  return within_limit & ~terminated & ~below_min_log_prob
+
+
+def batch_continues(problem: BeamProblem, state: BeamState, min_log_prob: float) -> jax.Array:
+  """Scalar bool: the batch takes another step (T5X's loop condition)."""
+  within_limit, terminated, below_min_log_prob = _row_stops(problem, state, min_log_prob)
+  return jnp.any(within_limit) & ~jnp.all(terminated) & ~jnp.all(below_min_log_prob)
 
 
 def _gather(x: jax.Array, indices: jax.Array) -> jax.Array:
@@ -197,21 +239,23 @@ def flat(x: jax.Array) -> jax.Array:
 def beam_search(inputs: jax.Array, cache: Any, tokens_to_logits: contract.TokensToLogits,
                 eos_id: int, decode_rng: jax.Array | None = None, num_decodes: int = 4,
                 alpha: float = 0.6, max_decode_step: int = -1,
+                min_log_prob: float = DEFAULT_MIN_LOG_PROB,
                 initial_index: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """T5X's beam search, num_decodes beams, one target call per step (all beams of all rows).
+  """T5X's beam search, num_decodes beams, one target call per step (all beams of all rows),
+  the rows stepping together until T5X's loop condition stops the batch.
 
   Returns (decodes [B, num_decodes, L], scores [B, num_decodes]): T5X's beam_search output,
   sorted ascending (the best last). `decode_rng` is unused, as in T5X.
   """
   del decode_rng
   validate(inputs, eos_id, num_decodes, initial_index)
-  check_beam_settings(alpha, max_decode_step)
+  check_beam_settings(alpha, max_decode_step, min_log_prob)
   problem, state = init(inputs, num_decodes, eos_id, alpha, scratch=0,
-                        max_decode_step=max_decode_step)
+                        max_decode_step=max_decode_step, initial_index=initial_index)
 
   def step(carry):
     state, cache = carry
-    active = continues(problem, state)
+    active, _, _ = _row_stops(problem, state, min_log_prob)  # all rows within their limits
     index = jnp.repeat(state.index, num_decodes)
     seqs = flat(state.live_seqs)
     logits, cache = tokens_to_logits(contract.DecodingState(
@@ -222,7 +266,7 @@ def beam_search(inputs: jax.Array, cache: Any, tokens_to_logits: contract.Tokens
                                log_probs.reshape(state.live_log_probs.shape + (-1,)), active)
     return state, gather_cache(cache, parents)
 
-  cache = decoding._expand(cache, num_decodes)  # pylint: disable=protected-access
-  state, _ = jax.lax.while_loop(lambda carry: jnp.any(continues(problem, carry[0])), step,
-                                (state, cache))
+  cache = decode_rows.expand(cache, num_decodes)
+  state, _ = jax.lax.while_loop(
+      lambda carry: batch_continues(problem, carry[0], min_log_prob), step, (state, cache))
   return results(problem, state)

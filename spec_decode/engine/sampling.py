@@ -63,10 +63,15 @@ def validate_sampling_args(temperature: Any, topk: Any, topp: Any) -> None:
 
 def check_settings(temperature: Any = 1.0, topk: Any = 0, topp: Any = 0.0,
                    max_decode_steps: Any = None, max_decode_steps_hard_limit: int | None = None,
-                   rescale_log_probs: bool = True, **_: Any) -> None:
+                   rescale_log_probs: bool = True, logit_callback_fn: Any = None,
+                   **_: Any) -> None:
   """ValueError for settings of T5X's temperature_sample no decoder can use: the transform's
-  (`validate_sampling_args`), the decode's length and its scores (traced ones: their shapes)."""
+  (`validate_sampling_args`), the decode's length, its scores (traced ones: their shapes) and
+  the logit callback."""
   validate_sampling_args(temperature, topk, topp)
+  if logit_callback_fn is not None and not callable(logit_callback_fn):
+    raise ValueError(f"logit_callback_fn must be a function (logits, state) -> logits or None, "
+                     f"got {logit_callback_fn!r}")
   if not isinstance(rescale_log_probs, bool):
     raise ValueError(f"rescale_log_probs must be True or False, got {rescale_log_probs!r}")
   limit = max_decode_steps_hard_limit

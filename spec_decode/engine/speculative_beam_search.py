@@ -29,7 +29,8 @@ of a row): the caches hold positions < p0 only. Each iteration, for every row th
 Exactness is by construction: every step is `beam_step` on the target's log-probs of the beam's
 own prefix (up to float rounding of a k-token call against a 1-token call), exactly what
 `beam_search` computes; the draft decides only how many steps one call covers. Rows are
-independent and stop as `beam_search`'s rows do.
+independent, each stopping by itself (`beam_search.continues`: the same output as
+`beam_search`'s batch-wide stop, see there).
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ import jax.numpy as jnp
 
 from spec_decode.engine import beam_search
 from spec_decode.engine import contract
-from spec_decode.engine import decoding
+from spec_decode.engine import decode_rows
 from spec_decode.engine import loops
+from spec_decode.engine import speculative_sampling
 from spec_decode.engine.stats import BeamSearchStats
 
 BeamState = beam_search.BeamState
@@ -74,14 +76,19 @@ class _Tree:
   scored: jax.Array  # [B, T] the node fits its root's budget: the target scores it
 
 
-def check_speculative_beam_settings(gamma: int | None = None, alpha: float = 0.6,
-                                    max_decode_step: int = -1,
-                                    nodes_per_beam: int | None = None,
-                                    draft_beams: int | None = None, **_: Any) -> None:
-  """ValueError for a gamma, alpha, node budget or draft beam count speculative beam search
-  cannot run with."""
-  decoding.check_speculative_settings(gamma)
-  beam_search.check_beam_settings(alpha, max_decode_step)
+def check_speculative_beam_settings(
+    gamma: int | None = None, alpha: float = 0.6, max_decode_step: int = -1,
+    nodes_per_beam: int | None = None, draft_beams: int | None = None,
+    min_log_prob: float = beam_search.DEFAULT_MIN_LOG_PROB, **_: Any) -> None:
+  """ValueError for a gamma, alpha, node budget, draft beam count or min_log_prob speculative
+  beam search cannot run with."""
+  speculative_sampling.check_speculative_settings(gamma)
+  beam_search.check_beam_settings(alpha, max_decode_step, min_log_prob)
+  if min_log_prob != beam_search.DEFAULT_MIN_LOG_PROB:
+    raise ValueError(f"speculative_beam_search takes only T5X's default min_log_prob "
+                     f"({beam_search.DEFAULT_MIN_LOG_PROB}), got {min_log_prob!r}: T5X stops a "
+                     f"whole batch once no row's best live beam passes it, and this loop's rows "
+                     f"advance at their own pace (beam_search takes it)")
   for name, value in (("nodes_per_beam", nodes_per_beam), ("draft_beams", draft_beams)):
     if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
       raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
@@ -335,6 +342,7 @@ def speculative_beam_search(inputs: jax.Array, cache: Any,
                             max_decode_step: int = -1,
                             nodes_per_beam: int | None = None,
                             draft_beams: int | None = None,
+                            min_log_prob: float = beam_search.DEFAULT_MIN_LOG_PROB,
                             initial_index: jax.Array | None = None
                             ) -> tuple[jax.Array, jax.Array, BeamSearchStats]:
   """`beam_search.beam_search`'s output (num_decodes beams, brevity alpha, step cap
@@ -349,17 +357,18 @@ def speculative_beam_search(inputs: jax.Array, cache: Any,
   """
   del decode_rng
   beam_search.validate(inputs, eos_id, num_decodes, initial_index)
-  check_speculative_beam_settings(gamma, alpha, max_decode_step, nodes_per_beam, draft_beams)
+  check_speculative_beam_settings(gamma, alpha, max_decode_step, nodes_per_beam, draft_beams,
+                                  min_log_prob)
   width = num_decodes if draft_beams is None else draft_beams
   if width < num_decodes:
     raise ValueError(f"draft_beams ({draft_beams}) must be at least the beam count "
                      f"num_decodes ({num_decodes}): the draft's tree must be able to hold them")
   budget = width * gamma if nodes_per_beam is None else min(nodes_per_beam, width * gamma)
   problem, beams = beam_search.init(inputs, num_decodes, eos_id, alpha, scratch=gamma + 1,
-                                    max_decode_step=max_decode_step)
+                                    max_decode_step=max_decode_step,
+                                    initial_index=initial_index)
   batch_size = inputs.shape[0]
-  cache, draft_cache = decoding._expand(  # pylint: disable=protected-access
-      (cache, draft_cache), num_decodes)
+  cache, draft_cache = decode_rows.expand((cache, draft_cache), num_decodes)
   initial = _LoopState(beams, jnp.ones((batch_size,), jnp.int32), cache, draft_cache,
                        BeamSearchStats.zeros(batch_size, gamma))
   iteration = functools.partial(_iteration, problem, tokens_to_logits, draft_tokens_to_logits,

@@ -139,20 +139,14 @@ def draft_config_from_checkpoint(draft_checkpoint_path: str,
 # value is refused, since it could not take effect. (The model fills in inputs, cache,
 # tokens_to_logits, eos_id, num_decodes, decode_rng, initial_index and max_decode_len itself.)
 _FIXED_ARGUMENTS = {
-    t5x_decoding.beam_search: ("min_log_prob", "cache_offset"),
-    t5x_decoding.temperature_sample: ("cache_offset", "state_callback_fn", "logit_callback_fn"),
+    t5x_decoding.beam_search: ("cache_offset",),
+    t5x_decoding.temperature_sample: ("cache_offset", "state_callback_fn"),
 }
-# Why an argument cannot take effect (the callbacks: T5X calls them with its own per-token
-# loop state).
+# Why an argument cannot take effect.
 _WHY_NOT = {
-    "min_log_prob": "T5X stops a whole batch once no row's best live beam passes it, and the "
-                    "rows of speculative beam search advance at their own pace",
     "state_callback_fn": "it edits T5X's per-token loop state before each step, and a "
                          "speculative iteration commits up to gamma + 1 tokens from one target "
                          "call without building that state",
-    "logit_callback_fn": "it takes one step's logits with T5X's per-token loop state, and a "
-                         "speculative target call scores gamma + 1 positions without building "
-                         "that state",
 }
 
 
@@ -181,11 +175,14 @@ def decode_fn_settings(decode_fn: Callable[..., Any]) -> tuple[str, dict[str, An
   'speculative_sample' with its temperature/topk/topp/max_decode_steps, temperature 0 where
   topk is 1 (T5X's default: greedy at any temperature, and the engine's greedy path where no
   temperature given at run time in decoder_params overrides it; topk 1 stays, so one that does
-  samples T5X's argmax too), and `rescale_log_probs` and `max_decode_steps_hard_limit` where
-  bound to other values than T5X's defaults (the engine's too). `t5x.decoding.beam_search`:
-  'speculative_beam_search' with its alpha and a bound max_decode_step (the beam size is
-  T5X's num_decodes). An argument of `_FIXED_ARGUMENTS` bound to another value than T5X's
-  default is refused, saying why. Any other decode_fn: ValueError.
+  samples T5X's argmax too), and `rescale_log_probs`, `max_decode_steps_hard_limit` and
+  `logit_callback_fn` where bound to other values than T5X's defaults (the engine's too; a
+  callback is given T5X's state of each prefix, `spec_decode.engine.decoding`).
+  `t5x.decoding.beam_search`: 'speculative_beam_search' with its alpha and a bound
+  max_decode_step or min_log_prob (the beam size is T5X's num_decodes; the loop's settings
+  check refuses what it cannot honour). An argument of `_FIXED_ARGUMENTS`
+  bound to another value than T5X's default is refused, saying why. Any other decode_fn:
+  ValueError.
   """
   original, arguments = _bound_arguments(decode_fn)
   if original not in _FIXED_ARGUMENTS:
@@ -200,15 +197,16 @@ def decode_fn_settings(decode_fn: Callable[..., Any]) -> tuple[str, dict[str, An
                        f"take effect: {why}")
   if original is t5x_decoding.beam_search:
     settings = {"alpha": arguments["alpha"]}
-    if arguments["max_decode_step"] != defaults["max_decode_step"]:
-      settings["max_decode_step"] = arguments["max_decode_step"]
+    for name in ("max_decode_step", "min_log_prob"):
+      if arguments[name] != defaults[name]:
+        settings[name] = arguments[name]
     return "speculative_beam_search", settings
   settings = {name: arguments[name]
               for name in ("temperature", "topk", "topp", "max_decode_steps")}
   if settings["topk"] == 1:
     settings["temperature"] = 0.0
   # Bound to other values than T5X's defaults (which are the engine's too): passed on.
-  for name in ("rescale_log_probs", "max_decode_steps_hard_limit"):
+  for name in ("rescale_log_probs", "max_decode_steps_hard_limit", "logit_callback_fn"):
     if arguments[name] != defaults[name]:
       settings[name] = arguments[name]
   return "speculative_sample", settings

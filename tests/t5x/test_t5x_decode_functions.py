@@ -239,3 +239,164 @@ def test_beam_search_with_t5xs_step_cap_is_t5xs(max_decode_step, name, settings)
                              max_decode_step=max_decode_step, **settings)
   np.testing.assert_array_equal(got, want)
   np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
+def repeat_penalty(logits, state):
+  """A logit callback of T5X's kind reading every field of the prefix's state: each id loses
+  3 per time it occurs in `sequences` (the prefix and the prompt ahead), the current token 2
+  more, and EOS is banned before position 3."""
+  vocab = jnp.arange(logits.shape[-1])
+  counts = jnp.sum(state.sequences[:, :, None] == vocab, axis=1)
+  logits = logits - 3.0 * counts - 2.0 * (state.cur_token == vocab)
+  return jnp.where((vocab == EOS_ID) & (state.cur_index[:, None] < 3), NEG, logits)
+
+
+CALLBACK_LOOPS = [("temperature_sample", {}), ("speculative_sample", {"gamma": 2}),
+                  ("speculative_sample", {"gamma": 3, "verifier": "block"})]
+
+
+@pytest.mark.parametrize("rescale_log_probs", [True, False])
+@pytest.mark.parametrize("name,settings", CALLBACK_LOOPS)
+def test_greedy_decodes_with_a_logit_callback_are_t5xs(rescale_log_probs, name, settings):
+  inputs = np.zeros((3, 7), np.int32)
+  inputs[1, 1:3] = [4, 2]
+  want, want_scores = t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0), temperature=0.0,
+      topk=0, rescale_log_probs=rescale_log_probs, logit_callback_fn=repeat_penalty)
+  without, _ = t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0), temperature=0.0,
+      topk=0)
+  assert not np.array_equal(want, without)  # the callback changes what is decoded
+  got, scores = _engine_loop(name, bigram_model, inputs, rng=jax.random.PRNGKey(1),
+                             temperature=0.0, rescale_log_probs=rescale_log_probs,
+                             logit_callback_fn=repeat_penalty, **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rescale_log_probs", [True, False])
+@pytest.mark.parametrize("name,settings", CALLBACK_LOOPS)
+def test_sampled_scores_with_a_logit_callback_are_t5xs(rescale_log_probs, name, settings):
+  """Every decode both draw (200 samples each) has T5X's score under the callback's law."""
+  inputs = np.zeros((1, 5), np.int32)
+  want = _decodes_and_scores(*t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0), num_decodes=200,
+      temperature=1.0, topk=0, rescale_log_probs=rescale_log_probs,
+      logit_callback_fn=repeat_penalty))
+  got = _decodes_and_scores(*_engine_loop(
+      name, bigram_model, inputs, num_decodes=200, rng=jax.random.PRNGKey(1), temperature=1.0,
+      rescale_log_probs=rescale_log_probs, logit_callback_fn=repeat_penalty, **settings))
+  assert all(EOS_ID not in decode[:3] for decode in got)  # banned there
+  common = sorted(set(want) & set(got))
+  assert len(common) >= 5, "too few decodes in common to compare"
+  np.testing.assert_allclose([got[d] for d in common], [want[d] for d in common], rtol=1e-5,
+                             atol=1e-5)
+
+
+def _recording(callback, seen: set, live=lambda state: state.cur_index >= 0):
+  """`callback`, recording on the host (cur_index, sequences, cur_token) of each row it is
+  given a state for, where `live(state)` [N] holds."""
+
+  def record(live_rows, cur_index, sequences, cur_token):
+    seen.update((int(i), tuple(map(int, s)), int(t[0]))
+                for keep, i, s, t in zip(live_rows, cur_index, sequences, cur_token) if keep)
+
+  def recording(logits, state):
+    jax.debug.callback(record, live(state), state.cur_index, state.sequences, state.cur_token)
+    return callback(logits, state)
+
+  return recording
+
+
+@pytest.mark.parametrize("name,settings", CALLBACK_LOOPS)
+def test_a_logit_callback_sees_the_state_t5x_gives_it(name, settings):
+  """Every (cur_index, sequences, cur_token) T5X's greedy loop gives the callback for a row that
+  has not ended, the engine's gives it too (a speculative loop also scores its drafts'
+  prefixes), the prompt ahead of the prefix included."""
+  inputs = np.zeros((2, 6), np.int32)
+  inputs[1, 1:3] = [4, 2]
+  want, got = set(), set()
+  t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0), temperature=0.0,
+      topk=0, logit_callback_fn=_recording(repeat_penalty, want,
+                                           live=lambda state: ~state.ended[:, 0]))
+  _engine_loop(name, bigram_model, inputs, temperature=0.0,
+               logit_callback_fn=_recording(repeat_penalty, got), **settings)
+  assert len(want) >= 6 and any(i == 0 and s[1:3] == (4, 2) for i, s, _ in want)  # a prompt ahead
+  assert want <= got, sorted(want - got)
+
+
+def cached_position_bigram(state):
+  """`bigram_model` as T5X's beam search with initial_index needs it: T5X then feeds the step
+  as cur_index, so the position is the model's own (its cache, prefilled to the prompt's end)."""
+  position = jnp.minimum(state.cache["position"], BIGRAM.shape[0] - 1)
+  return (jnp.asarray(BIGRAM)[position, state.cur_token[:, 0]],
+          {"position": state.cache["position"] + 1})
+
+
+def _t5x_prefilled_beam_search(inputs, initial_index, **settings):
+  return t5x_decoding.beam_search(
+      jnp.asarray(inputs), {"position": jnp.asarray(initial_index)}, cached_position_bigram,
+      EOS_ID, initial_index=jnp.asarray(initial_index), **settings)
+
+
+PROMPTS = {"empty": [], "one": [3], "three": [4, 2, 5]}
+
+
+@pytest.mark.parametrize("max_decode_step", [-1, 2])
+@pytest.mark.parametrize("prompt", sorted(PROMPTS))
+@pytest.mark.parametrize("name,settings", [("beam_search", {}),
+                                           ("speculative_beam_search", {"gamma": 2})])
+def test_beam_search_from_a_prefilled_prompt_is_t5xs(prompt, max_decode_step, name, settings):
+  """initial_index (the cache holds the prompt before it): T5X's beams and scores, for rows
+  sharing one prompt length, the brevity penalty counting the prompt."""
+  tokens = PROMPTS[prompt]
+  inputs = np.zeros((2, 7), np.int32)
+  inputs[:, 1:1 + len(tokens)] = tokens
+  initial_index = np.full((2,), len(tokens), np.int32)
+  want, want_scores = _t5x_prefilled_beam_search(inputs, initial_index, num_decodes=3,
+                                                 alpha=0.6, max_decode_step=max_decode_step)
+  np.testing.assert_array_equal(want[:, -1, :len(tokens)], [tokens, tokens])
+  got, scores = _engine_loop(name, bigram_model, inputs, num_decodes=3, alpha=0.6,
+                             max_decode_step=max_decode_step,
+                             initial_index=jnp.asarray(initial_index), **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,settings", [("beam_search", {}),
+                                           ("speculative_beam_search", {"gamma": 2})])
+def test_prefilled_rows_of_different_lengths_are_t5xs_rows_alone(name, settings):
+  """Rows with different initial_index each get what T5X gives that example alone (T5X runs
+  a batch L - min(initial_index) steps, past position L for longer prompts)."""
+  inputs = np.zeros((3, 7), np.int32)
+  initial_index = np.zeros((3,), np.int32)
+  for row, tokens in enumerate(PROMPTS.values()):
+    inputs[row, 1:1 + len(tokens)] = tokens
+    initial_index[row] = len(tokens)
+  got, scores = _engine_loop(name, bigram_model, inputs, num_decodes=3, alpha=0.6,
+                             initial_index=jnp.asarray(initial_index), **settings)
+  for row in range(3):
+    want, want_scores = _t5x_prefilled_beam_search(inputs[row:row + 1],
+                                                   initial_index[row:row + 1], num_decodes=3,
+                                                   alpha=0.6)
+    np.testing.assert_array_equal(got[row:row + 1], want)
+    np.testing.assert_allclose(scores[row:row + 1], want_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("min_log_prob", [-0.5, -1.5, -2.5])
+def test_beam_search_with_a_min_log_prob_is_t5xs(min_log_prob):
+  """T5X stops the batch once no row's best live beam passes min_log_prob: a row above it keeps
+  the others going, so a row's output depends on its batch."""
+  inputs = np.zeros((3, 7), np.int32)
+  inputs[1, 1] = 3
+  inputs[2, 1:3] = [4, 2]
+  settings = dict(num_decodes=3, alpha=0.6, min_log_prob=min_log_prob)
+  want, want_scores = t5x_decoding.beam_search(jnp.asarray(inputs), {}, bigram_model, EOS_ID,
+                                               **settings)
+  alone = [t5x_decoding.beam_search(jnp.asarray(inputs[row:row + 1]), {}, bigram_model,
+                                    EOS_ID, **settings)[0] for row in range(3)]
+  assert not np.array_equal(np.concatenate(alone), want)
+  got, scores = _engine_loop("beam_search", bigram_model, inputs, **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)

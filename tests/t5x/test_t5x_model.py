@@ -10,6 +10,7 @@ import functools
 import gin
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -286,20 +287,65 @@ def test_decode_settings_follow_the_t5x_decode_fn(decode_fn, settings):
   assert speculative.decode_fn_settings(decode_fn) == settings
 
 
+def no_repeats(logits, state):
+  """T5X's kind of logit callback: an id already in the sequence is banned."""
+  seen = jnp.any(state.sequences[:, 1:, None] == jnp.arange(logits.shape[-1]), axis=1)
+  return jnp.where(seen, t5x_decoding.NEG_INF, logits)
+
+
+def test_a_logit_callback_is_passed_on():
+  decode_fn = functools.partial(t5x_decoding.temperature_sample, temperature=0.0, topk=0,
+                                logit_callback_fn=no_repeats)
+  assert speculative.decode_fn_settings(decode_fn) == ("speculative_sample", dict(
+      GREEDY[1], logit_callback_fn=no_repeats))
+
+
+@pytest.mark.slow
+@pytest.mark.newest
+def test_greedy_decodes_with_a_logit_callback_equal_t5x(pairs):
+  """T5X's model with a decode_fn given a logit callback, against the hook's: the decodes
+  (which the callback changes) token for token, and their scores under the target's own
+  log-softmax."""
+  target_path, draft_path = pairs["t5x_tiny"]
+  decode_fn = functools.partial(t5x_decoding.temperature_sample, temperature=0.0, topk=0,
+                                rescale_log_probs=False)
+  predict = lambda model, params: jax.jit(model.predict_batch_with_aux)(params, _batch(4))
+  params = t5x_setup.load_params(target_path)
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY, decode_fn=functools.partial(
+      decode_fn, logit_callback_fn=no_repeats))
+  want, want_aux = predict(t5x_model, params)
+  without, _ = predict(t5x_setup.t5x_model(t5x_setup.TINY, decode_fn=decode_fn), params)
+  assert not np.array_equal(want, without)
+  model = speculative.speculative_version(t5x_model, draft_path, gamma=3)
+  assert model.decoder.resolved_settings()["logit_callback_fn"] is no_repeats
+  got, aux = predict(model, _both_params(target_path, draft_path))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  np.testing.assert_allclose(aux["scores"], want_aux["scores"], rtol=1e-5, atol=1e-5)
+
+
 def test_beam_search_arguments_that_cannot_take_effect_are_refused():
-  with pytest.raises(ValueError, match="t5x.decoding.beam_search.min_log_prob = -5.0 cannot "
+  with pytest.raises(ValueError, match="t5x.decoding.beam_search.cache_offset = 1 cannot "
                                        "take effect"):
-    speculative.decode_fn_settings(functools.partial(t5x_decoding.beam_search,
-                                                     min_log_prob=-5.0))
+    speculative.decode_fn_settings(functools.partial(t5x_decoding.beam_search, cache_offset=1))
+
+
+def test_a_min_log_prob_is_passed_on_and_refused_by_speculative_beam_search(pairs):
+  """The speculative loop cannot honour it (its rows' pace differs, T5X's stop is batch-wide):
+  a one-line error when the model is built."""
+  decode_fn = functools.partial(t5x_decoding.beam_search, min_log_prob=-5.0)
+  assert speculative.decode_fn_settings(decode_fn) == (
+      "speculative_beam_search", {"alpha": 0.6, "min_log_prob": -5.0})
+  with pytest.raises(ValueError, match="speculative_beam_search takes only T5X's default "
+                                       "min_log_prob .* got -5.0: T5X stops a whole batch"):
+    speculative.speculative_version(t5x_setup.t5x_model(t5x_setup.TINY, decode_fn=decode_fn),
+                                    pairs["t5x_tiny"][1], gamma=2)
 
 
 @pytest.mark.parametrize("binding,message", [
     (dict(cache_offset=1), "cache_offset = 1 cannot take effect: speculative decoding keeps "
                            "T5X's default 0"),
     (dict(state_callback_fn=lambda state: state),
-     "state_callback_fn = .* cannot take effect: it edits T5X's per-token loop state"),
-    (dict(logit_callback_fn=lambda logits, state: logits),
-     "logit_callback_fn = .* cannot take effect: it takes one step's logits")])
+     "state_callback_fn = .* cannot take effect: it edits T5X's per-token loop state")])
 def test_temperature_sample_arguments_that_cannot_take_effect_are_refused(binding, message):
   with pytest.raises(ValueError, match="t5x.decoding.temperature_sample." + message):
     speculative.decode_fn_settings(functools.partial(t5x_decoding.temperature_sample,
