@@ -343,6 +343,9 @@ def speculative_version(model: t5x_models.EncoderDecoderModel,
   loop_for_decode_fn, decode_settings = decode_fn_settings(model.decode_fn)
   sampling = {name: decode_settings.pop(name) for name in core.SAMPLING_SETTINGS
               if name in decode_settings}
+  if draft_source == "ngram":  # its tables would have to join T5X's train state
+    raise ValueError("DRAFT_SOURCE 'ngram' runs in spec_decode.infer; the T5X hook takes "
+                     "'model', 'lookup' or 'lookup+model'")
   if draft_source == "lookup":
     if draft_checkpoint_path:
       raise ValueError("DRAFT_SOURCE 'lookup' uses no draft model: unset DRAFT_CHECKPOINT_PATH "

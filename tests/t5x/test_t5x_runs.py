@@ -135,6 +135,9 @@ BAD_RUNS = {
         "draft would be ignored)"),
     "bad_lookup_ngram_0": (("DRAFT_SOURCE='lookup+model'", "LOOKUP_MAX_NGRAM=0"),
                            "ValueError: lookup max_ngram must be an integer >= 1, got 0"),
+    "bad_ngram_draft": (("DRAFT_SOURCE='ngram'",),
+                        "ValueError: DRAFT_SOURCE 'ngram' runs in spec_decode.infer; the T5X hook "
+                        "takes 'model', 'lookup' or 'lookup+model'"),
 }
 # The same run in bfloat16, as T5X's t5_1_1 gins and infer run it: activations and restored
 # parameters in bfloat16. 48 target tokens: with 12, a network rounding unlike T5X's (this one
