@@ -291,6 +291,8 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
                draft_module: network.Transformer | None = None, draft_source: str = "model",
                lookup_max_ngram: int = 4, lookup_min_ngram: int | None = None, **kwargs: Any):
     self.draft_checkpoint_path = draft_checkpoint_path
+    # The draft's checkpoint located once (`formats.locate`), for every read of it after.
+    self.draft_checkpoint: formats.Checkpoint | None = None
     self._given_draft_module = draft_module
     self._draft_settings = (draft_source, lookup_max_ngram, lookup_min_ngram)
     self._draft_params: Params | None = None
@@ -322,15 +324,15 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     return core.make_draft("ngram", None, ngram_draft=core.NGramDraft.of(self._draft_params))
 
   def _draft_network(self, decode_loop: str) -> network.Transformer:
-    if self.draft_checkpoint_path is not None:
-      formats.checkpoint_format(self.draft_checkpoint_path)  # FileNotFoundError when missing
+    if self.draft_checkpoint_path is not None:  # FileNotFoundError when missing
+      self.draft_checkpoint = formats.locate(self.draft_checkpoint_path)
     if self._given_draft_module is not None:  # built in memory: its params are given to decode
       return self._given_draft_module
     if self.draft_checkpoint_path is None:
       raise ValueError(f"decode loop {decode_loop!r} needs a draft: set draft_checkpoint_path "
                        "(or give draft_module)")
-    return network.Transformer(formats.checkpoint_config(self.draft_checkpoint_path,
-                                                 like=self.module.config))
+    return network.Transformer(formats.checkpoint_config(self.draft_checkpoint,
+                                                         like=self.module.config))
 
   @property
   def draft_module(self) -> network.Transformer | None:
@@ -344,7 +346,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       if self.draft_module is None or self.draft_checkpoint_path is None:
         raise ValueError("no draft parameters: set draft_checkpoint_path, or pass draft_params")
       self._draft_params = jax.device_put(
-          formats.load_params(self.draft_module, self.draft_checkpoint_path))
+          formats.load_params(self.draft_module, self.draft_checkpoint))
     return self._draft_params
 
   def baseline(self) -> EncoderDecoderModel:

@@ -71,26 +71,26 @@ def test_a_hub_id_loads_what_its_folder_loads(hub_cache, pair, revision):
 def test_a_missing_id_is_one_line(hub_cache, pair):
   fill_cache(hub_cache, "tiny-org/tiny-t5", pair[0].hf_folder)
   with pytest.raises(FileNotFoundError) as error:
-    formats.checkpoint_format("hf://tiny-org/no-such-model")
+    formats.locate("hf://tiny-org/no-such-model")
   assert str(error.value) == (
       f"Hugging Face model hf://tiny-org/no-such-model is not in the Hub cache ({hub_cache}) and "
       "could not be downloaded (offline, or HF_HUB_OFFLINE is set)")
   with pytest.raises(FileNotFoundError, match="hf://tiny-org/tiny-t5@feedface is not in the Hub"):
-    formats.checkpoint_format("hf://tiny-org/tiny-t5@feedface")  # a revision not cached
+    formats.locate("hf://tiny-org/tiny-t5@feedface")  # a revision not cached
   with pytest.raises(FileNotFoundError, match="hf://a/b/c is not a Hugging Face model id"):
-    formats.checkpoint_format("hf://a/b/c")
+    formats.locate("hf://a/b/c")
 
 
 def test_a_missing_file_is_one_line(hub_cache, pair):
   fill_cache(hub_cache, "tiny-org/config-only", pair[0].hf_folder, files=["config.json"])
   with pytest.raises(FileNotFoundError) as error:
-    formats.checkpoint_format("hf://tiny-org/config-only")
+    formats.locate("hf://tiny-org/config-only")
   assert str(error.value).startswith("Hugging Face model hf://tiny-org/config-only has no weights")
   weights = [name for name in os.listdir(pair[0].hf_folder) if name != "config.json"]
   fill_cache(hub_cache, "tiny-org/weights-only", pair[0].hf_folder, files=weights)
   with pytest.raises(FileNotFoundError, match="^Hugging Face model hf://tiny-org/weights-only has "
                                               "no config.json$"):
-    formats.checkpoint_format("hf://tiny-org/weights-only")
+    formats.locate("hf://tiny-org/weights-only")
 
 
 @pytest.mark.slow

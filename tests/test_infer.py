@@ -337,3 +337,16 @@ def test_bad_timing_rounds_are_one_line_errors(t5_style_run_gin, run_main, tmp_p
   status, stderr = run_main([f"--gin_file={t5_style_run_gin}", "--text=Hello", *bindings,
                              f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"])
   _assert_one_line_error(status, stderr, message, tmp_path / "out")
+
+
+def test_a_run_locates_each_checkpoint_once(t5_style_run_gin, run_main, tmp_path, monkeypatch):
+  """The target's and the draft's checkpoints are each located once (`formats.locate`: a T5X
+  step folder probed, a Hub id looked up), then handed on to every read."""
+  from spec_decode.checkpoints import formats  # pylint: disable=g-import-not-at-top
+  probed, probe = [], formats.t5x_orbax_state_item
+  monkeypatch.setattr(formats, "t5x_orbax_state_item",
+                      lambda path: probed.append(path) or probe(path))
+  status, stderr = run_main([f"--gin_file={t5_style_run_gin}", "--text=Hello",
+                             f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"])
+  assert status == 0, stderr
+  assert len(probed) == 2 and len(set(probed)) == 2, probed  # the target, the draft

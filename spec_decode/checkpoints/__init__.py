@@ -1,6 +1,6 @@
 """Checkpoints: locating, identifying, reading, slicing and checking them, in every format.
 
-  formats            which format a path is (`checkpoint_format`), a network's parameters from
+  formats            which format a path is (`locate`, once per run), a network's parameters from
                      any of them, checked (`load_params`), a checkpoint's config without its
                      weights (`checkpoint_config`)
   t5x_format         T5X checkpoints (legacy msgpack, TensorStore, Orbax), both ways, read whole

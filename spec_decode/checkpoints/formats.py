@@ -1,7 +1,8 @@
 """A checkpoint of any format this package reads, located, identified and read for a
-`network.Transformer`: `checkpoint_format` (which format a path is), `load_params` (its
-parameters, checked against the network), `checkpoint_config` (its network config, no weight
-read).
+`network.Transformer`: `locate` (which format a path is, once: a `Checkpoint`), `load_params`
+(its parameters, checked against the network), `checkpoint_config` (its network config, no
+weight read). Both readers take a path or a `Checkpoint`: a run locates each checkpoint once
+and hands the `Checkpoint` on (a Hub id is looked up, a T5X step folder probed, only there).
 """
 
 from __future__ import annotations
@@ -51,25 +52,37 @@ def t5x_orbax_state_item(path: str) -> str:
   return item if storage.read_file(posixpath.join(item, "_METADATA")) is not None else path
 
 
-def checkpoint_format(path: str) -> tuple[str, str]:
-  """(format, resolved path) of a checkpoint `load_params` reads: format 'hf' (a Hugging Face
-  folder with config.json, or a Hub id `hf://ORG/NAME[@REVISION]` resolved to its folder in the
-  Hub's cache: `hf_hub`), 'demo' (a .safetensors file) or 't5x' (anything else: a T5X
-  checkpoint, legacy or Orbax; for a step directory T5X's Orbax checkpoint manager wrote, its
-  `state` item). FileNotFoundError when a local path or a Hub model does not exist."""
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """A located checkpoint: `path` as given (what messages name), its `kind` and the `resolved`
+  path its reader opens (see `locate`)."""
+  path: str
+  kind: str
+  resolved: str
+
+
+def locate(path: str | Checkpoint) -> Checkpoint:
+  """The checkpoint `load_params` reads at `path` (a `Checkpoint` passes through): kind 'hf' (a
+  Hugging Face folder with config.json, or a Hub id `hf://ORG/NAME[@REVISION]` resolved to its
+  folder in the Hub's cache: `hf_hub`), 'demo' (a .safetensors file) or 't5x' (anything else: a
+  T5X checkpoint, legacy or Orbax; for a step directory T5X's Orbax checkpoint manager wrote,
+  its `state` item). FileNotFoundError when a local path or a Hub model does not exist."""
+  if isinstance(path, Checkpoint):
+    return path
   if hf_hub.is_hub_id(path):
-    return "hf", hf_hub.hub_folder(path)
+    return Checkpoint(path, "hf", hf_hub.hub_folder(path))
   resolved = paths.resolve(path)
   if not resolved.startswith("gs://") and not os.path.exists(resolved):
     raise FileNotFoundError(f"checkpoint not found: {path}")
   if os.path.isfile(os.path.join(resolved, "config.json")):
-    return "hf", resolved
+    return Checkpoint(path, "hf", resolved)
   if resolved.endswith(".safetensors"):
-    return "demo", resolved
-  return "t5x", t5x_orbax_state_item(resolved)
+    return Checkpoint(path, "demo", resolved)
+  return Checkpoint(path, "t5x", t5x_orbax_state_item(resolved))
 
 
-def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Params:
+def load_params(module: network.Transformer, path: str | Checkpoint,
+                dtype: Any = None) -> Params:
   """Parameters for `module` from a checkpoint, checked against it (every path and shape), with
   floating-point leaves cast to `dtype` when given, as numpy arrays in host memory (see
   `decode_layout.restore_params` for a restore straight into a mesh's shards).
@@ -79,7 +92,8 @@ def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Pa
   `.safetensors` file of the shipped demo format (`demo_pair`). The configs of
   the last two must match the module's.
   """
-  kind, resolved = checkpoint_format(path)
+  checkpoint = locate(path)
+  kind, resolved, path = checkpoint.kind, checkpoint.resolved, checkpoint.path
   with checkpoint_faults.reading(path):
     if kind == "hf":
       found, params = hf_format.load_hf(resolved)
@@ -94,12 +108,13 @@ def load_params(module: network.Transformer, path: str, dtype: Any = None) -> Pa
   return params if dtype is None else t5x_format.cast_floats(params, dtype)
 
 
-def checkpoint_config(path: str, like: network.T5Config) -> network.T5Config:
+def checkpoint_config(path: str | Checkpoint, like: network.T5Config) -> network.T5Config:
   """The network config of a checkpoint `load_params` reads, without reading its weights: a
   Hugging Face folder's config.json, a demo .safetensors file's header, or a T5X checkpoint's
   parameter shapes (`architecture.config_from_params`, what shapes cannot tell from `like`).
   The activation dtype is always `like`'s."""
-  kind, resolved = checkpoint_format(path)
+  checkpoint = locate(path)
+  kind, resolved, path = checkpoint.kind, checkpoint.resolved, checkpoint.path
   with checkpoint_faults.reading(path):
     if kind == "hf":
       found = hf_format.read_hf_config(resolved)

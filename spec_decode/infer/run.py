@@ -181,7 +181,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   params = layout.restore("target", model.module, checkpoint_path, checkpoint_dtype)
   draft_params = None
   if draft_module is not None:
-    draft_params = layout.restore("draft", draft_module, model.draft_checkpoint_path,
+    draft_params = layout.restore("draft", draft_module, model.draft_checkpoint,
                                   checkpoint_dtype)
   elif model.is_speculative and model.decoder.takes_draft_params:  # an n-gram draft's tables
     draft_params = layout.put_replicated(model.draft_params)

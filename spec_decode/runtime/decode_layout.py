@@ -264,7 +264,7 @@ class DecodeLayout:
     """Host arrays (e.g. an rng) replicated on every device."""
     return put_host(arrays, self.partitioner.replicated)
 
-  def restore(self, role: str, module: network.Transformer, path: str,
+  def restore(self, role: str, module: network.Transformer, path: str | formats.Checkpoint,
               dtype: Any = None) -> Params:
     """The 'target's or 'draft's parameters from a checkpoint, straight into their layout (see
     `restore_params`)."""
@@ -344,16 +344,16 @@ def restore_sharded(path: str, shardings: Params, template: Params, dtype: Any =
       {key_path: place(key_path, array) for key_path, array in t5x_format.flatten_params(arrays)})
 
 
-def restore_params(module: network.Transformer, path: str, shardings: Params,
-                   dtype: Any = None) -> Params:
+def restore_params(module: network.Transformer, path: str | formats.Checkpoint,
+                   shardings: Params, dtype: Any = None) -> Params:
   """`module`'s parameters from any checkpoint `formats.load_params` reads, as jax.Arrays laid
   out by `shardings`, no device receiving more than its slices. A T5X checkpoint goes through
   `restore_sharded` (TensorStore arrays read slice by slice: the whole target is never in host
   memory at once); a Hugging Face folder or a demo .safetensors file is read into host memory
   whole (their formats have no sliced reads), then each device gets its slices (`put_host`).
   `dtype`: floating parameters are cast to it."""
-  kind, resolved = formats.checkpoint_format(path)
-  if kind == "t5x":
+  checkpoint = formats.locate(path)
+  if checkpoint.kind == "t5x":
     template, _ = partitioning.abstract_params(module.config)
-    return restore_sharded(resolved, shardings, template, dtype)
-  return put_host(formats.load_params(module, path, dtype), shardings)
+    return restore_sharded(checkpoint.resolved, shardings, template, dtype)
+  return put_host(formats.load_params(module, checkpoint, dtype), shardings)
