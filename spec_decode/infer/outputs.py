@@ -28,7 +28,9 @@ import numpy as np
 
 from spec_decode import models
 from spec_decode.engine import drafting
+from spec_decode.engine import sampling
 from spec_decode.gin_utils import UsageError
+from spec_decode.infer import inputs
 from spec_decode.t5 import vocab
 
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -99,18 +101,19 @@ def progress(name: str) -> Callable[[str, int, int], None]:
   return report
 
 
-def summarize(model: models.EncoderDecoderModel, source: str, cfg: Any,
-               examples: Sequence[Any], *, run: DecodeRun, baseline: DecodeRun | None,
+def summarize(model: models.EncoderDecoderModel, source: str, cfg: inputs.DatasetConfig,
+               examples: Sequence[inputs.Example], *, run: DecodeRun, baseline: DecodeRun | None,
                costs: Mapping[str, float] | None, eos_id: int,
                side_by_side: Mapping[str, float] | None = None, timing_rounds: int = 0
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-  """(summary, per-example records): see the module docstring. `cfg` is the run's
-  `infer.DatasetConfig`, `examples` its `infer.Example`s; `side_by_side`: the seconds of
+  """(summary, per-example records): see the module docstring. `cfg` is the run's dataset
+  config, `examples` its inputs; `side_by_side`: the seconds of
   `timing.side_by_side` in `timing_rounds` rounds, which the speedup then comes from."""
   settings = model.decode_settings
   # Greedy decoding and beam search (no temperature) draw nothing: their outputs must be the
   # baseline's.
-  deterministic = settings.get("temperature") is None or settings["temperature"] <= 1e-4
+  deterministic = (settings.get("temperature") is None
+                   or sampling.is_greedy(settings["temperature"]))
   records = []
   for i, example in enumerate(examples):
     tokens = vocab.until_eos(run.decodes[i], eos_id)
