@@ -311,6 +311,8 @@ def read_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
     draft_path = _macro("DRAFT_CHECKPOINT_PATH")
     if reference is not None:
       draft = reference.scoped_configurable_fn().config
+    elif _macro("DRAFT_SOURCE") == "ngram":  # no network: its tables are O(V K) numbers
+      draft = None
     elif isinstance(draft_path, str):
       try:
         draft = formats.checkpoint_config(draft_path, like=target)

@@ -193,3 +193,11 @@ def test_table2_target_verification_fits_a_tpu_v4_slice(harness, row, draft_gin_
     assert fitting == [p for p in plan.NUM_PARTITIONS if p >= smallest_fitting], dtype
     # Parameters dominate; the batch-1 caches of 512 + 128 positions are under a GiB.
     assert rows[0].target.cache == 24 * 2 * (512 + 128) * kv_dim * 2 + 512 + 4
+
+
+def test_an_ngram_draft_plans_no_draft_network(config_files):
+  run_gin, _ = config_files
+  config = plan.read_config([run_gin], bindings=[
+      "models.SpeculativeEncoderDecoderModel.draft_module = None", "DRAFT_SOURCE = 'ngram'",
+      "DRAFT_CHECKPOINT_PATH = '/nonexistent/bigram.npz'"])
+  assert config.draft is None and config.target is not None
