@@ -54,8 +54,16 @@ def inputs_digest(examples: Sequence[Any]) -> str:
   return digest.hexdigest()
 
 
+def _stable_text(value: Any) -> str:
+  """A value JSON has no form for, as text that is the same in every process: a function (a
+  bound logit_callback_fn) by its module and name, not by its repr's memory address."""
+  if callable(value) and hasattr(value, "__qualname__"):
+    return f"{getattr(value, '__module__', None)}.{value.__qualname__}"
+  return str(value)
+
+
 def _jsonable(value: Any) -> Any:
-  return json.loads(json.dumps(value, default=str))
+  return json.loads(json.dumps(value, default=_stable_text))
 
 
 @dataclasses.dataclass
