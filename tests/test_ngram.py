@@ -11,10 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spec_decode import models
 from spec_decode.checkpoints import ngram_format
 from spec_decode.data import ngrams
 from spec_decode.engine import contract, drafting, ngram, verify
 from spec_decode.infer import outputs as infer_outputs
+from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 import test_exactness
 import tiny_t5
@@ -199,3 +201,14 @@ def test_infer_with_a_network_checkpoint_as_ngram_draft_is_one_line(run_gin, cap
   assert status == 2
   assert len(stderr) == 1 and "draft_source 'ngram' reads an n-gram draft file" in stderr[0]
   assert not (tmp_path / "out").exists()
+
+
+def test_an_ngram_draft_of_another_vocabulary_is_one_line(tmp_path):
+  small = tmp_path / "small.npz"
+  ngram_format.save(str(small), ngram.estimate(CORPUS, VOCAB, order=2))
+  target = network.Transformer(tiny_t5.tiny_config(8000, tiny_t5.SHRINK))
+  vocabulary = vocab.SentencePieceVocabulary(str(tiny_t5.DEMO_VOCAB_FILE))
+  with pytest.raises(ValueError, match="target and draft vocabularies differ: the target has "
+                                       f"8000 ids, the draft {VOCAB}"):
+    models.SpeculativeEncoderDecoderModel(target, vocabulary, vocabulary, gamma=2,
+                                          draft_checkpoint_path=str(small), draft_source="ngram")
