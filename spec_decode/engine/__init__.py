@@ -20,6 +20,8 @@ Pure JAX (no gin, no T5, no checkpoints): models enter only through the model co
              the benchmark) can run; a new loop is one `loops.register`
   lookup     n-gram lookup drafts from the input and the output so far (no draft model),
              alone or beside a draft model; 'no proposal' is all -inf logits
+  ngram      unigram and bigram language models as drafts (the paper's trivial drafts), estimated
+             from token sequences
   toy        prefix-hash toy models honoring the contract with a real cache (for tests)
 """
 
