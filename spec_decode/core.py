@@ -7,8 +7,9 @@ T5X hook (`spec_decode.t5x.speculative`), `spec_decode.infer` on a mesh
   * a decode loop's name (`spec_decode.engine.loops`: 'speculative_sample', 'temperature_sample'
     or any loop registered there) and the settings a config gives it (gamma, verifier,
     draft_policy, temperature, topk, topp, max_decode_steps, or a new loop's own);
-  * the target's `network.Transformer` and (when the loop uses one) the draft: a
-    `network.Transformer`, or a `LookupDraft` (n-gram lookup from the input and the output so
+  * the target's network (`network.Network`: a T5 `network.Transformer` or a decoder-only
+    `network.DecoderOnlyTransformer`) and (when the loop uses one) the draft: a network of the
+    same family, or a `LookupDraft` (n-gram lookup from the input and the output so
     far, `spec_decode.engine.lookup`), alone or combined with a draft `network.Transformer`,
     or an `NGramDraft` (a unigram or bigram model, `spec_decode.engine.ngram`) (`make_draft`
     builds each from a runner's settings: one place for every runner);
@@ -28,9 +29,15 @@ Decoding with T5X's semantics (B batch, n num_decodes, L decoder length, Le inpu
   `decoder_params` are further loop arguments (T5X's), `eos_id` there overrides the argument;
   `prompt_with_targets` forces decoder_input_tokens, without their EOS (T5X's convention), as a
   prompt. Its halves, which the benchmark times apart:
-  prefill(params, draft_params, encoder_input_tokens [B, Le], max_decode_len) -> Caches;
-  run(params, draft_params, caches, inputs [B, L], eos_id, ...) -> (decodes [B, n, L],
-      scores [B, n], aux {name: [B, n]}).
+  prefill(params, draft_params, prefill_tokens, max_decode_len) -> Caches;
+  run(params, draft_params, caches, inputs [B, L], eos_id, ..., initial_index) -> (decodes
+      [B, n, L], scores [B, n], aux {name: [B, n]}).
+A decoder-only target decodes as T5X's `DecoderOnlyModel`: the batch is seqio's decoder
+features with `decoder_causal_attention` (1 over BOS and the prompt, as
+`seqio.DecoderFeatureConverter` writes it); `prefill_tokens` are the prompt (`decoder_input_tokens
+* decoder_causal_attention`), each row starts at its last prompt token (`initial_index`,
+`network.prompt_lengths`) and `predict`'s decodes are the continuations, the prompt cut off
+(T5X's `remove_prefix`). An encoder-decoder's `prefill_tokens` are its encoder input [B, Le].
 Where caches live is a `ModelCalls`' business: `NetworkCalls` (the network as it is) by default;
 `decode_layout.DecodeLayout` pins each cache to its mesh layout (role 'lookup': a lookup's cache,
 the rows' encoder tokens). `draft_params` are the draft network's, an n-gram draft's
@@ -70,13 +77,12 @@ class LookupDraft:
   the lookup where a match of at least `min_ngram` tokens exists and `model` elsewhere."""
   max_ngram: int = 4
   min_ngram: int = 1
-  model: network.Transformer | None = None
+  model: network.Network | None = None
 
   def __post_init__(self):
     lookup.check_ngram_settings(self.max_ngram, self.min_ngram)
-    if self.model is not None and not isinstance(self.model, network.Transformer):
-      raise ValueError(f"a lookup's draft model must be a network.Transformer, got "
-                       f"{self.model!r}")
+    if self.model is not None and not isinstance(self.model, network.NETWORKS):
+      raise ValueError(f"a lookup's draft model must be a network, got {self.model!r}")
 
   def drafter(self, vocab_size: int) -> lookup.NGramLookup:
     return lookup.NGramLookup(vocab_size, self.max_ngram, self.min_ngram)
@@ -99,10 +105,10 @@ class NGramDraft:
     return cls(model.order, model.vocab_size)
 
 
-Draft = network.Transformer | LookupDraft | NGramDraft
+Draft = network.Network | LookupDraft | NGramDraft
 
 
-def make_draft(draft_source: str, model: network.Transformer | None,
+def make_draft(draft_source: str, model: network.Network | None,
                lookup_max_ngram: int = 4, lookup_min_ngram: int | None = None, *,
                ngram_draft: NGramDraft | None = None) -> Draft:
   """The draft of a runner's settings: 'model' (the draft network), 'lookup' (n-gram lookup
@@ -129,23 +135,23 @@ def make_draft(draft_source: str, model: network.Transformer | None,
   return LookupDraft(lookup_max_ngram, lookup_min_ngram, model)
 
 
-def draft_network(draft: Draft | None) -> network.Transformer | None:
+def draft_network(draft: Draft | None) -> network.Network | None:
   """The network a draft's parameters belong to (None: a lookup alone, an n-gram draft, or no
   draft)."""
   if isinstance(draft, LookupDraft):
     return draft.model
-  return draft if isinstance(draft, network.Transformer) else None
+  return draft if isinstance(draft, network.NETWORKS) else None
 
 
 class ModelCalls(Protocol):
   """How a decode gets each model's cache and step function (role 'target' or 'draft'), and
   where a lookup draft's cache lives (`pin_cache` with role 'lookup')."""
 
-  def init_cache(self, role: str, module: network.Transformer, params: Params,
-                 encoder_input_tokens: jax.Array, max_decode_len: int) -> network.DecodeCache:
+  def init_cache(self, role: str, module: network.Network, params: Params,
+                 prefill_tokens: jax.Array, max_decode_len: int) -> network.DecodeCache:
     ...
 
-  def tokens_to_logits(self, role: str, module: network.Transformer,
+  def tokens_to_logits(self, role: str, module: network.Network,
                        params: Params) -> TokensToLogits:
     ...
 
@@ -160,16 +166,16 @@ class NetworkCalls:
   the computation puts them."""
   platform: platforms.Platform | None = None
 
-  def _module(self, module: network.Transformer) -> network.Transformer:
+  def _module(self, module: network.Network) -> network.Network:
     return (self.platform or platforms.Platform.default()).module(module)
 
-  def init_cache(self, role: str, module: network.Transformer, params: Params,
-                 encoder_input_tokens: jax.Array, max_decode_len: int) -> network.DecodeCache:
+  def init_cache(self, role: str, module: network.Network, params: Params,
+                 prefill_tokens: jax.Array, max_decode_len: int) -> network.DecodeCache:
     del role
-    return network.init_decode_cache(self._module(module), params, encoder_input_tokens,
+    return network.init_decode_cache(self._module(module), params, prefill_tokens,
                                      max_decode_len)
 
-  def tokens_to_logits(self, role: str, module: network.Transformer,
+  def tokens_to_logits(self, role: str, module: network.Network,
                        params: Params) -> TokensToLogits:
     del role
     return network.make_tokens_to_logits(self._module(module), params)
@@ -202,18 +208,25 @@ class Decoder:
   left to the loop's default. See the module docstring for what is checked and computed.
   """
   loop_name: str
-  target: network.Transformer
+  target: network.Network
   draft: Draft | None
   settings: tuple[tuple[str, Any], ...]
 
   def __post_init__(self):
     loop = loops.get(self.loop_name)
-    if not isinstance(self.target, network.Transformer):
-      raise ValueError(f"the target must be a network.Transformer, got {self.target!r}")
-    if self.draft is not None and not isinstance(self.draft, (network.Transformer, LookupDraft,
-                                                              NGramDraft)):
-      raise ValueError(f"the draft must be a network.Transformer, a LookupDraft or an "
-                       f"NGramDraft, got {self.draft!r}")
+    if not isinstance(self.target, network.NETWORKS):
+      raise ValueError(f"the target must be a network (network.Transformer or "
+                       f"network.DecoderOnlyTransformer), got {self.target!r}")
+    if self.draft is not None and not isinstance(self.draft, network.NETWORKS + (LookupDraft,
+                                                                                 NGramDraft)):
+      raise ValueError(f"the draft must be a network, a LookupDraft or an NGramDraft, got "
+                       f"{self.draft!r}")
+    if (self.draft_network is not None and network.is_decoder_only(self.draft_network)
+        != self.decoder_only):
+      kinds = ("an encoder-decoder", "a decoder-only model")
+      raise ValueError(f"the target is {kinds[self.decoder_only]} and the draft "
+                       f"{kinds[not self.decoder_only]}: a draft network must be of its "
+                       "target's family")
     if loop.uses_draft and self.draft is None:
       raise ValueError(f"decode loop {self.loop_name!r} needs a draft model")
     if not loop.uses_draft and self.draft is not None:
@@ -228,7 +241,7 @@ class Decoder:
     loop.check(dict(self.settings))
 
   @classmethod
-  def create(cls, loop: str, target: network.Transformer, draft: Draft | None = None,
+  def create(cls, loop: str, target: network.Network, draft: Draft | None = None,
              **settings: Any) -> "Decoder":
     return cls(loop, target, draft,
                _frozen({name: value for name, value in settings.items() if value is not None}))
@@ -242,7 +255,12 @@ class Decoder:
     return self.loop.uses_draft
 
   @property
-  def draft_network(self) -> network.Transformer | None:
+  def decoder_only(self) -> bool:
+    """Whether the target is a decoder-only language model (prefilled with a prompt)."""
+    return network.is_decoder_only(self.target)
+
+  @property
+  def draft_network(self) -> network.Network | None:
     """The draft network whose parameters a decode takes (None: no draft params)."""
     return draft_network(self.draft)
 
@@ -262,17 +280,18 @@ class Decoder:
     return lookup_text if self.draft.model is None else lookup_text + ", else draft model"
 
   def _draft_cache(self, calls: ModelCalls, draft_params: Params | None,
-                   encoder_input_tokens: jax.Array, max_decode_len: int) -> Any:
+                   prefill_tokens: jax.Array, max_decode_len: int) -> Any:
     if isinstance(self.draft, NGramDraft):
-      return draft_params.init_cache(encoder_input_tokens.shape[0], max_decode_len)
+      return draft_params.init_cache(prefill_tokens.shape[0], max_decode_len)
     model_cache = None
     if self.draft_network is not None:
       model_cache = calls.init_cache("draft", self.draft_network, draft_params,
-                                     encoder_input_tokens, max_decode_len)
+                                     prefill_tokens, max_decode_len)
     if not isinstance(self.draft, LookupDraft):
       return model_cache
     drafter = self.draft.drafter(self.target.config.vocab_size)
-    lookup_cache = calls.pin_cache("lookup", drafter.init_cache(encoder_input_tokens))
+    # A lookup searches the encoder's input, or a language model's prompt, and the output.
+    lookup_cache = calls.pin_cache("lookup", drafter.init_cache(prefill_tokens))
     if model_cache is None:
       return lookup_cache
     return {"lookup": lookup_cache, "model": model_cache}  # `lookup.with_model`'s cache
@@ -305,23 +324,28 @@ class Decoder:
     shared = {name: value for name, value in self.settings if name in baseline.setting_names}
     return Decoder.create(baseline.name, self.target, None, **shared)
 
-  def prefill(self, params: Params, draft_params: Params | None,
-              encoder_input_tokens: jax.Array, max_decode_len: int,
-              calls: ModelCalls = NETWORK_CALLS) -> Caches:
-    """Both encoders run once; the decode caches of positions < 0 (empty)."""
+  def prefill(self, params: Params, draft_params: Params | None, prefill_tokens: jax.Array,
+              max_decode_len: int, calls: ModelCalls = NETWORK_CALLS) -> Caches:
+    """Both models' caches: an encoder-decoder's encoders run once on `prefill_tokens` (the
+    encoder input [B, Le]; decode caches of positions < 0, empty), a language model's prompt
+    `prefill_tokens` [B, L] fills its cache below each row's `initial_index`."""
     draft_cache = None
     if self.uses_draft:
-      draft_cache = self._draft_cache(calls, draft_params, encoder_input_tokens, max_decode_len)
-    return Caches(calls.init_cache("target", self.target, params, encoder_input_tokens,
+      draft_cache = self._draft_cache(calls, draft_params, prefill_tokens, max_decode_len)
+    return Caches(calls.init_cache("target", self.target, params, prefill_tokens,
                                    max_decode_len), draft_cache)
 
   def run(self, params: Params, draft_params: Params | None, caches: Caches, inputs: jax.Array,
           eos_id: int, *, num_decodes: int = 1,
           decoder_params: Mapping[str, Any] | None = None,
-          calls: ModelCalls = NETWORK_CALLS) -> tuple[jax.Array, jax.Array, dict[str, Any]]:
-    """The decode loop from `prefill`'s caches: (decodes [B, n, L], scores [B, n], aux)."""
+          calls: ModelCalls = NETWORK_CALLS, initial_index: jax.Array | None = None
+          ) -> tuple[jax.Array, jax.Array, dict[str, Any]]:
+    """The decode loop from `prefill`'s caches: (decodes [B, n, L], scores [B, n], aux); rows
+    start at `initial_index` [B] (a prefilled prompt; None: position 0)."""
     arguments = {**dict(self.settings), **dict(decoder_params or {})}
     arguments.setdefault("eos_id", eos_id)
+    if initial_index is not None:
+      arguments["initial_index"] = initial_index
     if self.uses_draft:
       draft_cache, draft_tokens_to_logits = self._draft_calls(calls, draft_params, caches.draft)
       arguments.update(draft_cache=draft_cache, draft_tokens_to_logits=draft_tokens_to_logits)
@@ -343,18 +367,47 @@ class Decoder:
       decoder_params["decode_rng"] = rng
     eos_id = decoder_params.get("eos_id", eos_id)
     decoder_input_tokens = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
-    if prompt_with_targets:  # T5X's convention: the prompt is the targets without their EOS
-      inputs = decoder_input_tokens * (decoder_input_tokens != eos_id)
+    initial_index = None
+    if self.decoder_only:
+      inputs = _language_model_prompt(batch, decoder_input_tokens, prompt_with_targets)
+      initial_index = network.prompt_lengths(inputs)
+      prefill_tokens = inputs
     else:
-      inputs = jnp.zeros_like(decoder_input_tokens)
-    caches = self.prefill(params, draft_params,
-                          jnp.asarray(batch["encoder_input_tokens"], jnp.int32),
-                          inputs.shape[1], calls)
+      if prompt_with_targets:  # T5X's convention: the prompt is the targets without their EOS
+        inputs = decoder_input_tokens * (decoder_input_tokens != eos_id)
+      else:
+        inputs = jnp.zeros_like(decoder_input_tokens)
+      prefill_tokens = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
+    caches = self.prefill(params, draft_params, prefill_tokens, inputs.shape[1], calls)
     decodes, scores, aux = self.run(params, draft_params, caches, inputs, eos_id,
                                     num_decodes=num_decodes, decoder_params=decoder_params,
-                                    calls=calls)
+                                    calls=calls, initial_index=initial_index)
+    if initial_index is not None:
+      decodes = without_prompt(decodes, initial_index)
     aux = {"scores": scores, **aux}
     if return_all_decodes:
       return decodes, aux
     # Decodes are sorted by score, ascending: the best is last.
     return decodes[:, -1], {name: value[:, -1] for name, value in aux.items()}
+
+
+def _language_model_prompt(batch: Batch, decoder_input_tokens: jax.Array,
+                           prompt_with_targets: bool) -> jax.Array:
+  """A decoder-only batch's prompt [B, L]: BOS then the prompt tokens then 0s (T5X's
+  `decoder_input_tokens * decoder_causal_attention`)."""
+  if prompt_with_targets:
+    raise ValueError("prompt_with_targets is an encoder-decoder's: a language model's prompt is "
+                     "the batch's decoder_causal_attention region")
+  if "decoder_causal_attention" not in batch:
+    raise ValueError("a decoder-only batch needs decoder_causal_attention (1 over BOS and the "
+                     "prompt: seqio.DecoderFeatureConverter with 'inputs' and 'targets')")
+  return decoder_input_tokens * jnp.asarray(batch["decoder_causal_attention"], jnp.int32)
+
+
+def without_prompt(decodes: jax.Array, initial_index: jax.Array) -> jax.Array:
+  """decodes [B, n, L] (position t + 1 at t) with each row's first initial_index[b] tokens, its
+  prompt, cut off and the rest moved to the front, 0s after (T5X's `remove_prefix`)."""
+  length = decodes.shape[-1]
+  positions = jnp.arange(length)[None, None] + initial_index[:, None, None]
+  shifted = jnp.take_along_axis(decodes, jnp.minimum(positions, length - 1), axis=-1)
+  return jnp.where(positions < length, shifted, 0)

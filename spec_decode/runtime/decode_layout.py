@@ -184,15 +184,15 @@ class DecodeLayout:
     return jax.lax.with_sharding_constraint(
         cache, self.partitioner.cache_shardings(cache, self.rules(role)))
 
-  def init_cache(self, role: str, module_or_config: network.Transformer | network.T5Config,
-                 params: Params, encoder_input_tokens: jax.Array, max_decode_len: int
+  def init_cache(self, role: str, module_or_config: network.Network | network.NetworkConfig,
+                 params: Params, prefill_tokens: jax.Array, max_decode_len: int
                  ) -> network.DecodeCache:
     """`network.init_decode_cache` of one model, in its layout (inside a jitted function)."""
     return self.pin_cache(role, network.init_decode_cache(
-        self.platform.module(module_or_config), params, encoder_input_tokens, max_decode_len))
+        self.platform.module(module_or_config), params, prefill_tokens, max_decode_len))
 
   def tokens_to_logits(self, role: str,
-                       module_or_config: network.Transformer | network.T5Config,
+                       module_or_config: network.Network | network.NetworkConfig,
                        params: Params) -> Callable:
     """`network.make_tokens_to_logits` of one model, its new cache kept in its layout."""
     tokens_to_logits = network.make_tokens_to_logits(self.platform.module(module_or_config),

@@ -86,11 +86,11 @@ class Platform:
       return network.Ops()
     return cpu_kernels.cpu_ops(dtype, small_rows_kernel=self.num_devices == 1)
 
-  def module(self, module_or_config: network.Transformer | network.T5Config
-             ) -> network.Transformer:
-    """The module (or a Transformer of the config) computing with this platform's products."""
-    if isinstance(module_or_config, network.T5Config):
-      module_or_config = network.Transformer(module_or_config)
+  def module(self, module_or_config: network.Network | network.NetworkConfig
+             ) -> network.Network:
+    """The module (or the network of the config) computing with this platform's products."""
+    if not isinstance(module_or_config, network.NETWORKS):
+      module_or_config = network.module_of(module_or_config)
     return module_or_config.clone(ops=self.ops(module_or_config.config.dtype))
 
   def compiler_options(self) -> dict[str, Any]:

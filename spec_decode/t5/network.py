@@ -398,18 +398,21 @@ def _overwrite(buffer: Array, entries: Array, positions: Array) -> Array:
 
 
 class DecoderLayer(nn.Module):
-  """Self-attention, cross-attention and MLP blocks (pre-norm, residual)."""
+  """Self-attention, cross-attention (unless `cross_attention` is False: a decoder-only
+  layer) and MLP blocks (pre-norm, residual)."""
 
-  config: T5Config
+  config: Any  # T5Config or DecoderOnlyConfig
   ops: Ops = Ops()
+  cross_attention: bool = True
 
   def setup(self):
     cfg = self.config
     dtype = _activation_dtype(cfg)
     self.pre_self_attention_layer_norm = LayerNorm(dtype)
     self.self_attention = MultiHeadAttention(cfg, self.ops)
-    self.pre_cross_attention_layer_norm = LayerNorm(dtype)
-    self.encoder_decoder_attention = MultiHeadAttention(cfg, self.ops)
+    if self.cross_attention:
+      self.pre_cross_attention_layer_norm = LayerNorm(dtype)
+      self.encoder_decoder_attention = MultiHeadAttention(cfg, self.ops)
     self.pre_mlp_layer_norm = LayerNorm(dtype)
     self.mlp = MlpBlock(cfg, self.ops)
     self.residual_dropout = _residual_dropout(cfg)
@@ -418,8 +421,8 @@ class DecoderLayer(nn.Module):
     """encoded [B,Le,E] -> this layer's cross-attention keys, values [B,Le,H,D]."""
     return self.encoder_decoder_attention.project_key_value(encoded)
 
-  def __call__(self, x: Array, self_bias: Array, cross_key_value: tuple[Array, Array],
-               cross_bias: Array, self_cache: tuple[Array, Array] | None,
+  def __call__(self, x: Array, self_bias: Array, cross_key_value: tuple[Array, Array] | None,
+               cross_bias: Array | None, self_cache: tuple[Array, Array] | None,
                write_positions: Array | None, deterministic: bool, attend_to_fed: bool = False
                ) -> tuple[Array, tuple[Array, Array] | None]:
     """x [B,q,E] -> (x [B,q,E], updated self-attention (keys, values) or None).
@@ -445,27 +448,36 @@ class DecoderLayer(nn.Module):
                                    deterministic)
     x = x + self.residual_dropout(h, deterministic=deterministic)
 
-    h = self.pre_cross_attention_layer_norm(x)
-    h = self.encoder_decoder_attention.attend(
-        self.encoder_decoder_attention.project_query(h), *cross_key_value, cross_bias,
-        deterministic)
-    x = x + self.residual_dropout(h, deterministic=deterministic)
+    if self.cross_attention:
+      h = self.pre_cross_attention_layer_norm(x)
+      h = self.encoder_decoder_attention.attend(
+          self.encoder_decoder_attention.project_query(h), *cross_key_value, cross_bias,
+          deterministic)
+      x = x + self.residual_dropout(h, deterministic=deterministic)
 
     h = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
     return x + self.residual_dropout(h, deterministic=deterministic), self_cache
 
 
 class DecoderStack(nn.Module):
-  """Decoder stack plus output projection; `embedder` is the shared token embedding."""
+  """Decoder stack plus output projection. `embedder`: the token embedding shared with an
+  encoder (T5); None: the stack's own, `token_embedder` (a decoder-only model, whose tree is
+  T5X's `decoder/token_embedder`). `cross_attention`: whether its layers attend to an
+  encoder."""
 
-  config: T5Config
-  embedder: Embed
+  config: Any  # T5Config or DecoderOnlyConfig
+  embedder: Embed | None
   ops: Ops = Ops()
+  cross_attention: bool = True
 
   def setup(self):
     cfg = self.config
+    if self.embedder is None:
+      self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, dtype=_activation_dtype(cfg),
+                                  product=self.ops.embedding_product)
     self.relpos_bias = RelativePositionBias(cfg, bidirectional=False)
-    self.layers = [DecoderLayer(cfg, self.ops) for _ in range(cfg.num_decoder_layers)]
+    self.layers = [DecoderLayer(cfg, self.ops, self.cross_attention)
+                   for _ in range(cfg.num_decoder_layers)]
     self.decoder_norm = LayerNorm(_activation_dtype(cfg))
     if not cfg.logits_via_embedding:
       self.logits_dense = Dense(
@@ -474,23 +486,31 @@ class DecoderStack(nn.Module):
           product=self.ops.dense_product)
     self.residual_dropout = _residual_dropout(cfg)
 
+  def _embedding(self) -> Embed:
+    return self.token_embedder if self.embedder is None else self.embedder
+
   def cross_key_values(self, encoded: Array) -> list[tuple[Array, Array]]:
     """encoded [B,Le,E] -> per layer (keys, values) [B,Le,H,D]."""
     return [layer.cross_key_value(encoded) for layer in self.layers]
 
-  def __call__(self, tokens: Array, self_bias: Array, cross_key_values: list[tuple[Array, Array]],
-               cross_bias: Array, self_caches: list[tuple[Array, Array]] | None = None,
+  def __call__(self, tokens: Array, self_bias: Array,
+               cross_key_values: list[tuple[Array, Array]] | None = None,
+               cross_bias: Array | None = None,
+               self_caches: list[tuple[Array, Array]] | None = None,
                write_positions: Array | None = None, deterministic: bool = True,
                attend_to_fed: bool = False, logits_index: Array | None = None
                ) -> tuple[Array, list]:
     """tokens [B,q] -> (float32 logits [B,q,V], per-layer updated self caches or Nones);
-    `attend_to_fed` as in `DecoderLayer`; with `logits_index` [B], only the logits of token
-    logits_index[b]: [B,1,V]."""
+    `cross_key_values`, `cross_bias` only with `cross_attention`; `attend_to_fed` as in
+    `DecoderLayer`; with `logits_index` [B], only the logits of token logits_index[b]:
+    [B,1,V]."""
     cfg = self.config
-    x = self.residual_dropout(self.embedder(tokens), deterministic=deterministic)
+    embedder = self._embedding()
+    x = self.residual_dropout(embedder(tokens), deterministic=deterministic)
     new_caches = []
     for i, layer in enumerate(self.layers):
-      x, new_cache = layer(x, self_bias, cross_key_values[i], cross_bias,
+      x, new_cache = layer(x, self_bias,
+                           None if cross_key_values is None else cross_key_values[i], cross_bias,
                            self_cache=None if self_caches is None else self_caches[i],
                            write_positions=write_positions, deterministic=deterministic,
                            attend_to_fed=attend_to_fed)
@@ -499,10 +519,70 @@ class DecoderStack(nn.Module):
       x = jnp.take_along_axis(x, logits_index[:, None, None], axis=1)
     x = self.residual_dropout(self.decoder_norm(x), deterministic=deterministic)
     if cfg.logits_via_embedding:
-      logits = self.embedder.attend(x) / jnp.sqrt(jnp.float32(cfg.emb_dim))
+      logits = embedder.attend(x) / jnp.sqrt(jnp.float32(cfg.emb_dim))
     else:
       logits = self.logits_dense(x)
     return logits, new_caches
+
+  def empty_cache(self, batch: int, max_decode_len: int) -> DecodeCache:
+    """Each layer's empty self-attention cache (no cross-attention entries)."""
+    cfg = self.config
+    empty = jnp.zeros((batch, max_decode_len, cfg.num_heads, cfg.head_dim), _activation_dtype(cfg))
+    return {f"layers_{i}": {"self_attention": {"cached_key": empty, "cached_value": empty}}
+            for i in range(cfg.num_decoder_layers)}
+
+  def run_cached(self, cache: DecodeCache, tokens: Array, self_bias: Array,
+                 write_positions: Array, attend_to_fed: bool = False,
+                 logits_index: Array | None = None) -> tuple[Array, DecodeCache]:
+    """A call on the cache: tokens [B,q] written at `write_positions` [B,q] of every layer's
+    self-attention cache, `self_bias` masking what each query may see (`DecoderLayer`) ->
+    (logits, the cache with its layers' self-attention entries replaced)."""
+    layer_caches = [cache[f"layers_{i}"] for i in range(self.config.num_decoder_layers)]
+    cross_key_values = cross_bias = None
+    if self.cross_attention:
+      cross_key_values = [(c["encoder_decoder_attention"]["cached_key"],
+                           c["encoder_decoder_attention"]["cached_value"]) for c in layer_caches]
+      cross_bias = _mask_to_bias(cache["encoder_mask"][:, None, None, :],
+                                 _activation_dtype(self.config))
+    logits, new_self = self(
+        tokens, self_bias, cross_key_values, cross_bias,
+        [(c["self_attention"]["cached_key"], c["self_attention"]["cached_value"])
+         for c in layer_caches],
+        write_positions=write_positions, attend_to_fed=attend_to_fed, logits_index=logits_index)
+    new_cache = dict(cache)
+    for i, (key, value) in enumerate(new_self):
+      new_cache[f"layers_{i}"] = dict(
+          layer_caches[i], self_attention={"cached_key": key, "cached_value": value})
+    return logits, new_cache
+
+  def decode_chunk(self, cache: DecodeCache, cur_index: Array, tokens: Array,
+                   token_positions: Array | None = None, token_mask: Array | None = None,
+                   logits_index: Array | None = None) -> tuple[Array, DecodeCache]:
+    """Feeds tokens [B,k] at positions cur_index[b] + j -> (float32 logits [B,k,V], new cache);
+    with token_positions [B,k] and token_mask [B,k,k], a tree call; with logits_index [B], the
+    logits of fed token logits_index[b] alone, [B,1,V] (the engine's contract)."""
+    cache_len = cache["layers_0"]["self_attention"]["cached_key"].shape[1]
+    key_positions = jnp.arange(cache_len)[None]
+    dtype = _activation_dtype(self.config)
+    tree = token_positions is not None
+    if tree:
+      query_positions = token_positions
+      # The cache below cur_index, then the fed tokens themselves, as token_mask says.
+      cached = key_positions[:, None, :] < cur_index[:, None, None]
+      self_bias = jnp.concatenate([
+          self.relpos_bias(query_positions, key_positions) + _mask_to_bias(
+              jnp.broadcast_to(cached, token_mask.shape[:2] + (cache_len,))[:, None], dtype),
+          self.relpos_bias(query_positions, token_positions) + _mask_to_bias(
+              token_mask[:, None], dtype)], axis=-1)
+    else:
+      query_positions = cur_index[:, None] + jnp.arange(tokens.shape[1])[None]
+      # Slots after a query's own position hold future or stale (rolled-back) entries.
+      visible = key_positions[:, None, :] <= query_positions[:, :, None]
+      self_bias = self.relpos_bias(query_positions, key_positions) + _mask_to_bias(
+          visible[:, None], dtype)
+    logits, new_cache = self.run_cached(cache, tokens, self_bias, query_positions,
+                                        attend_to_fed=tree, logits_index=logits_index)
+    return logits, dict(new_cache, cache_index=(cur_index + tokens.shape[1]).astype(jnp.int32))
 
 
 class Transformer(nn.Module):
@@ -555,85 +635,201 @@ class Transformer(nn.Module):
 
   def init_cache(self, encoder_input_tokens: Array, max_decode_len: int) -> DecodeCache:
     """Runs the encoder once and builds the decode cache (layout in the module docstring)."""
-    cfg = self.config
     encoded = self.encode(encoder_input_tokens)
     batch = encoder_input_tokens.shape[0]
-    empty = jnp.zeros((batch, max_decode_len, cfg.num_heads, cfg.head_dim), _activation_dtype(cfg))
     cache: DecodeCache = {
         "cache_index": jnp.zeros((batch,), jnp.int32),
         "encoder_mask": encoder_input_tokens > 0,
+        **self.decoder.empty_cache(batch, max_decode_len),
     }
     for i, (key, value) in enumerate(self.decoder.cross_key_values(encoded)):
-      cache[f"layers_{i}"] = {
-          "self_attention": {"cached_key": empty, "cached_value": empty},
-          "encoder_decoder_attention": {"cached_key": key, "cached_value": value},
-      }
+      cache[f"layers_{i}"] = dict(
+          cache[f"layers_{i}"],
+          encoder_decoder_attention={"cached_key": key, "cached_value": value})
     return cache
 
   def decode_chunk(self, cache: DecodeCache, cur_index: Array, tokens: Array,
                    token_positions: Array | None = None, token_mask: Array | None = None,
                    logits_index: Array | None = None) -> tuple[Array, DecodeCache]:
-    """Feeds tokens [B,k] at positions cur_index[b] + j -> (float32 logits [B,k,V], new cache);
-    with token_positions [B,k] and token_mask [B,k,k], a tree call; with logits_index [B], the
-    logits of fed token logits_index[b] alone, [B,1,V] (the engine's contract)."""
-    cfg = self.config
-    num_layers = cfg.num_decoder_layers
-    cache_len = cache["layers_0"]["self_attention"]["cached_key"].shape[1]
-    key_positions = jnp.arange(cache_len)[None]
-    dtype = _activation_dtype(cfg)
-    tree = token_positions is not None
-    if tree:
-      query_positions = token_positions
-      # The cache below cur_index, then the fed tokens themselves, as token_mask says.
-      cached = key_positions[:, None, :] < cur_index[:, None, None]
-      self_bias = jnp.concatenate([
-          self.decoder.relpos_bias(query_positions, key_positions) + _mask_to_bias(
-              jnp.broadcast_to(cached, token_mask.shape[:2] + (cache_len,))[:, None], dtype),
-          self.decoder.relpos_bias(query_positions, token_positions) + _mask_to_bias(
-              token_mask[:, None], dtype)], axis=-1)
-    else:
-      query_positions = cur_index[:, None] + jnp.arange(tokens.shape[1])[None]
-      # Slots after a query's own position hold future or stale (rolled-back) entries.
-      visible = key_positions[:, None, :] <= query_positions[:, :, None]
-      self_bias = self.decoder.relpos_bias(query_positions, key_positions) + _mask_to_bias(
-          visible[:, None], dtype)
-    cross_bias = _mask_to_bias(cache["encoder_mask"][:, None, None, :], dtype)
-    layer_caches = [cache[f"layers_{i}"] for i in range(num_layers)]
-    logits, new_self = self.decoder(
-        tokens, self_bias,
-        [(c["encoder_decoder_attention"]["cached_key"],
-          c["encoder_decoder_attention"]["cached_value"]) for c in layer_caches],
-        cross_bias,
-        [(c["self_attention"]["cached_key"], c["self_attention"]["cached_value"])
-         for c in layer_caches],
-        write_positions=query_positions, attend_to_fed=tree, logits_index=logits_index)
-    new_cache = dict(cache, cache_index=(cur_index + tokens.shape[1]).astype(jnp.int32))
-    for i, (key, value) in enumerate(new_self):
-      new_cache[f"layers_{i}"] = dict(
-          layer_caches[i], self_attention={"cached_key": key, "cached_value": value})
-    return logits, new_cache
+    """`DecoderStack.decode_chunk`: the engine's model contract."""
+    return self.decoder.decode_chunk(cache, cur_index, tokens, token_positions, token_mask,
+                                     logits_index)
+
+
+# --------------------------------------------------------------------------- decoder-only
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderOnlyConfig:
+  """Hyperparameters of a decoder-only language model; field names and defaults follow T5X's
+  `t5x.examples.decoder_only.network.TransformerConfig` (whose relative-position buckets and
+  distance are fixed at 32 and 128: fields here, with those defaults).
+  `float32_attention_logits` as in `T5Config`."""
+
+  vocab_size: int
+  dtype: Any = jnp.float32
+  emb_dim: int = 512
+  num_heads: int = 8
+  num_layers: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 2048
+  mlp_activations: Sequence[str] = ("relu",)
+  dropout_rate: float = 0.1
+  logits_via_embedding: bool = False
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  float32_attention_logits: bool = False
+
+  def __post_init__(self):
+    object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+
+  @property
+  def num_decoder_layers(self) -> int:
+    """The layer count under the name the shared `DecoderStack` reads."""
+    return self.num_layers
+
+
+def decoder_only_mask(decoder_target_tokens: Array,
+                      decoder_causal_attention: Array | None = None,
+                      decoder_segment_ids: Array | None = None) -> Array:
+  """T5X's decoder-only attention mask [B, 1, Ld, Ld] (bool): causal, or bidirectional among
+  the positions `decoder_causal_attention` marks (a prefix LM's inputs), between positions
+  whose target is not padding, within one segment of a packed row."""
+  positions = jnp.arange(decoder_target_tokens.shape[1])
+  mask = positions[None, :, None] >= positions[None, None, :]
+  if decoder_causal_attention is not None:
+    prefix = decoder_causal_attention > 0
+    mask = mask | (prefix[:, :, None] & prefix[:, None, :])
+  valid = decoder_target_tokens > 0
+  mask = mask & valid[:, :, None] & valid[:, None, :]
+  if decoder_segment_ids is not None:
+    mask = mask & (decoder_segment_ids[:, :, None] == decoder_segment_ids[:, None, :])
+  return mask[:, None]
+
+
+def prompt_lengths(prompt: Array) -> Array:
+  """[B] the prompt tokens of each row of `prompt` [B, L] (BOS at position 0, then the prompt,
+  then 0s): T5X's `inputs_lengths`, the position where decoding starts."""
+  return jnp.sum(prompt[:, 1:] != 0, axis=-1).astype(jnp.int32)
+
+
+class DecoderOnlyTransformer(nn.Module):
+  """T5X's decoder-only language model (`t5x/examples/decoder_only/network.py`'s
+  `DecoderWrapper`) with its parameter tree: `decoder/{token_embedder, relpos_bias,
+  layers_i/{pre_self_attention_layer_norm, self_attention, pre_mlp_layer_norm, mlp},
+  decoder_norm, logits_dense}`, computing and rounding as `Transformer`'s decoder does (T5X's
+  decoder-only layers are its T5 layers without cross-attention).
+  `inputs_bidirectional_attention` (T5X's `DecoderOnlyModel` argument): a prefix LM, whose
+  prompt positions attend to each other both ways.
+
+  `__call__(decoder_input_tokens [B,Ld], decoder_target_tokens [B,Ld], decoder_segment_ids,
+  decoder_positions, decoder_causal_attention) -> logits [B,Ld,V]` (teacher forcing, T5X's
+  arguments; `decoder_positions` are not read, as in T5X).
+  `init_cache(prompt [B,L], max_decode_len)`: the prefill, T5X's `_compute_kv_cache`: `prompt`
+  holds BOS = 0 then each row's prompt tokens then 0s (T5X's `decoder_input_tokens *
+  decoder_causal_attention`); the cache holds the self-attention keys and values of positions
+  < `prompt_lengths(prompt)` (each row's decoding starts at its last prompt token, whose logits
+  pick the first output token) and `cache_index` = those lengths. Cache layout: the encoder-
+  decoder's without `encoder_mask` and cross-attention entries. `decode_chunk`: the model
+  contract, as `Transformer`'s.
+  """
+
+  config: DecoderOnlyConfig
+  ops: Ops = Ops()
+  inputs_bidirectional_attention: bool = False
+
+  def setup(self):
+    self.decoder = DecoderStack(self.config, embedder=None, ops=self.ops, cross_attention=False)
+
+  def __call__(self, decoder_input_tokens: Array, decoder_target_tokens: Array,
+               decoder_segment_ids: Array | None = None, decoder_positions: Array | None = None,
+               decoder_causal_attention: Array | None = None, *, enable_dropout: bool = False,
+               decode: bool = False) -> Array:
+    del decoder_positions  # T5X's network takes them and does not read them either
+    if decode:
+      raise ValueError("DecoderOnlyTransformer keeps no flax 'cache' collection; use "
+                       "init_decode_cache() and make_tokens_to_logits() for decoding.")
+    dtype = _activation_dtype(self.config)
+    positions = jnp.arange(decoder_input_tokens.shape[1])[None]
+    if not self.inputs_bidirectional_attention:
+      decoder_causal_attention = None
+    mask = decoder_only_mask(decoder_target_tokens, decoder_causal_attention,
+                             decoder_segment_ids)
+    self_bias = self.decoder.relpos_bias(positions, positions) + _mask_to_bias(mask, dtype)
+    logits, _ = self.decoder(decoder_input_tokens, self_bias,
+                             deterministic=not enable_dropout)
+    return logits
+
+  def init_cache(self, prompt: Array, max_decode_len: int) -> DecodeCache:
+    """The prefill (see the class docstring)."""
+    batch, length = prompt.shape
+    if length > max_decode_len:
+      raise ValueError(f"a prompt buffer of {length} positions does not fit a decode of "
+                       f"{max_decode_len}")
+    lengths = prompt_lengths(prompt)
+    positions = jnp.arange(length)
+    # T5X's prefill mask: the prompt region (positions <= length) with its own targets, causal
+    # or both ways; its keys and values below `length` are the ones the decode reads.
+    region = (positions[None] <= lengths[:, None]).astype(jnp.int32)
+    mask = decoder_only_mask(region, region if self.inputs_bidirectional_attention else None)
+    self_bias = self.decoder.relpos_bias(positions[None], positions[None]) + _mask_to_bias(
+        mask, _activation_dtype(self.config))
+    cache = self.decoder.empty_cache(batch, max_decode_len)
+    _, cache = self.decoder.run_cached(cache, prompt.astype(jnp.int32), self_bias,
+                                       jnp.broadcast_to(positions, (batch, length)))
+    return {"cache_index": lengths, **cache}
+
+  def decode_chunk(self, cache: DecodeCache, cur_index: Array, tokens: Array,
+                   token_positions: Array | None = None, token_mask: Array | None = None,
+                   logits_index: Array | None = None) -> tuple[Array, DecodeCache]:
+    """`DecoderStack.decode_chunk`: the engine's model contract."""
+    return self.decoder.decode_chunk(cache, cur_index, tokens, token_positions, token_mask,
+                                     logits_index)
+
+
+Network = Transformer | DecoderOnlyTransformer
+NetworkConfig = T5Config | DecoderOnlyConfig
+NETWORKS = (Transformer, DecoderOnlyTransformer)
+
+
+def module_of(config: NetworkConfig) -> Network:
+  """The network of a config: `Transformer` of a `T5Config`, `DecoderOnlyTransformer` of a
+  `DecoderOnlyConfig`."""
+  if isinstance(config, T5Config):
+    return Transformer(config)
+  if isinstance(config, DecoderOnlyConfig):
+    return DecoderOnlyTransformer(config)
+  raise ValueError(f"not a network config: {config!r}")
+
+
+def is_decoder_only(module_or_config: Network | NetworkConfig) -> bool:
+  """Whether a network (or config) is a decoder-only language model, whose cache is prefilled
+  with a prompt instead of an encoder's input."""
+  return isinstance(module_or_config, (DecoderOnlyTransformer, DecoderOnlyConfig))
 
 
 # --------------------------------------------------------------------------- decoding API
 
 
-def _as_module(module_or_config: Transformer | T5Config) -> Transformer:
-  if isinstance(module_or_config, T5Config):
-    return Transformer(config=module_or_config)
+def _as_module(module_or_config: Network | NetworkConfig) -> Network:
+  if isinstance(module_or_config, (T5Config, DecoderOnlyConfig)):
+    return module_of(module_or_config)
   return module_or_config
 
 
-def init_decode_cache(module_or_config: Transformer | T5Config, params: Any,
-                      encoder_input_tokens: Array, max_decode_len: int) -> DecodeCache:
-  """Encodes `encoder_input_tokens` [B,Le] once and returns a cache for `max_decode_len` positions.
+def init_decode_cache(module_or_config: Network | NetworkConfig, params: Any,
+                      prefill_tokens: Array, max_decode_len: int) -> DecodeCache:
+  """A cache for `max_decode_len` positions: an encoder-decoder encodes `prefill_tokens`, its
+  encoder input [B,Le], once; a decoder-only model prefills its prompt [B,L]
+  (`DecoderOnlyTransformer.init_cache`).
 
   `params` is the `params` collection (not the `{'params': ...}` wrapper).
   """
   return _as_module(module_or_config).apply(
-      {"params": params}, encoder_input_tokens, max_decode_len, method=Transformer.init_cache)
+      {"params": params}, prefill_tokens, max_decode_len, method="init_cache")
 
 
-def make_tokens_to_logits(config_or_module: T5Config | Transformer, params: Any
+def make_tokens_to_logits(config_or_module: Network | NetworkConfig, params: Any
                           ) -> Callable[[Any], tuple[Array, DecodeCache]]:
   """Returns the engine's `tokens_to_logits(state) -> (logits [B,k,V] float32, new_cache)`.
 
@@ -646,7 +842,7 @@ def make_tokens_to_logits(config_or_module: T5Config | Transformer, params: Any
   def tokens_to_logits(state: Any) -> tuple[Array, DecodeCache]:
     return module.apply({"params": params}, state.cache, state.cur_index.astype(jnp.int32),
                         state.cur_token, state.token_positions, state.token_mask,
-                        state.logits_index, method=Transformer.decode_chunk)
+                        state.logits_index, method="decode_chunk")
 
   return tokens_to_logits
 
