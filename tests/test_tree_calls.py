@@ -1,6 +1,6 @@
 """The model contract's optional fields. Tree calls (token_positions and token_mask) give each
 fed token the logits of decoding its path alone: on the toy prefix-hash model exactly, on T5
-(both families) to float rounding. The rows start at different positions over stale cache
+(both families) and the decoder-only model to float rounding. The rows start at different positions over stale cache
 entries, and the cache a tree call writes (its chain of pending tokens) continues like a chain
 call's. A call asking for one fed token's logits (logits_index) returns those and writes the
 same cache; a model ignoring that field has the row selected by the engine."""
@@ -67,8 +67,27 @@ class TinyT5:
     self.tolerance = dict(rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="module", params=["toy", "t5_1_0", "t5_1_1"])
+class TinyDecoderOnly:
+  """A decoder-only model, its cache prefilled with prompts of different lengths."""
+
+  def __init__(self):
+    config = network.DecoderOnlyConfig(
+        vocab_size=16, emb_dim=8, num_heads=3, head_dim=4, mlp_dim=7, num_layers=2,
+        dropout_rate=0.0, relative_attention_num_buckets=8, relative_attention_max_distance=12,
+        mlp_activations=("gelu", "linear"))
+    tokens = jnp.ones((1, CACHE_LEN), jnp.int32)
+    self.params = network.module_of(config).init(jax.random.PRNGKey(5), tokens, tokens)["params"]
+    prompt = jnp.array([[0, 3, 4, 5, 0, 0], [0, 6, 0, 0, 0, 0]], jnp.int32)
+    self.init_cache = lambda: network.init_decode_cache(config, self.params, prompt, CACHE_LEN)
+    self.call = jax.jit(lambda params, state: network.make_tokens_to_logits(config, params)(
+        state))
+    self.tolerance = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module", params=["toy", "t5_1_0", "t5_1_1", "decoder_only"])
 def model(request):
+  if request.param == "decoder_only":
+    return TinyDecoderOnly()
   return Toy() if request.param == "toy" else TinyT5(request.param)
 
 

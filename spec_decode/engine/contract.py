@@ -1,6 +1,7 @@
 """The model contract: how a decode loop calls a model, the one interface models enter the
 engine through (`spec_decode.engine.decoding`'s loops, `beam_search`, `speculative_beam_search`,
-`lookup`'s drafts; `network.Transformer` and `toy.PrefixHashModel` honour it).
+`lookup`'s drafts; `network.Transformer`, `network.DecoderOnlyTransformer` and
+`toy.PrefixHashModel` honour it).
 
 A model is `tokens_to_logits(state: DecodingState) -> (logits, new_cache)` where
   state.cur_index  [B] int32     decoder position of state.cur_token[:, 0], per row;

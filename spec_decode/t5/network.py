@@ -1,4 +1,5 @@
-"""T5 encoder-decoder (T5 1.0 and T5.1.1) in Flax linen, with T5X's parameter tree.
+"""T5 encoder-decoder (T5 1.0 and T5.1.1) and T5X's decoder-only language model in Flax linen,
+with T5X's parameter trees.
 
 Contract
 --------
@@ -44,6 +45,12 @@ the batch as its leading axis:
 `make_tokens_to_logits` returns the engine's `tokens_to_logits(state)`, whose new cache has
 `cache_index = cur_index + k` (`state.cur_index` always wins over the cached one).
 `cache_logical_axes` names the axes of every cache leaf for sharding.
+
+`DecoderOnlyTransformer(DecoderOnlyConfig)` is T5X's `t5x/examples/decoder_only` model (its
+parameter tree, its prefix-LM attention, its prompt prefill): the same decoder stack without
+cross-attention and with its own embedding (see its docstring). Its cache is the one above
+without `encoder_mask` and cross-attention entries, prefilled with a prompt instead of an
+encoder's input (`init_decode_cache`); `Network` is either model.
 """
 
 import dataclasses
@@ -766,6 +773,9 @@ class DecoderOnlyTransformer(nn.Module):
     if length > max_decode_len:
       raise ValueError(f"a prompt buffer of {length} positions does not fit a decode of "
                        f"{max_decode_len}")
+    # The call attends over the whole cache: a shorter prompt buffer is padded to its length.
+    prompt = jnp.pad(prompt.astype(jnp.int32), ((0, 0), (0, max_decode_len - length)))
+    length = max_decode_len
     lengths = prompt_lengths(prompt)
     positions = jnp.arange(length)
     # T5X's prefill mask: the prompt region (positions <= length) with its own targets, causal
@@ -775,7 +785,7 @@ class DecoderOnlyTransformer(nn.Module):
     self_bias = self.decoder.relpos_bias(positions[None], positions[None]) + _mask_to_bias(
         mask, _activation_dtype(self.config))
     cache = self.decoder.empty_cache(batch, max_decode_len)
-    _, cache = self.decoder.run_cached(cache, prompt.astype(jnp.int32), self_bias,
+    _, cache = self.decoder.run_cached(cache, prompt, self_bias,
                                        jnp.broadcast_to(positions, (batch, length)))
     return {"cache_index": lengths, **cache}
 

@@ -1,0 +1,179 @@
+"""Exactness for decoder-only language models: a speculative decode of a `DecoderOnlyTransformer`
+target, from prefilled prompts of different lengths (causal and prefix LM), samples each
+prompt's continuation law as the target gives it. The law is enumerated from the target's own
+teacher-forced logits (`__call__`, never the cache the decode uses), so a prefill or a cached
+call that differed from teacher forcing would fail here as a wrong verifier does (the negative
+control). Draws go through `core.Decoder.predict` with T5X's decoder-only batch, as every
+runner's do."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+from spec_decode import core
+from spec_decode.engine import drafting, ngram, sampling, verify
+from spec_decode.t5 import network
+
+import test_exactness
+
+pytestmark = [pytest.mark.slow, pytest.mark.newest]
+
+VOCAB = 5  # every id a token, 0 included: a language model can emit it
+EOS = 1
+PROMPTS = ((3,), (2, 4, 3))
+LENGTH = 5  # the decode buffer: a prompt of n tokens is continued by LENGTH - n tokens
+NUM_SAMPLES = test_exactness.NUM_SAMPLES
+P_VALUE_FLOOR = test_exactness.P_VALUE_FLOOR
+CONFIG = dict(vocab_size=VOCAB, emb_dim=8, num_heads=2, num_layers=2, head_dim=4, mlp_dim=16,
+              mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+
+
+def make_network(prefix_lm: bool, seed: int, **config) -> tuple[network.DecoderOnlyTransformer,
+                                                                 dict]:
+  module = network.DecoderOnlyTransformer(network.DecoderOnlyConfig(**{**CONFIG, **config}),
+                                          inputs_bidirectional_attention=prefix_lm)
+  tokens = jnp.ones((1, LENGTH), jnp.int32)
+  params = module.init(jax.random.PRNGKey(seed), tokens, tokens)["params"]
+  return module, params
+
+
+def near(params: dict, seed: int, scale: float = 0.3) -> dict:
+  """The target's parameters, each perturbed by `scale` of its own spread."""
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  return jax.tree_util.tree_unflatten(tree, [
+      leaf + scale * jnp.std(leaf) * jax.random.normal(key, leaf.shape)
+      for leaf, key in zip(leaves, keys)])
+
+
+def decoder_batch(prompt: tuple[int, ...], num_rows: int) -> dict[str, np.ndarray]:
+  """seqio.DecoderFeatureConverter's features of `prompt` with no targets: BOS then the
+  prompt, `decoder_causal_attention` over both."""
+  inputs = np.zeros((num_rows, LENGTH), np.int32)
+  inputs[:, 1:len(prompt) + 1] = prompt
+  causal = np.zeros_like(inputs)
+  causal[:, :len(prompt) + 1] = 1
+  return {"decoder_input_tokens": inputs, "decoder_target_tokens": np.ones_like(inputs),
+          "decoder_causal_attention": causal}
+
+
+def continuation_law(module, params, prompt, sampling_args) -> dict[tuple, float]:
+  """P(continuation) of every complete continuation of `prompt` (ends at the first EOS or
+  after LENGTH - len(prompt) tokens), from teacher-forced logits."""
+  steps = LENGTH - len(prompt)
+  logits_fn = jax.jit(lambda tokens, causal: module.apply(
+      {"params": params}, tokens, jnp.ones_like(tokens), decoder_causal_attention=causal))
+  law, frontier = {}, {(): 1.0}
+  for depth in range(steps):
+    prefixes = list(frontier)
+    if not prefixes:
+      break
+    tokens = np.zeros((len(prefixes), LENGTH), np.int32)
+    for row, prefix in enumerate(prefixes):
+      sequence = (0,) + prompt + prefix
+      tokens[row, :len(sequence)] = sequence
+    causal = np.zeros_like(tokens)
+    causal[:, :len(prompt) + 1] = 1
+    logits = logits_fn(jnp.asarray(tokens), jnp.asarray(causal))[:, len(prompt) + depth]
+    probs = np.asarray(sampling.logits_to_probs(logits, *sampling_args), np.float64)
+    next_frontier = {}
+    for prefix, row in zip(prefixes, probs):
+      for token in range(VOCAB):
+        mass = frontier[prefix] * row[token]
+        sequence = prefix + (token,)
+        if token == EOS or depth == steps - 1:
+          law[sequence] = mass
+        else:
+          next_frontier[sequence] = mass
+    frontier = next_frontier
+  return law
+
+
+def p_value(continuations: np.ndarray, law: dict[tuple, float]) -> float:
+  """Chi-square p-value of the rows' continuations (each cut after its first EOS; token 0 is a
+  token here, so only what follows EOS is padding) against `law`."""
+  observed = {}
+  for row in continuations.tolist():
+    end = row.index(EOS) + 1 if EOS in row else len(row)
+    observed[tuple(row[:end])] = observed.get(tuple(row[:end]), 0) + 1
+  if set(observed) - set(law):
+    return 0.0
+  expected = np.array([law[s] for s in law]) * len(continuations)
+  counts = np.array([observed.get(s, 0) for s in law])
+  rare = expected < 5
+  if rare.any():
+    expected = np.append(expected[~rare], expected[rare].sum())
+    counts = np.append(counts[~rare], counts[rare].sum())
+  expected *= counts.sum() / expected.sum()
+  return float(scipy.stats.chisquare(counts, expected).pvalue)
+
+
+def draw(decoder: core.Decoder, params, draft_params, prompt, seed: int = 0) -> np.ndarray:
+  """NUM_SAMPLES continuations of `prompt`, their first LENGTH - len(prompt) tokens."""
+  predict = jax.jit(lambda batch, rng: decoder.predict(params, draft_params, batch, EOS, rng))
+  decodes, _ = predict(decoder_batch(prompt, NUM_SAMPLES), jax.random.PRNGKey(seed))
+  return np.asarray(decodes)[:, :LENGTH - len(prompt)]
+
+
+CASES = {  # name: (prefix LM, draft source, temperature)
+    "causal": (False, "model", 1.0),
+    "prefix_lm": (True, "model", 1.0),
+    "temperature_0.5": (False, "model", 0.5),
+    "lookup": (False, "lookup", 1.0),
+    "bigram": (False, "ngram", 1.0),
+}
+DECODERS = ([(case, rule, "fixed") for case in CASES for rule in sorted(verify.EXACT_RULES)]
+            + [("causal", "token", policy) for policy in sorted(drafting.POLICIES)
+               if policy != "fixed"])
+
+
+def pair(case: str, verifier, draft_policy: str = "fixed"):
+  """(decoder, target params, draft params, target module) of a case."""
+  prefix_lm, source, temperature = CASES[case]
+  target, params = make_network(prefix_lm, seed=1)
+  draft_model, draft_params = None, None
+  if source == "model":
+    draft_model, draft_params = target, near(params, seed=2)
+  elif source == "ngram":
+    corpus = [list(prompt) + list(rest)
+              for prompt in PROMPTS for rest in itertools.product(range(VOCAB), repeat=2)]
+    draft_params = ngram.estimate(corpus, VOCAB, order=2, max_successors=2)
+  draft = core.make_draft(source, draft_model, ngram_draft=(
+      core.NGramDraft.of(draft_params) if source == "ngram" else None))
+  decoder = core.Decoder.create("speculative_sample", target, draft, gamma=3, verifier=verifier,
+                                draft_policy=draft_policy, temperature=temperature)
+  return decoder, params, draft_params, target
+
+
+@pytest.mark.parametrize("case,verifier,draft_policy", DECODERS)
+def test_continuations_follow_the_target_law(case, verifier, draft_policy):
+  decoder, params, draft_params, target = pair(case, verifier, draft_policy)
+  sampling_args = (CASES[case][2], 0, 0.0)
+  for prompt in PROMPTS:
+    law = continuation_law(target, params, prompt, sampling_args)
+    p = p_value(draw(decoder, params, draft_params, prompt), law)
+    assert p > P_VALUE_FLOOR, f"prompt {prompt}: p = {p:.2e}"
+
+
+@pytest.mark.parametrize("case", ["causal", "prefix_lm"])
+def test_negative_control_fails(case):
+  """The test above has the power to catch a wrong verifier here."""
+  decoder, params, draft_params, target = pair(case, test_exactness.accept_everything)
+  prompt = PROMPTS[1]
+  law = continuation_law(target, params, prompt, (1.0, 0, 0.0))
+  p = p_value(draw(decoder, params, draft_params, prompt), law)
+  assert p < P_VALUE_FLOOR, f"accept_everything was not caught: p = {p:.2e}"
+
+
+def test_negative_control_a_causal_law_for_a_prefix_lm_fails():
+  """The prompt's attention is seen: a prefix LM's samples against its causal twin's law."""
+  decoder, params, draft_params, _ = pair("prefix_lm", "token")
+  causal_target, _ = make_network(False, seed=1)
+  prompt = PROMPTS[1]
+  law = continuation_law(causal_target, params, prompt, (1.0, 0, 0.0))
+  p = p_value(draw(decoder, params, draft_params, prompt), law)
+  assert p < P_VALUE_FLOOR, f"a causal law passed for a prefix LM: p = {p:.2e}"
