@@ -808,6 +808,24 @@ def is_decoder_only(module_or_config: Network | NetworkConfig) -> bool:
   return isinstance(module_or_config, (DecoderOnlyTransformer, DecoderOnlyConfig))
 
 
+def init_arguments(module_or_config: Network | NetworkConfig, tokens: Any) -> tuple[Any, ...]:
+  """The token arguments of the network's `init` (teacher-forced `__call__`), every one
+  `tokens`: (encoder input, decoder input, decoder target), or a decoder-only model's (decoder
+  input, decoder target)."""
+  return (tokens,) * (2 if is_decoder_only(module_or_config) else 3)
+
+
+def decode_length(module_or_config: Network | NetworkConfig, input_length: int,
+                  target_length: int) -> int:
+  """The decoder length of seqio's features for task feature lengths {'inputs': input_length,
+  'targets': target_length}: an encoder-decoder decodes `target_length` positions, a
+  decoder-only model `input_length + target_length` (the prompt then its continuation,
+  `seqio.DecoderFeatureConverter`'s concatenated features)."""
+  if is_decoder_only(module_or_config):
+    return input_length + target_length
+  return target_length
+
+
 # --------------------------------------------------------------------------- decoding API
 
 
