@@ -762,10 +762,12 @@ class DecoderOnlyTransformer(nn.Module):
 
   def init_cache(self, prompt: Array, max_decode_len: int) -> DecodeCache:
     """The prefill (see the class docstring)."""
+    if prompt.shape[1] > max_decode_len:
+      raise ValueError(f"a prompt buffer of {prompt.shape[1]} positions does not fit a decode "
+                       f"of {max_decode_len}")
+    # A shorter buffer is the same prompt: padded, its queries and keys span the whole cache.
+    prompt = jnp.pad(prompt, ((0, 0), (0, max_decode_len - prompt.shape[1])))
     batch, length = prompt.shape
-    if length > max_decode_len:
-      raise ValueError(f"a prompt buffer of {length} positions does not fit a decode of "
-                       f"{max_decode_len}")
     lengths = prompt_lengths(prompt)
     positions = jnp.arange(length)
     # T5X's prefill mask: the prompt region (positions <= length) with its own targets, causal
