@@ -20,8 +20,9 @@ anything is built:
 * `configured(fn)`: `fn` with the bindings a config gave it. A module that reads a setting
   from gin at call time (e.g. `tasks.data_dir`) calls through it, because a config registers
   only what it binds.
-* `read_model_config`: the `network.T5Config` a model gin file (and its includes) binds, read
-  by gin itself, the live config left as it was, so a second model can come from its own file.
+* `bound_network_config()`: the network config a parsed config binds (a T5 or a decoder-only
+  model's); `read_model_config`: the one a model gin file (and its includes) binds, read by gin
+  itself, the live config left as it was, so a second model can come from its own file.
 """
 
 from __future__ import annotations
@@ -300,9 +301,23 @@ def configured(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def read_model_config(gin_file: str,
-                      overrides: Mapping[str, Any] | None = None) -> network.T5Config:
-  """The `network.T5Config` a model gin file (and its includes) binds, read by gin itself, with
+def bound_network_config(overrides: Mapping[str, Any] | None = None
+                         ) -> network.NetworkConfig:
+  """The network config the parsed config binds, with `overrides` replacing fields: a
+  `network.DecoderOnlyConfig` where it binds `network.DecoderOnlyTransformer.config` (a
+  configs/models/decoder_only/ file), else a `network.T5Config`."""
+  try:
+    gin.query_parameter("network.DecoderOnlyTransformer.config")
+    config_class = network.DecoderOnlyConfig
+  except ValueError:  # not bound: a T5's
+    config_class = network.T5Config
+  return gin.get_configurable(config_class)(**dict(overrides or {}))
+
+
+def read_model_config(gin_file: str, overrides: Mapping[str, Any] | None = None
+                      ) -> network.NetworkConfig:
+  """The network config a model gin file (and its includes) binds (`bound_network_config`),
+  read by gin itself, with
   `overrides` replacing fields (e.g. {'dtype': 'float32'}), so a second model (a draft, the
   benchmark's pair) can come from its own file. The live config is put back as it was (gin's
   printout of it, `gin.config_str()`, parses back to the same bindings). ValueError naming the
@@ -318,9 +333,9 @@ def read_model_config(gin_file: str,
         gin.add_config_file_search_path(str(root))
       gin.parse_config_file(path)
       try:
-        return gin.get_configurable(network.T5Config)(**dict(overrides or {}))
+        return bound_network_config(overrides)
       except (TypeError, ValueError) as e:
-        raise ValueError(f"{gin_file}: not a complete network.T5Config ({first_line(e)})"
+        raise ValueError(f"{gin_file}: not a complete network config ({first_line(e)})"
                          ) from None
   finally:
     with gin.unlock_config():  # locked again on leaving, when it was

@@ -1,19 +1,26 @@
-"""T5X's model protocol for T5 encoder-decoders, decoding with exact speculative sampling.
+"""T5X's model protocol for T5 encoder-decoders and decoder-only language models, decoding with
+exact speculative sampling.
 
 `EncoderDecoderModel` mirrors `t5x.models.EncoderDecoderModel` (constructor,
 `FEATURE_CONVERTER_CLS`, `input_vocabulary`/`output_vocabulary`, `module`,
 `get_initial_variables`, `loss_fn`, `eval_fn`, `score_batch`, `predict_batch`,
-`predict_batch_with_aux`), so T5X-style
-code (and `spec_decode.infer`) drives it unchanged. `SpeculativeEncoderDecoderModel` adds a
-draft: a second `network.Transformer` with its own checkpoint, loaded once (on first use) and
-kept by the model. `params` are always the target's, as in any T5X run. `loss_fn`'s token loss
-is `cross_entropy_with_logits` (T5X's, which the trainer uses too); the vocabulary configs
-bind is `sentencepiece_vocabulary`.
+`predict_batch_with_aux`), so T5X-style code (and `spec_decode.infer`) drives it unchanged;
+`DecoderOnlyModel` mirrors `t5x.models.DecoderOnlyModel` the same way over
+`network.DecoderOnlyTransformer` (one `vocabulary`, `inputs_bidirectional_attention`). Both
+share `BaseTransformerModel`. `SpeculativeEncoderDecoderModel` and
+`SpeculativeDecoderOnlyModel` add a draft: a second network of the same family with its own
+checkpoint, loaded once (on first use) and kept by the model. `params` are always the target's,
+as in any T5X run. `loss_fn`'s token loss is `cross_entropy_with_logits` (T5X's, which the
+trainer uses too); the vocabulary configs bind is `sentencepiece_vocabulary`.
 
 Batches use seqio's encoder-decoder features (B batch, Le input length, L target length):
   encoder_input_tokens [B, Le] int32 (0 = padding), decoder_input_tokens [B, L] (targets
   shifted right, BOS = 0), decoder_target_tokens [B, L], decoder_loss_weights [B, L] (optional
-  for scoring: defaults to target != 0).
+  for scoring: defaults to target != 0); a decoder-only model's are seqio's decoder features
+  (`seqio.DecoderFeatureConverter`: L = prompt + continuation), the same decoder_* features
+  plus decoder_causal_attention [B, L] (1 over BOS and the prompt: what decoding prefills, its
+  decodes being the continuations, the prompt cut off) and, when packed,
+  decoder_segment_ids and decoder_positions.
 Shapes returned:
   predict_batch_with_aux -> (decodes [B, L], aux) or, with return_all_decodes,
   (decodes [B, num_decodes, L], aux) with the num_decodes axis sorted by score, best last.
@@ -37,10 +44,10 @@ Under `jax.jit`, pass the draft's parameters as an argument (`draft_params=`) as
 `spec_decode.infer` does: otherwise the loaded ones are closed over and compiled in as
 constants.
 
-Bad configurations (target and draft vocabularies differ, no draft for a loop that needs one,
-no gamma, a setting the loop does not take, a vocabulary larger than the embedding) raise
-ValueError at construction, a missing local draft checkpoint FileNotFoundError, before anything
-is loaded or compiled.
+Bad configurations (target and draft vocabularies differ, a draft of the other family, no
+draft for a loop that needs one, no gamma, a setting the loop does not take, a vocabulary
+larger than the embedding) raise ValueError at construction, a missing local draft checkpoint
+FileNotFoundError, before anything is loaded or compiled.
 """
 
 from __future__ import annotations
@@ -98,43 +105,46 @@ def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array, z_loss: flo
 # --------------------------------------------------------------------------- models
 
 
-class _LazyEncDecFeatureConverter:
-  """Class attribute that is `seqio.EncDecFeatureConverter`, imported on first use: seqio
-  imports TensorFlow, which nothing else here needs.
+class _LazySeqioClass:
+  """Class attribute that is seqio's class `name` (a feature converter), imported on first use:
+  seqio imports TensorFlow, which nothing else here needs.
 
   Read on an instance (as T5X does: `model.FEATURE_CONVERTER_CLS(pack=False)`) it imports seqio.
   Read on the class before seqio is imported it stays this descriptor: gin, registering the
   class for a config, reads every class attribute, and must not pull in TensorFlow.
   """
 
+  def __init__(self, name: str):
+    self.name = name
+
   def __get__(self, instance: Any, owner: type) -> Any:
     if instance is None and "seqio" not in sys.modules:
       return self
     import seqio  # pylint: disable=g-import-not-at-top
-    return seqio.EncDecFeatureConverter
+    return getattr(seqio, self.name)
 
 
-def _initial_variables(module: network.Transformer, rng: jax.Array,
-                       input_shapes: Mapping[str, tuple[int, ...]],
-                       input_types: Mapping[str, Any] | None = None) -> dict[str, Any]:
-  input_types = input_types or {}
-  tokens = {name: jnp.ones(input_shapes[name], input_types.get(name, jnp.int32))
-            for name in ("encoder_input_tokens", "decoder_input_tokens")}
+def _initial_variables(module: network.Network, rng: jax.Array,
+                       arguments: tuple[jax.Array, ...]) -> dict[str, Any]:
   # Jitted: run op by op, initializing even a tiny T5 takes many seconds.
   init = jax.jit(functools.partial(module.init, enable_dropout=False))
-  variables = init(rng, tokens["encoder_input_tokens"], tokens["decoder_input_tokens"],
-                   tokens["decoder_input_tokens"])
-  return unfreeze(variables)
+  return unfreeze(init(rng, *arguments))
 
 
-class EncoderDecoderModel:
-  """T5X's EncoderDecoderModel protocol over `network.Transformer` (see the module docstring):
-  the target alone, decoding with `decode_loop` (a loop of `spec_decode.engine.loops` that uses
-  no draft; 'temperature_sample' by default) and its settings."""
+def _tokens(input_shapes: Mapping[str, tuple[int, ...]], input_types: Mapping[str, Any] | None,
+            name: str) -> jax.Array:
+  return jnp.ones(input_shapes[name], (input_types or {}).get(name, jnp.int32))
 
-  FEATURE_CONVERTER_CLS = _LazyEncDecFeatureConverter()
 
-  def __init__(self, module: network.Transformer, input_vocabulary: Any,
+class BaseTransformerModel:
+  """What both families share (T5X's `BaseTransformerModel`): the vocabularies, the decoder
+  (`core.Decoder`) built from `decode_loop` and its settings, the loss, scoring and decoding
+  over the teacher-forced logits and initial variables a family's model computes
+  (`_compute_logits`, `_init_arguments`)."""
+
+  NETWORK_CLS: type = network.Transformer
+
+  def __init__(self, module: network.Network, input_vocabulary: Any,
                output_vocabulary: Any, optimizer_def: Any = None,
                decode_loop: str = "temperature_sample",
                feature_converter_cls: Callable[..., Any] | None = None,
@@ -145,8 +155,9 @@ class EncoderDecoderModel:
                temperature: float | None = None, topk: int | None = None,
                topp: float | None = None, max_decode_steps: int | None = None,
                loop_settings: Mapping[str, Any] | None = None):
-    if not isinstance(module, network.Transformer):
-      raise ValueError(f"module must be a network.Transformer, got {type(module).__name__}")
+    if not isinstance(module, self.NETWORK_CLS):
+      raise ValueError(f"module must be a network.{self.NETWORK_CLS.__name__}, got "
+                       f"{type(module).__name__}")
     for name, vocabulary in (("input", input_vocabulary), ("output", output_vocabulary)):
       if vocabulary.vocab_size > module.config.vocab_size:
         raise ValueError(f"the {name} vocabulary has {vocabulary.vocab_size} ids but the "
@@ -172,6 +183,10 @@ class EncoderDecoderModel:
     del decode_loop  # the target alone
     return None
 
+  def _network_of(self, config: network.NetworkConfig) -> network.Network:
+    """The network of a draft's config, as this model builds its networks."""
+    return network.module_of(config)
+
   @property
   def input_vocabulary(self) -> Any:
     return self._input_vocabulary
@@ -191,18 +206,20 @@ class EncoderDecoderModel:
 
   # ----------------------------------------------------------------- training protocol
 
+  def _init_arguments(self, input_shapes: Mapping[str, tuple[int, ...]],
+                      input_types: Mapping[str, Any] | None) -> tuple[jax.Array, ...]:
+    """The token arguments of the network's `init` for inputs of these shapes."""
+    raise NotImplementedError
+
   def get_initial_variables(self, rng: jax.Array, input_shapes: Mapping[str, tuple[int, ...]],
                             input_types: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """{'params': ..., 'params_axes': ...} for inputs of these shapes (token dtype int32)."""
-    return _initial_variables(self.module, rng, input_shapes, input_types)
+    return _initial_variables(self.module, rng, self._init_arguments(input_shapes, input_types))
 
   def _compute_logits(self, params: Params, batch: Batch,
                       dropout_rng: jax.Array | None = None) -> jax.Array:
     """Teacher-forced logits [B, L, V] float32."""
-    rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
-    return self.module.apply({"params": params}, batch["encoder_input_tokens"],
-                             batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-                             enable_dropout=dropout_rng is not None, rngs=rngs)
+    raise NotImplementedError
 
   def loss_fn(self, params: Params, batch: Batch, dropout_rng: jax.Array | None
               ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
@@ -257,47 +274,126 @@ class EncoderDecoderModel:
                              ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Decodes a batch (`core.Decoder.predict`: shapes, aux and T5X's conventions there);
     `num_decodes` None: the model's."""
+    return self._predict(params, None, batch, rng, decoder_params, return_all_decodes,
+                         num_decodes, prompt_with_targets)
+
+  def _predict(self, params: Params, draft_params: Params | None, batch: Batch,
+               rng: jax.Array | None, decoder_params: Mapping[str, Any] | None,
+               return_all_decodes: bool, num_decodes: int | None, prompt_with_targets: bool
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
     return self.decoder.predict(
-        params, None, batch, self.output_vocabulary.eos_id, rng=rng,
+        params, draft_params, batch, self.output_vocabulary.eos_id, rng=rng,
         decoder_params=decoder_params, return_all_decodes=return_all_decodes,
         num_decodes=self.num_decodes if num_decodes is None else num_decodes,
         prompt_with_targets=prompt_with_targets)
 
 
-class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
-  """An EncoderDecoderModel with a draft, decoding with `decode_loop` ('speculative_sample' by
-  default; any loop of `spec_decode.engine.loops`).
+class EncoderDecoderModel(BaseTransformerModel):
+  """T5X's EncoderDecoderModel protocol over `network.Transformer` (see the module docstring):
+  the target alone, decoding with `decode_loop` (a loop of `spec_decode.engine.loops` that uses
+  no draft; 'temperature_sample' by default) and its settings."""
 
-  `draft_checkpoint_path`: the draft's checkpoint (any format of `formats.load_params`), read
-  on first use; `draft_module`: the draft `network.Transformer`, by default the config read from
-  that checkpoint (`formats.checkpoint_config`: no weight is read) in the target's dtype. A
-  draft built or trained in memory needs no checkpoint: give `draft_module` alone and pass its
-  parameters to `predict_batch_with_aux(draft_params=...)`. The decode
-  settings (gamma, verifier, draft_policy, temperature, ...) are constructor arguments, as in
-  the T5X hook (configs bind them from GAMMA, VERIFIER, DRAFT_POLICY, TEMPERATURE). With a loop
-  that uses no draft (the baseline) the target runs alone and the draft is never read.
-  `draft_source` (`core.make_draft`): 'model' (the checkpoint's draft), 'lookup' (n-gram
-  lookup from the input and the output so far: no draft checkpoint, and giving one is an error
-  since it would be ignored), 'lookup+model', or 'ngram' (a unigram or bigram draft:
-  draft_checkpoint_path names its .npz file, `python -m spec_decode.data.ngrams`, read at
-  construction: it is small); `lookup_max_ngram`, `lookup_min_ngram` are the lookup's n-gram
-  lengths.
+  FEATURE_CONVERTER_CLS = _LazySeqioClass("EncDecFeatureConverter")
+  NETWORK_CLS = network.Transformer
+
+  def _init_arguments(self, input_shapes: Mapping[str, tuple[int, ...]],
+                      input_types: Mapping[str, Any] | None) -> tuple[jax.Array, ...]:
+    decoder_tokens = _tokens(input_shapes, input_types, "decoder_input_tokens")
+    return (_tokens(input_shapes, input_types, "encoder_input_tokens"), decoder_tokens,
+            decoder_tokens)
+
+  def _compute_logits(self, params: Params, batch: Batch,
+                      dropout_rng: jax.Array | None = None) -> jax.Array:
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
+    return self.module.apply({"params": params}, batch["encoder_input_tokens"],
+                             batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                             enable_dropout=dropout_rng is not None, rngs=rngs)
+
+
+class DecoderOnlyModel(BaseTransformerModel):
+  """T5X's DecoderOnlyModel protocol over `network.DecoderOnlyTransformer`: a language model
+  continuing prompts (see the module docstring), the target alone.
+
+  `vocabulary` is both the input and the output vocabulary. `inputs_bidirectional_attention`
+  (T5X's argument: a prefix LM, its prompt attending both ways) is the module's attribute;
+  given here, the module is rebuilt with it, None keeps the module's. Other arguments as
+  EncoderDecoderModel's (the decode settings keyword-only).
   """
 
-  def __init__(self, module: network.Transformer, input_vocabulary: Any,
-               output_vocabulary: Any, optimizer_def: Any = None,
-               decode_loop: str = "speculative_sample", *,
-               draft_checkpoint_path: str | None = None,
-               draft_module: network.Transformer | None = None, draft_source: str = "model",
-               lookup_max_ngram: int = 4, lookup_min_ngram: int | None = None, **kwargs: Any):
+  FEATURE_CONVERTER_CLS = _LazySeqioClass("DecoderFeatureConverter")
+  NETWORK_CLS = network.DecoderOnlyTransformer
+
+  def __init__(self, module: network.DecoderOnlyTransformer, vocabulary: Any,
+               optimizer_def: Any = None, decode_loop: str = "temperature_sample",
+               inputs_bidirectional_attention: bool | None = None,
+               feature_converter_cls: Callable[..., Any] | None = None,
+               label_smoothing: float = 0.0, z_loss: float = 0.0,
+               loss_normalizing_factor: float | None = None, **decode_settings: Any):
+    if (inputs_bidirectional_attention is not None
+        and isinstance(module, network.DecoderOnlyTransformer)):
+      module = module.clone(inputs_bidirectional_attention=inputs_bidirectional_attention)
+    super().__init__(module, vocabulary, vocabulary, optimizer_def, decode_loop,
+                     feature_converter_cls, label_smoothing, z_loss, loss_normalizing_factor,
+                     **decode_settings)
+
+  @property
+  def inputs_bidirectional_attention(self) -> bool:
+    return self.module.inputs_bidirectional_attention
+
+  def _network_of(self, config: network.NetworkConfig) -> network.Network:
+    draft = network.module_of(config)
+    if network.is_decoder_only(draft):  # one of the other family is core.Decoder's error
+      draft = draft.clone(inputs_bidirectional_attention=self.inputs_bidirectional_attention)
+    return draft
+
+  def _init_arguments(self, input_shapes: Mapping[str, tuple[int, ...]],
+                      input_types: Mapping[str, Any] | None) -> tuple[jax.Array, ...]:
+    return (_tokens(input_shapes, input_types, "decoder_input_tokens"),) * 2
+
+  def _compute_logits(self, params: Params, batch: Batch,
+                      dropout_rng: jax.Array | None = None) -> jax.Array:
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
+    return self.module.apply(
+        {"params": params}, batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+        batch.get("decoder_segment_ids"), batch.get("decoder_positions"),
+        batch.get("decoder_causal_attention"), enable_dropout=dropout_rng is not None,
+        rngs=rngs)
+
+
+class _Speculative:
+  """The draft of a speculative model (mixed into either family's model): decoding with
+  `decode_loop` ('speculative_sample' by default; any loop of `spec_decode.engine.loops`).
+
+  `draft_checkpoint_path`: the draft's checkpoint (any format of `formats.load_params`), read
+  on first use; `draft_module`: the draft network, by default the config read from that
+  checkpoint (`formats.checkpoint_config`: no weight is read) in the target's dtype. A draft
+  built or trained in memory needs no checkpoint: give `draft_module` alone and pass its
+  parameters to `predict_batch_with_aux(draft_params=...)`. The decode settings (gamma,
+  verifier, draft_policy, temperature, ...) are constructor arguments, as in the T5X hook
+  (configs bind them from GAMMA, VERIFIER, DRAFT_POLICY, TEMPERATURE). With a loop that uses no
+  draft (the baseline) the target runs alone and the draft is never read.
+  `draft_source` (`core.make_draft`): 'model' (the checkpoint's draft), 'lookup' (n-gram
+  lookup from the input, or a language model's prompt, and the output so far: no draft
+  checkpoint, and giving one is an error since it would be ignored), 'lookup+model', or 'ngram'
+  (a unigram or bigram draft: draft_checkpoint_path names its .npz file, `python -m
+  spec_decode.data.ngrams`, read at construction: it is small); `lookup_max_ngram`,
+  `lookup_min_ngram` are the lookup's n-gram lengths.
+  """
+
+  module: network.Network
+  decoder: core.Decoder
+
+  def _set_draft(self, draft_checkpoint_path: str | None,
+                 draft_module: network.Network | None, draft_source: str,
+                 lookup_max_ngram: int, lookup_min_ngram: int | None) -> None:
+    """Keeps the draft's settings; called before the model's own __init__ builds the
+    decoder."""
     self.draft_checkpoint_path = draft_checkpoint_path
     # The draft's checkpoint located once (`formats.locate`), for every read of it after.
     self.draft_checkpoint: formats.Checkpoint | None = None
     self._given_draft_module = draft_module
     self._draft_settings = (draft_source, lookup_max_ngram, lookup_min_ngram)
     self._draft_params: Params | None = None
-    super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def, decode_loop,
-                     **kwargs)
 
   def _draft_for(self, decode_loop: str) -> core.Draft | None:
     if not loops.get(decode_loop).uses_draft:
@@ -323,7 +419,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     self._draft_params = ngram_format.load(self.draft_checkpoint_path)
     return core.make_draft("ngram", None, ngram_draft=core.NGramDraft.of(self._draft_params))
 
-  def _draft_network(self, decode_loop: str) -> network.Transformer:
+  def _draft_network(self, decode_loop: str) -> network.Network:
     if self.draft_checkpoint_path is not None:  # FileNotFoundError when missing
       self.draft_checkpoint = formats.locate(self.draft_checkpoint_path)
     if self._given_draft_module is not None:  # built in memory: its params are given to decode
@@ -331,11 +427,11 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     if self.draft_checkpoint_path is None:
       raise ValueError(f"decode loop {decode_loop!r} needs a draft: set draft_checkpoint_path "
                        "(or give draft_module)")
-    return network.Transformer(formats.checkpoint_config(self.draft_checkpoint,
-                                                         like=self.module.config))
+    return self._network_of(formats.checkpoint_config(self.draft_checkpoint,
+                                                      like=self.module.config))
 
   @property
-  def draft_module(self) -> network.Transformer | None:
+  def draft_module(self) -> network.Network | None:
     """The draft network (None without one, as for a lookup alone)."""
     return self.decoder.draft_network
 
@@ -349,7 +445,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
           formats.load_params(self.draft_module, self.draft_checkpoint))
     return self._draft_params
 
-  def baseline(self) -> EncoderDecoderModel:
+  def baseline(self) -> BaseTransformerModel:
     """The target alone, with this model's sampling settings (the same distribution): the
     model speculative decoding is compared with."""
     model = copy.copy(self)
@@ -361,7 +457,8 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
                                   input_types: Mapping[str, Any] | None = None
                                   ) -> dict[str, Any]:
     """`get_initial_variables` for the draft module (e.g. for its parameter axes)."""
-    return _initial_variables(self.draft_module, rng, input_shapes, input_types)
+    return _initial_variables(self.draft_module, rng,
+                              self._init_arguments(input_shapes, input_types))
 
   def predict_batch_with_aux(self, params: Params, batch: Batch, rng: jax.Array | None = None,
                              decoder_params: Mapping[str, Any] | None = None,
@@ -369,11 +466,42 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
                              num_decodes: int | None = None, prompt_with_targets: bool = False,
                              draft_params: Params | None = None
                              ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """As EncoderDecoderModel's; `draft_params` default to the loaded `draft_params`."""
+    """As the target's model's; `draft_params` default to the loaded `draft_params`."""
     if self.draft_module is not None and draft_params is None:
       draft_params = self.draft_params
-    return self.decoder.predict(
-        params, draft_params, batch, self.output_vocabulary.eos_id, rng=rng,
-        decoder_params=decoder_params, return_all_decodes=return_all_decodes,
-        num_decodes=self.num_decodes if num_decodes is None else num_decodes,
-        prompt_with_targets=prompt_with_targets)
+    return self._predict(params, draft_params, batch, rng, decoder_params, return_all_decodes,
+                         num_decodes, prompt_with_targets)
+
+
+class SpeculativeEncoderDecoderModel(_Speculative, EncoderDecoderModel):
+  """An EncoderDecoderModel with a draft `network.Transformer` (or a lookup or n-gram draft);
+  see `_Speculative`."""
+
+  def __init__(self, module: network.Transformer, input_vocabulary: Any,
+               output_vocabulary: Any, optimizer_def: Any = None,
+               decode_loop: str = "speculative_sample", *,
+               draft_checkpoint_path: str | None = None,
+               draft_module: network.Transformer | None = None, draft_source: str = "model",
+               lookup_max_ngram: int = 4, lookup_min_ngram: int | None = None, **kwargs: Any):
+    self._set_draft(draft_checkpoint_path, draft_module, draft_source, lookup_max_ngram,
+                    lookup_min_ngram)
+    super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def, decode_loop,
+                     **kwargs)
+
+
+class SpeculativeDecoderOnlyModel(_Speculative, DecoderOnlyModel):
+  """A DecoderOnlyModel with a draft `network.DecoderOnlyTransformer` (or a lookup over the
+  prompt and the output, or an n-gram draft); see `_Speculative`. A draft read from its
+  checkpoint attends to the prompt as the target does (`inputs_bidirectional_attention`)."""
+
+  def __init__(self, module: network.DecoderOnlyTransformer, vocabulary: Any,
+               optimizer_def: Any = None, decode_loop: str = "speculative_sample",
+               inputs_bidirectional_attention: bool | None = None, *,
+               draft_checkpoint_path: str | None = None,
+               draft_module: network.DecoderOnlyTransformer | None = None,
+               draft_source: str = "model", lookup_max_ngram: int = 4,
+               lookup_min_ngram: int | None = None, **kwargs: Any):
+    self._set_draft(draft_checkpoint_path, draft_module, draft_source, lookup_max_ngram,
+                    lookup_min_ngram)
+    super().__init__(module, vocabulary, optimizer_def, decode_loop,
+                     inputs_bidirectional_attention, **kwargs)

@@ -7,13 +7,15 @@ Run: `python -m spec_decode.plan --gin_file=configs/table2/spec_decode.gin
 [--parameter_partitioning_dims=1|2] [--compile_for=TOPOLOGY] [--gin_bindings=B ...]`.
 
 What it reads (the gin config is parsed, nothing is built or allocated):
-  * the target: the `network.T5Config` the config binds;
-  * the draft: `--draft_gin_file` (a model gin file), else the config's
-    `models.SpeculativeEncoderDecoderModel.draft_module`, else the config read from the
+  * the target: the network config the config binds (`gin_utils.bound_network_config`: a T5's
+    or a decoder-only language model's);
+  * the draft: `--draft_gin_file` (a model gin file), else the config's speculative model's
+    `draft_module`, else the config read from the
     checkpoint DRAFT_CHECKPOINT_PATH names (its parameter shapes: `formats.checkpoint_config`);
     without any, the target alone is planned;
   * batch size and lengths: the BATCH_SIZE and TASK_FEATURE_LENGTHS macros ({'inputs': Le,
-    'targets': L}), each overridden by its flag.
+    'targets': L}), each overridden by its flag; a language model decodes Le + L positions
+    (its prompt, then the continuation: `network.decode_length`).
 
 What it prints, for num_partitions P in 1, 2, 4, 8, 16 on a ('data', 'model') mesh of
 (num_devices / P, P) devices (num_devices defaults to P: one model-parallel group), per device:
@@ -62,7 +64,8 @@ from spec_decode.runtime import partitioning
 NUM_PARTITIONS = (1, 2, 4, 8, 16)
 DEVICE_KINDS = ("tpu_v4", "h200", "cpu")
 # Modules a config may import that planning does not need (see the module docstring).
-_DRAFT_BINDING = "models.SpeculativeEncoderDecoderModel.draft_module"
+_DRAFT_BINDINGS = ("models.SpeculativeEncoderDecoderModel.draft_module",
+                   "models.SpeculativeDecoderOnlyModel.draft_module")
 
 
 def device_memory_bytes(device_kind: str) -> int:
@@ -82,13 +85,13 @@ def device_memory_bytes(device_kind: str) -> int:
 @dataclasses.dataclass(frozen=True)
 class ModelShapes:
   """Everything about one model's memory that does not depend on the mesh."""
-  config: network.T5Config
+  config: network.NetworkConfig
   params: Any  # ShapeDtypeStructs
   params_axes: Any  # logical PartitionSpecs
   cache: Any  # ShapeDtypeStructs of network.init_decode_cache
 
 
-def model_shapes(config: network.T5Config, batch_rows: int, input_length: int,
+def model_shapes(config: network.NetworkConfig, batch_rows: int, input_length: int,
                  max_decode_len: int) -> ModelShapes:
   params, axes = partitioning.abstract_params(config)
   cache = partitioning.abstract_decode_cache(config, batch_rows, input_length, max_decode_len,
@@ -223,8 +226,10 @@ def format_bytes(n: int) -> str:
 def _describe(name: str, model: ModelShapes, param_dtype: Any) -> str:
   cfg = model.config
   count = sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(model.params))
-  return (f"{name}: {count / 1e9:.3f}B parameters (emb {cfg.emb_dim}, {cfg.num_encoder_layers}+"
-          f"{cfg.num_decoder_layers} layers, {cfg.num_heads} heads x {cfg.head_dim}, mlp "
+  layers = (f"{cfg.num_layers} decoder-only layers" if network.is_decoder_only(cfg) else
+            f"{cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers")
+  return (f"{name}: {count / 1e9:.3f}B parameters (emb {cfg.emb_dim}, {layers}"
+          f", {cfg.num_heads} heads x {cfg.head_dim}, mlp "
           f"{cfg.mlp_dim}, vocab {cfg.vocab_size}) in {jnp.dtype(param_dtype).name}; cache "
           f"{jnp.dtype(cfg.dtype).name}")
 
@@ -236,7 +241,9 @@ def format_plan(rows: Sequence[PlanRow], target: ModelShapes, draft: ModelShapes
   lines = [_describe("target", target, param_dtype)]
   if draft is not None:
     lines.append(_describe("draft ", draft, param_dtype) + "; replicated on every device")
-  lines.append(f"batch rows {batch_rows}, inputs {input_length}, targets {max_decode_len}; "
+  decoded = (f"decode length {max_decode_len} (prompt + continuation)"
+             if network.is_decoder_only(target.config) else f"targets {max_decode_len}")
+  lines.append(f"batch rows {batch_rows}, inputs {input_length}, {decoded}; "
                f"per device, {device_kind} = {format_bytes(capacity)}")
   header = ["P", "mesh", "target params", "target cache", "target total", "fits"]
   if draft is not None:
@@ -288,8 +295,8 @@ def _macro(name: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-  target: network.T5Config
-  draft: network.T5Config | None
+  target: network.NetworkConfig
+  draft: network.NetworkConfig | None
   batch_size: int | None
   input_length: int | None
   target_length: int | None
@@ -300,14 +307,17 @@ def read_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
   """The target, draft, batch size and lengths a gin config describes (see the docstring);
   a run's required macros (checkpoint paths, ...) may stay unset."""
   gin_utils.parse_config(gin_files, bindings, finalize=False)
-  target = gin.get_configurable(network.T5Config)()
+  target = gin_utils.bound_network_config()
   if draft_gin_file is not None:
     draft = gin_utils.read_model_config(draft_gin_file)
   else:
-    try:
-      reference = gin.query_parameter(_DRAFT_BINDING)
-    except ValueError:  # not bound: from the draft's checkpoint, if any
-      reference = None
+    reference = None  # not bound: from the draft's checkpoint, if any
+    for binding in _DRAFT_BINDINGS:
+      try:
+        reference = gin.query_parameter(binding)
+        break
+      except ValueError:
+        pass
     draft_path = _macro("DRAFT_CHECKPOINT_PATH")
     if reference is not None:
       draft = reference.scoped_configurable_fn().config
@@ -371,9 +381,11 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
         raise ValueError(f"{name} must be a positive integer (set it in the config or by its "
                          f"flag), got {value!r}")
     batch_rows = sizes["batch size"] * args.num_decodes
+    max_decode_len = network.decode_length(config.target, sizes["input length"],
+                                           sizes["target length"])
     shapes = functools.partial(model_shapes, batch_rows=batch_rows,
                                input_length=sizes["input length"],
-                               max_decode_len=sizes["target length"])
+                               max_decode_len=max_decode_len)
     param_dtype = jnp.dtype(args.param_dtype or config.target.dtype)
     target = shapes(config.target)
     draft = None if config.draft is None else shapes(config.draft)
@@ -382,7 +394,7 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
     raise gin_utils.UsageError(gin_utils.first_line(e)) from None
   print(format_plan(rows, target, draft, param_dtype=param_dtype, device_kind=args.device_kind,
                     batch_rows=batch_rows, input_length=sizes["input length"],
-                    max_decode_len=sizes["target length"]))
+                    max_decode_len=max_decode_len))
   if args.compile_for:
     _print_compiled(args, bindings, rows)
 

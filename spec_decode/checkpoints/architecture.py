@@ -1,13 +1,18 @@
-"""A T5 checkpoint's architecture, told by its parameters' shapes (T5X checkpoints carry no
-config): what the T5X hook and `formats.checkpoint_config` read a draft's config from."""
+"""A checkpoint's architecture, told by its parameters' shapes (T5X checkpoints carry no
+config): what the T5X hook and `formats.checkpoint_config` read a draft's config from. A T5
+encoder-decoder's tree gives a `T5Config`, T5X's decoder-only tree (no encoder, the embedding
+under `decoder/token_embedder`) a `DecoderOnlyConfig`."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping
 
 from spec_decode.checkpoints import t5x_format
-from spec_decode.t5.network import T5Config
+from spec_decode.t5 import network
+
+# What shapes cannot tell, taken from the config a checkpoint is read "like" (the target's).
+_UNSHAPED_FIELDS = ("dtype", "dropout_rate", "float32_attention_logits",
+                    "relative_attention_max_distance")
 
 
 def t5x_param_shapes(path: str) -> Any:
@@ -16,31 +21,55 @@ def t5x_param_shapes(path: str) -> Any:
   return t5x_format.open_t5x_params(path, None)
 
 
-def config_from_params(params: Mapping[str, Any], like: T5Config, source: str) -> T5Config:
-  """The config of a T5 checkpoint from its parameters' shapes (any leaves with `.shape`).
-  What shapes cannot tell comes from `like` (the target's): the activation dtype, dropout, and
-  the MLP activations when the draft has as many MLP branches (else T5 1.0's relu or T5.1.1's
-  gated gelu). ValueError when `params` are not a T5's."""
+def _mlp_activations(mlp: Mapping[str, Any], like: network.NetworkConfig) -> tuple[str, ...]:
+  """`like`'s activations when the checkpoint has as many MLP branches, else T5 1.0's relu or
+  T5.1.1's gated gelu."""
+  num_branches = sum(name.startswith("wi") for name in mlp)
+  if num_branches == len(like.mlp_activations):
+    return tuple(like.mlp_activations)
+  return ("relu",) if num_branches == 1 else ("gelu", "linear")
+
+
+def _num_layers(stack: Mapping[str, Any]) -> int:
+  return sum(name.startswith("layers_") for name in stack)
+
+
+def config_from_params(params: Mapping[str, Any], like: network.NetworkConfig,
+                       source: str) -> network.NetworkConfig:
+  """The config of a T5 or decoder-only checkpoint from its parameters' shapes (any leaves
+  with `.shape`); its family is the checkpoint's, whatever `like`'s. What shapes cannot tell
+  comes from `like` (the target's): the activation dtype, dropout, float32 attention logits,
+  the relative-position distance, and the MLP activations when the checkpoint has as many MLP
+  branches (else T5 1.0's relu or T5.1.1's gated gelu). ValueError when `params` are
+  neither."""
+  decoder_only = "encoder" not in params and "token_embedder" in params.get("decoder", {})
   try:
-    vocab_size, emb_dim = params["token_embedder"]["embedding"].shape
-    num_heads, num_buckets = params["encoder"]["relpos_bias"]["rel_embedding"].shape
-    first_layer = params["encoder"]["layers_0"]
+    if decoder_only:
+      stack = params["decoder"]
+      embedding = stack["token_embedder"]["embedding"]
+      attention_name = "self_attention"
+    else:
+      stack = params["encoder"]
+      embedding = params["token_embedder"]["embedding"]
+      attention_name = "attention"
+    vocab_size, emb_dim = embedding.shape
+    num_heads, num_buckets = stack["relpos_bias"]["rel_embedding"].shape
+    first_layer = stack["layers_0"]
     mlp = first_layer["mlp"]
-    head_dim = first_layer["attention"]["query"]["kernel"].shape[1] // num_heads
+    head_dim = first_layer[attention_name]["query"]["kernel"].shape[1] // num_heads
+    mlp_dim = mlp["wi" if "wi" in mlp else "wi_0"]["kernel"].shape[1]
   except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f"{source}: not a T5 checkpoint (no parameter {e})") from None
-  mlp_branches = sorted(name for name in mlp if name.startswith("wi"))
-  if len(mlp_branches) == len(like.mlp_activations):
-    activations = like.mlp_activations
+    raise ValueError(f"{source}: not a T5 or decoder-only checkpoint (no parameter {e})"
+                     ) from None
+  shared = dict(vocab_size=vocab_size, emb_dim=emb_dim, num_heads=num_heads, head_dim=head_dim,
+                mlp_dim=mlp_dim, mlp_activations=_mlp_activations(mlp, like),
+                logits_via_embedding="logits_dense" not in params["decoder"],
+                relative_attention_num_buckets=num_buckets,
+                **{name: getattr(like, name) for name in _UNSHAPED_FIELDS})
+  if decoder_only:
+    config = network.DecoderOnlyConfig(num_layers=_num_layers(params["decoder"]), **shared)
   else:
-    activations = ("relu",) if len(mlp_branches) == 1 else ("gelu", "linear")
-  config = dataclasses.replace(
-      like, vocab_size=vocab_size, emb_dim=emb_dim, num_heads=num_heads,
-      num_encoder_layers=sum(name.startswith("layers_") for name in params["encoder"]),
-      num_decoder_layers=sum(name.startswith("layers_") for name in params["decoder"]),
-      head_dim=head_dim, mlp_dim=mlp[mlp_branches[0]]["kernel"].shape[1],
-      mlp_activations=activations,
-      logits_via_embedding="logits_dense" not in params["decoder"],
-      relative_attention_num_buckets=num_buckets)
+    config = network.T5Config(num_encoder_layers=_num_layers(params["encoder"]),
+                              num_decoder_layers=_num_layers(params["decoder"]), **shared)
   t5x_format.check_params(t5x_format.expected_param_shapes(config), params, source)
   return config

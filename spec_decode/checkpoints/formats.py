@@ -1,7 +1,7 @@
-"""A checkpoint of any format this package reads, located, identified and read for a
-`network.Transformer`: `locate` (which format a path is, once: a `Checkpoint`), `load_params`
-(its parameters, checked against the network), `checkpoint_config` (its network config, no
-weight read). Both readers take a path or a `Checkpoint`: a run locates each checkpoint once
+"""A checkpoint of any format this package reads, located, identified and read for a network
+(`network.Network`: a T5, or from a T5X checkpoint a decoder-only model): `locate` (which
+format a path is, once: a `Checkpoint`), `load_params` (its parameters, checked against the
+network), `checkpoint_config` (its network config, no weight read). Both readers take a path or a `Checkpoint`: a run locates each checkpoint once
 and hands the `Checkpoint` on (a Hub id is looked up, a T5X step folder probed, only there).
 """
 
@@ -28,8 +28,11 @@ Params = Any
 _NON_ARCHITECTURE_FIELDS = ("dtype", "float32_attention_logits", "dropout_rate")
 
 
-def _check_same_architecture(expected: network.T5Config, found: network.T5Config,
+def _check_same_architecture(expected: network.NetworkConfig, found: network.T5Config,
                              source: str) -> None:
+  if type(found) is not type(expected):
+    raise ValueError(f"{source}: the checkpoint is a {type(found).__name__} model's, the model "
+                     f"a {type(expected).__name__}'s")
   differences = [
       f"{field.name} {getattr(found, field.name)!r} (model: {getattr(expected, field.name)!r})"
       for field in dataclasses.fields(network.T5Config)
@@ -81,7 +84,7 @@ def locate(path: str | Checkpoint) -> Checkpoint:
   return Checkpoint(path, "t5x", t5x_orbax_state_item(resolved))
 
 
-def load_params(module: network.Transformer, path: str | Checkpoint,
+def load_params(module: network.Network, path: str | Checkpoint,
                 dtype: Any = None) -> Params:
   """Parameters for `module` from a checkpoint, checked against it (every path and shape), with
   floating-point leaves cast to `dtype` when given, as numpy arrays in host memory (see
@@ -108,7 +111,8 @@ def load_params(module: network.Transformer, path: str | Checkpoint,
   return params if dtype is None else t5x_format.cast_floats(params, dtype)
 
 
-def checkpoint_config(path: str | Checkpoint, like: network.T5Config) -> network.T5Config:
+def checkpoint_config(path: str | Checkpoint,
+                      like: network.NetworkConfig) -> network.NetworkConfig:
   """The network config of a checkpoint `load_params` reads, without reading its weights: a
   Hugging Face folder's config.json, a demo .safetensors file's header, or a T5X checkpoint's
   parameter shapes (`architecture.config_from_params`, what shapes cannot tell from `like`).

@@ -1,6 +1,7 @@
 """T5 parameters in and out of T5X checkpoints, and the parameter tree both formats share.
 
-Parameters are the `params` collection of `spec_decode.t5.network.Transformer`: a nested dict
+Parameters are the `params` collection of `spec_decode.t5.network.Transformer` (or of a
+decoder-only `network.DecoderOnlyTransformer`, T5X's decoder-only tree): a nested dict
 with T5X's names (`token_embedder/embedding [V,E]`, `encoder/layers_0/attention/query/kernel
 [E,H*D]`, ..., `decoder/logits_dense/kernel [E,V]`) whose leaves are numpy arrays.
 
@@ -51,7 +52,7 @@ from flax.core import unfreeze
 
 from spec_decode.checkpoints import checkpoint_faults
 from spec_decode.checkpoints import storage
-from spec_decode.t5.network import T5Config, Transformer
+from spec_decode.t5 import network
 
 Params = dict[str, Any]
 KeyPath = tuple[str, ...]
@@ -92,15 +93,16 @@ def _name(path: KeyPath) -> str:
   return "/".join(path)
 
 
-def expected_param_shapes(config: T5Config) -> Params:
-  """The network's parameter tree for `config`, as jax.ShapeDtypeStruct leaves (no compute)."""
+def expected_param_shapes(config: network.NetworkConfig) -> Params:
+  """The network's parameter tree for `config` (a T5 or a decoder-only model's), as
+  jax.ShapeDtypeStruct leaves (no compute)."""
   tokens = jnp.ones((1, 1), jnp.int32)
-  variables = jax.eval_shape(
-      lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens))
+  variables = jax.eval_shape(lambda: network.module_of(config).init(
+      jax.random.PRNGKey(0), *network.init_arguments(config, tokens)))
   return unfreeze(variables["params"])
 
 
-def random_params(config: T5Config, seed: int, dtype: Any = None,
+def random_params(config: network.NetworkConfig, seed: int, dtype: Any = None,
                   on_device: bool = False) -> Params:
   """Random parameters of `config`'s shapes: floating leaves in `dtype` (default float32).
 

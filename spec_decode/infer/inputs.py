@@ -1,6 +1,7 @@
 """The runner's inputs: where they come from (`DatasetConfig`), read as `Example`s (task
 examples trimmed to TASK_FEATURE_LENGTHS with EOS kept, or text, the task's vocabulary checked to
-be the model's), and cut into batches of one shape.
+be the model's), and cut into batches of one shape: seqio's encoder-decoder features, or for a
+decoder-only model its decoder features, each input the prompt to continue.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from spec_decode import models
 from spec_decode.data import corpora
 from spec_decode.gin_utils import UsageError
+from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 
 
@@ -33,7 +35,9 @@ class DatasetConfig:
 @dataclasses.dataclass(frozen=True)
 class Example:
   inputs: str  # the text the model reads (prefix included)
-  input_ids: list[int]  # EOS-terminated, at most task_feature_lengths['inputs'] long
+  # EOS-terminated, at most task_feature_lengths['inputs'] long; a language model's text
+  # prompt has no EOS (it is continued, not ended).
+  input_ids: list[int]
   target: str | None = None
 
 
@@ -65,7 +69,7 @@ def _vocabulary_signature(vocabulary: Any) -> tuple[int, int, bytes]:
     return vocabulary.vocab_size, vocabulary.extra_ids, f.read()
 
 
-def _task_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel) -> list[Example]:
+def _task_examples(cfg: DatasetConfig, model: models.BaseTransformerModel) -> list[Example]:
   # Only a task imports TensorFlow.
   from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top
   vocabularies = tasks.output_vocabularies(cfg.mixture_or_task_name)
@@ -83,8 +87,11 @@ def _task_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel) -> lis
           for row in rows]
 
 
-def _text_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel,
+def _text_examples(cfg: DatasetConfig, model: models.BaseTransformerModel,
                    input_length: int) -> list[Example]:
+  """The texts as inputs: an encoder-decoder's cut to `input_length` with EOS (a warning says
+  how many were), a language model's prompts whole (UsageError naming the first longer than
+  `input_length`, the room its decode leaves a prompt)."""
   if cfg.texts is not None:
     if isinstance(cfg.texts, str):
       raise UsageError("texts must be a list of strings, got one string")
@@ -94,9 +101,16 @@ def _text_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel,
   texts = texts[:cfg.num_examples] if cfg.num_examples is not None else texts
   vocabulary = model.input_vocabulary
   examples, num_cut, most_cut = [], 0, 0
-  for text in texts:
+  for i, text in enumerate(texts):
     inputs = cfg.input_prefix + text
     ids = vocabulary.encode(inputs)
+    if network.is_decoder_only(model.module):
+      if len(ids) > input_length:
+        raise UsageError(f"prompt {i + 1} has {len(ids)} tokens, more than the "
+                         f"{input_length} of TASK_FEATURE_LENGTHS['inputs'], the longest "
+                         "prompt the decode length allows")
+      examples.append(Example(inputs, list(ids)))
+      continue
     if len(ids) > input_length - 1:  # room for EOS
       num_cut, most_cut = num_cut + 1, max(most_cut, len(ids) - (input_length - 1))
     examples.append(Example(inputs, vocab.trim_with_eos(ids, input_length, vocabulary.eos_id)))
@@ -107,7 +121,7 @@ def _text_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel,
   return examples
 
 
-def read_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel) -> list[Example]:
+def read_examples(cfg: DatasetConfig, model: models.BaseTransformerModel) -> list[Example]:
   """The run's inputs (see the module docstring); UsageError when there are none."""
   input_length, _ = feature_lengths(cfg)
   examples = (_task_examples(cfg, model) if cfg.mixture_or_task_name is not None
@@ -118,14 +132,26 @@ def read_examples(cfg: DatasetConfig, model: models.EncoderDecoderModel) -> list
 
 
 def make_batches(examples: Sequence[Example], batch_size: int, input_length: int,
-                 target_length: int) -> list[tuple[dict[str, np.ndarray], int]]:
-  """(batch, number of real rows) pairs of seqio encoder-decoder features, all one shape; the
-  last batch is completed with copies of its last example, which finish when it does."""
+                 target_length: int, decoder_only: bool = False
+                 ) -> list[tuple[dict[str, np.ndarray], int]]:
+  """(batch, number of real rows) pairs, all one shape: seqio's encoder-decoder features, or
+  with `decoder_only` its decoder features of length input_length + target_length (BOS = 0,
+  then the prompt, decoder_causal_attention 1 over both: `seqio.DecoderFeatureConverter`'s).
+  The last batch is completed with copies of its last example, which finish when it does."""
   batches = []
   for start in range(0, len(examples), batch_size):
     rows = list(examples[start:start + batch_size])
     num_real = len(rows)
     rows += [rows[-1]] * (batch_size - num_real)
+    if decoder_only:
+      decoder_input_tokens = np.zeros((batch_size, input_length + target_length), np.int32)
+      decoder_causal_attention = np.zeros_like(decoder_input_tokens)
+      for i, row in enumerate(rows):
+        decoder_input_tokens[i, 1:len(row.input_ids) + 1] = row.input_ids
+        decoder_causal_attention[i, :len(row.input_ids) + 1] = 1
+      batches.append(({"decoder_input_tokens": decoder_input_tokens,
+                       "decoder_causal_attention": decoder_causal_attention}, num_real))
+      continue
     encoder_input_tokens = np.zeros((batch_size, input_length), np.int32)
     for i, row in enumerate(rows):
       encoder_input_tokens[i, :len(row.input_ids)] = row.input_ids
@@ -133,5 +159,3 @@ def make_batches(examples: Sequence[Example], batch_size: int, input_length: int
                      "decoder_input_tokens": np.zeros((batch_size, target_length), np.int32)},
                     num_real))
   return batches
-
-

@@ -101,7 +101,7 @@ def progress(name: str) -> Callable[[str, int, int], None]:
   return report
 
 
-def summarize(model: models.EncoderDecoderModel, source: str, cfg: inputs.DatasetConfig,
+def summarize(model: models.BaseTransformerModel, source: str, cfg: inputs.DatasetConfig,
                examples: Sequence[inputs.Example], *, run: DecodeRun, baseline: DecodeRun | None,
                costs: Mapping[str, float] | None, eos_id: int,
                side_by_side: Mapping[str, float] | None = None, timing_rounds: int = 0

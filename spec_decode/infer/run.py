@@ -25,6 +25,7 @@ from spec_decode.infer import timing
 from spec_decode.runtime import call_costs
 from spec_decode.runtime import decode_layout
 from spec_decode.runtime import partitioning
+from spec_decode.t5 import network
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +129,7 @@ def _check_batch_size(layout: decode_layout.DecodeLayout, batch_size: int) -> No
                      f" use {nearest}")
 
 
-def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
+def infer(model: models.BaseTransformerModel = gin.REQUIRED,
           dataset_cfg: inputs.DatasetConfig = gin.REQUIRED, checkpoint_path: str = gin.REQUIRED,
           output_dir: str = gin.REQUIRED, compare_with_baseline: bool = False,
           partitioner: Any = None, seed: int = 0, num_printed: int = 10,
@@ -146,8 +147,9 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   in an output dir that holds another run's chunks. Returns the summary on process 0, None on
   the others.
   """
-  if not isinstance(model, models.EncoderDecoderModel):
-    raise UsageError(f"MODEL must be a models.EncoderDecoderModel, got {type(model).__name__}")
+  if not isinstance(model, models.BaseTransformerModel):
+    raise UsageError("MODEL must be a models.EncoderDecoderModel or models.DecoderOnlyModel, got "
+                     f"{type(model).__name__}")
   if compare_with_baseline and not model.is_speculative:
     raise UsageError("COMPARE_WITH_BASELINE needs a decode loop with a draft (DECODE_LOOP, "
                      "e.g. 'speculative_sample')")
@@ -163,6 +165,9 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   start = time.perf_counter()
   examples = inputs.read_examples(dataset_cfg, model)
   input_length, target_length = inputs.feature_lengths(dataset_cfg)
+  # A language model decodes its prompt and the continuation in one buffer.
+  decode_length = network.decode_length(model.module, input_length, target_length)
+  decoder_only = network.is_decoder_only(model.module)
   source = dataset_cfg.mixture_or_task_name or dataset_cfg.input_file or "--text"
   store = chunks.ChunkStore.open(output_dir, _run_identity(
       model, dataset_cfg, source=source, examples=examples, checkpoint_path=checkpoint_path,
@@ -176,7 +181,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   _check_batch_size(layout, dataset_cfg.batch_size)
   # Every decode of an input (a beam) has its own caches.
   plan.check_fits(layout, dataset_cfg.batch_size * model.num_decodes, input_length,
-                  target_length, checkpoint_dtype, device_memory_gib)
+                  decode_length, checkpoint_dtype, device_memory_gib)
   # Straight into their shards, once: the baseline run reuses the same arrays.
   params = layout.restore("target", model.module, checkpoint_path, checkpoint_dtype)
   draft_params = None
@@ -185,7 +190,8 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
                                   checkpoint_dtype)
   elif model.is_speculative and model.decoder.takes_draft_params:  # an n-gram draft's tables
     draft_params = layout.put_replicated(model.draft_params)
-  batches = inputs.make_batches(examples, dataset_cfg.batch_size, input_length, target_length)
+  batches = inputs.make_batches(examples, dataset_cfg.batch_size, input_length, target_length,
+                                decoder_only)
   print(f"{outputs.count(len(examples), 'example')} in "
         f"{outputs.count(len(batches), 'batch')} of {dataset_cfg.batch_size}")
 
@@ -219,7 +225,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
       print("measuring one target call of 1 and of gamma + 1 tokens, and one draft call")
       costs = call_costs.verification_costs(
           (model.module, params), (model.draft_module, draft_params),
-          model.decode_settings["gamma"], dataset_cfg.batch_size, input_length, target_length)
+          model.decode_settings["gamma"], dataset_cfg.batch_size, input_length, decode_length)
   if jax.process_index() != 0:  # process 0 alone holds the committed outputs
     return None
   summary, records = outputs.summarize(
@@ -233,7 +239,7 @@ def infer(model: models.EncoderDecoderModel = gin.REQUIRED,
   return summary
 
 
-def _run_identity(model: models.EncoderDecoderModel, cfg: inputs.DatasetConfig, *, source: str,
+def _run_identity(model: models.BaseTransformerModel, cfg: inputs.DatasetConfig, *, source: str,
                   examples: Sequence[inputs.Example], checkpoint_path: str,
                   checkpoint_dtype: str | None, seed: int, compare_with_baseline: bool
                   ) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from spec_decode.t5 import cpu_kernels, network
 
 class Call(NamedTuple):
   """One cached decoder call of the sequence timed."""
-  module: network.Transformer
+  module: network.Network
   params: Any
   num_tokens: int  # tokens fed per row
   one_logits: bool = False  # asks for the last fed token's logits alone (`logits_index`)
@@ -64,7 +64,8 @@ def compile_call_sequence(calls: Sequence[Call], batch_size: int, input_length: 
                                               max_decode_len=cache_length),
                             params, encoder_tokens)
     cache = jax.tree_util.tree_map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes)
-    cache["encoder_mask"] = jnp.ones_like(cache["encoder_mask"])
+    if "encoder_mask" in cache:  # an encoder-decoder's; a language model's cache has none
+      cache["encoder_mask"] = jnp.ones_like(cache["encoder_mask"])
     caches.append(cache)
   sequences = jnp.zeros((batch_size, cache_length), jnp.int32)
   num_starts = max(cache_length - max(call.num_tokens for call in calls), 1)
@@ -148,8 +149,8 @@ def median_seconds(run: Callable[[], Any], repetitions: int, divisor: int = 1) -
   return statistics.median(timings)
 
 
-def verification_costs(target: tuple[network.Transformer, Any],
-                       draft: tuple[network.Transformer, Any], gamma: int, batch_size: int,
+def verification_costs(target: tuple[network.Network, Any],
+                       draft: tuple[network.Network, Any], gamma: int, batch_size: int,
                        input_length: int, cache_length: int, loops: int = 16,
                        repetitions: int = 5) -> dict[str, float]:
   """{'c', 'v', and the three calls' seconds} (see the module docstring)."""

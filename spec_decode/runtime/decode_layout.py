@@ -153,8 +153,8 @@ class DecodeLayout:
   `compiler_options` on top of that platform's own.
   """
   partitioner: partitioning.PjitPartitioner
-  target: network.T5Config
-  draft: network.T5Config | None
+  target: network.NetworkConfig
+  draft: network.NetworkConfig | None
   draft_rules: tuple[tuple[str, Any], ...]
   params_shardings: Params
   draft_params_shardings: Params | None
@@ -264,7 +264,7 @@ class DecodeLayout:
     """Host arrays (e.g. an rng) replicated on every device."""
     return put_host(arrays, self.partitioner.replicated)
 
-  def restore(self, role: str, module: network.Transformer, path: str | formats.Checkpoint,
+  def restore(self, role: str, module: network.Network, path: str | formats.Checkpoint,
               dtype: Any = None) -> Params:
     """The 'target's or 'draft's parameters from a checkpoint, straight into their layout (see
     `restore_params`)."""
@@ -281,8 +281,8 @@ class DecodeLayout:
     return shardings
 
 
-def decode_layout(partitioner: partitioning.PjitPartitioner, target: network.T5Config,
-                  draft: network.T5Config | None = None,
+def decode_layout(partitioner: partitioning.PjitPartitioner, target: network.NetworkConfig,
+                  draft: network.NetworkConfig | None = None,
                   draft_logical_axis_rules: partitioning.LogicalAxisRules | None = None,
                   compiler_options: Mapping[str, Any] | None = None) -> DecodeLayout:
   """The `DecodeLayout` of `target` (and `draft`) on `partitioner`'s mesh. Draft parameters
@@ -295,7 +295,8 @@ def decode_layout(partitioner: partitioning.PjitPartitioner, target: network.T5C
                       (draft_logical_axis_rules or partitioning.replicated_parameter_rules(rules)))
   partitioning.check_rules(draft_rules)
 
-  def shardings(config: network.T5Config, model_rules: partitioning.LogicalAxisRules) -> Params:
+  def shardings(config: network.NetworkConfig,
+                model_rules: partitioning.LogicalAxisRules) -> Params:
     shapes, axes = partitioning.abstract_params(config)
     return partitioner.logical_shardings(axes, shapes, model_rules, what="parameters")
 
@@ -344,7 +345,7 @@ def restore_sharded(path: str, shardings: Params, template: Params, dtype: Any =
       {key_path: place(key_path, array) for key_path, array in t5x_format.flatten_params(arrays)})
 
 
-def restore_params(module: network.Transformer, path: str | formats.Checkpoint,
+def restore_params(module: network.Network, path: str | formats.Checkpoint,
                    shardings: Params, dtype: Any = None) -> Params:
   """`module`'s parameters from any checkpoint `formats.load_params` reads, as jax.Arrays laid
   out by `shardings`, no device receiving more than its slices. A T5X checkpoint goes through

@@ -13,7 +13,7 @@ parameter-partitioning variant), length->None, relpos_buckets->None. A logical n
 rule is an error, never silently replicated.
 
 Shardings (all `NamedSharding`s on the mesh):
-  * parameters, from the flax `params_axes` collection `Transformer.init` returns
+  * parameters, from the flax `params_axes` collection the network's `init` returns
     (e.g. `mlp/wi_0/kernel [E, mlp]` is ('embed', 'mlp') -> P(None, 'model'));
   * decode caches, from `network.cache_logical_axes`: K/V [B, L, H, D] are
     ('batch', 'length', 'heads', 'kv') -> P('data', None, 'model', None);
@@ -227,24 +227,28 @@ def params_logical_axes(params_axes: Mapping[str, Any]) -> Params:
   return unfreeze(nn_partitioning.get_axis_names(params_axes))
 
 
-def abstract_params(config: network.T5Config) -> tuple[Params, Params]:
-  """(parameter ShapeDtypeStructs, parameter logical axes) of `config`; nothing is allocated."""
+def abstract_params(config: network.NetworkConfig) -> tuple[Params, Params]:
+  """(parameter ShapeDtypeStructs, parameter logical axes) of `config` (a T5 or a decoder-only
+  model's); nothing is allocated."""
   tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
   variables = jax.eval_shape(
-      lambda t: network.Transformer(config).init(jax.random.PRNGKey(0), t, t, t), tokens)
+      lambda t: network.module_of(config).init(jax.random.PRNGKey(0),
+                                               *network.init_arguments(config, t)), tokens)
   return unfreeze(variables["params"]), params_logical_axes(variables["params_axes"])
 
 
-def abstract_decode_cache(config: network.T5Config, batch_size: int, input_length: int,
+def abstract_decode_cache(config: network.NetworkConfig, batch_size: int, input_length: int,
                           max_decode_len: int, params: Params | None = None
                           ) -> network.DecodeCache:
-  """ShapeDtypeStructs of `network.init_decode_cache` for [batch_size, input_length] inputs
-  (`params`: the abstract parameters of `config`, when already at hand)."""
+  """ShapeDtypeStructs of `network.init_decode_cache` for [batch_size, input_length] encoder
+  inputs, or a decoder-only model's [batch_size, max_decode_len] prompt buffer (`params`: the
+  abstract parameters of `config`, when already at hand)."""
   if params is None:
     params, _ = abstract_params(config)
+  prefill_length = max_decode_len if network.is_decoder_only(config) else input_length
   init = functools.partial(network.init_decode_cache, config, max_decode_len=max_decode_len)
   return jax.eval_shape(init, params,
-                        jax.ShapeDtypeStruct((batch_size, input_length), jnp.int32))
+                        jax.ShapeDtypeStruct((batch_size, prefill_length), jnp.int32))
 
 
 # --------------------------------------------------------------------------- partitioner

@@ -769,13 +769,12 @@ class DecoderOnlyTransformer(nn.Module):
 
   def init_cache(self, prompt: Array, max_decode_len: int) -> DecodeCache:
     """The prefill (see the class docstring)."""
+    if prompt.shape[1] > max_decode_len:
+      raise ValueError(f"a prompt buffer of {prompt.shape[1]} positions does not fit a decode "
+                       f"of {max_decode_len}")
+    # A shorter buffer is the same prompt: padded, its queries and keys span the whole cache.
+    prompt = jnp.pad(prompt.astype(jnp.int32), ((0, 0), (0, max_decode_len - prompt.shape[1])))
     batch, length = prompt.shape
-    if length > max_decode_len:
-      raise ValueError(f"a prompt buffer of {length} positions does not fit a decode of "
-                       f"{max_decode_len}")
-    # The call attends over the whole cache: a shorter prompt buffer is padded to its length.
-    prompt = jnp.pad(prompt.astype(jnp.int32), ((0, 0), (0, max_decode_len - length)))
-    length = max_decode_len
     lengths = prompt_lengths(prompt)
     positions = jnp.arange(length)
     # T5X's prefill mask: the prompt region (positions <= length) with its own targets, causal
@@ -816,6 +815,24 @@ def is_decoder_only(module_or_config: Network | NetworkConfig) -> bool:
   """Whether a network (or config) is a decoder-only language model, whose cache is prefilled
   with a prompt instead of an encoder's input."""
   return isinstance(module_or_config, (DecoderOnlyTransformer, DecoderOnlyConfig))
+
+
+def init_arguments(module_or_config: Network | NetworkConfig, tokens: Any) -> tuple[Any, ...]:
+  """The token arguments of the network's `init` (teacher-forced `__call__`), every one
+  `tokens`: (encoder input, decoder input, decoder target), or a decoder-only model's (decoder
+  input, decoder target)."""
+  return (tokens,) * (2 if is_decoder_only(module_or_config) else 3)
+
+
+def decode_length(module_or_config: Network | NetworkConfig, input_length: int,
+                  target_length: int) -> int:
+  """The decoder length of seqio's features for task feature lengths {'inputs': input_length,
+  'targets': target_length}: an encoder-decoder decodes `target_length` positions, a
+  decoder-only model `input_length + target_length` (the prompt then its continuation,
+  `seqio.DecoderFeatureConverter`'s concatenated features)."""
+  if is_decoder_only(module_or_config):
+    return input_length + target_length
+  return target_length
 
 
 # --------------------------------------------------------------------------- decoding API
