@@ -1,7 +1,8 @@
 """Decodes compiled for a TPU topology from this CPU host (`spec_decode.aot`, libtpu's
 compile-only client): the speculative decode, its baseline and speculative beam search compile
-for TPU v4 devices with no CPU custom call (the platform follows the devices, not the host), XLA's
-memory analysis agrees with the plan's formula, and the command reports it."""
+for TPU v4 devices with no CPU custom call (the platform follows the devices, not the host), as
+does a decoder-only language model's run, XLA's memory analysis agrees with the plan's formula,
+and the command reports it."""
 
 import importlib.util
 import json
@@ -146,6 +147,24 @@ def test_the_command_compiles_the_demo_for_one_v4_chip(tmp_path, capsys):
   roofline = figures["estimates"][0]
   assert roofline["name"] == "roofline" and set(roofline["v"]) == {"1", "2"}
   assert 0 < roofline["c"] < 1  # the demo's draft is the smaller model
+
+
+@needs_tpu_compiler
+def test_a_decoder_only_run_compiles_for_one_v4_chip(tmp_path, capsys):
+  """A language model's run (prefill of its prompts, then the loop over prompt + continuation
+  positions) compiles for a TPU from its config alone, with no CPU custom call."""
+  from spec_decode.checkpoints import tiny_lm_pair  # pylint: disable=g-import-not-at-top
+  tiny_lm_pair.write_pair(tmp_path)
+  out = tmp_path / "lm.json"
+  assert cli.main([f"--gin_file={tmp_path / 'infer.gin'}", "--topology=v4:1x1x1",
+                   "--call_tokens=1,4", f"--output_json={out}"]) == 0
+  assert "Compiled by XLA for TPU v4" in capsys.readouterr().out
+  figures = json.loads(out.read_text())
+  assert [p["name"] for p in figures["programs"]] == ["speculative decode",
+                                                      "baseline (target alone)"]
+  assert not any(name.startswith("spec_decode") for p in figures["programs"]
+                 for name in p["custom_calls"])
+  assert all(entry["fits"] for entry in figures["plan"].values())
 
 
 @needs_tpu_compiler

@@ -35,7 +35,7 @@ def compile_run(run: runs.Run, wanted: Sequence[str], call_tokens: Sequence[int]
                target_length=run.target_length, param_dtype=run.checkpoint_dtype,
                eos_id=runs.EOS_ID, num_decodes=model.num_decodes, progress=progress)
   rows = dict(batch_rows=run.batch_size * model.num_decodes, input_length=run.input_length,
-              max_decode_len=run.target_length, progress=progress)
+              max_decode_len=run.decode_length, progress=progress)
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
     pending: dict[str, Any] = {}
     if "decode" in wanted:
@@ -67,7 +67,7 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.R
   row = paper.TABLE2.get(run.row_name)
   alpha = args.alpha if args.alpha is not None else (row.alpha if row else None)
   batch_rows = run.batch_size * model.num_decodes
-  target, draft = plan.layout_bytes(layout, batch_rows, run.input_length, run.target_length,
+  target, draft = plan.layout_bytes(layout, batch_rows, run.input_length, run.decode_length,
                                     run.checkpoint_dtype)
   whole = [compiled[name] for name in ("decode", "baseline") if name in compiled]
   plans = {}

@@ -87,7 +87,7 @@ def compile_program(name: str, lower: Callable[[], jax.stages.Lowered],
       custom_calls=tuple(sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))))
 
 
-def abstract_params(config: network.T5Config, dtype: Any = None) -> Any:
+def abstract_params(config: network.NetworkConfig, dtype: Any = None) -> Any:
   """ShapeDtypeStructs of a model's parameters as a run restores them: floating ones cast to
   `dtype` (None: as stored, float32)."""
   shapes, _ = partitioning.abstract_params(config)
@@ -96,6 +96,18 @@ def abstract_params(config: network.T5Config, dtype: Any = None) -> Any:
   return jax.tree_util.tree_map(
       lambda leaf: jax.ShapeDtypeStruct(leaf.shape, dtype if jnp.issubdtype(
           leaf.dtype, jnp.floating) else leaf.dtype), shapes)
+
+
+def abstract_batch(config: network.NetworkConfig, batch_size: int, input_length: int,
+                   target_length: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """The features a run decodes: seqio's encoder-decoder features, or a decoder-only model's
+  decoder features of the prompt and its continuation (`network.decode_length` positions)."""
+  tokens = lambda length: jax.ShapeDtypeStruct((batch_size, length), jnp.int32)
+  if network.is_decoder_only(config):
+    length = network.decode_length(config, input_length, target_length)
+    return {"decoder_input_tokens": tokens(length), "decoder_causal_attention": tokens(length)}
+  return {"encoder_input_tokens": tokens(input_length),
+          "decoder_input_tokens": tokens(target_length)}
 
 
 def predict_program(layout: decode_layout.DecodeLayout, decoder: core.Decoder, *, eos_id: int,
@@ -109,8 +121,7 @@ def predict_program(layout: decode_layout.DecodeLayout, decoder: core.Decoder, *
   params = abstract_params(layout.target, param_dtype)
   draft_params = (None if decoder.draft_network is None
                   else abstract_params(layout.draft, param_dtype))
-  batch = {"encoder_input_tokens": jax.ShapeDtypeStruct((batch_size, input_length), jnp.int32),
-           "decoder_input_tokens": jax.ShapeDtypeStruct((batch_size, target_length), jnp.int32)}
+  batch = abstract_batch(layout.target, batch_size, input_length, target_length)
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32)  # jax.random.PRNGKey's
   return compile_program(name, lambda: predict.lower(params, draft_params, batch, rng), progress)
 
@@ -122,7 +133,7 @@ def call_program(layout: decode_layout.DecodeLayout, role: str, *, batch_rows: i
   """One cached call of the 'target' or 'draft' feeding `num_tokens` tokens per row, every fed
   token's logits returned (a verification call), compiled alone (see the module docstring)."""
   config = layout.target if role == "target" else layout.draft
-  module = network.Transformer(config)
+  module = network.module_of(config)
   params = abstract_params(config, param_dtype)
   cache = partitioning.abstract_decode_cache(config, batch_rows, input_length, max_decode_len)
   cache_shardings = layout.partitioner.cache_shardings(cache, layout.rules(role))

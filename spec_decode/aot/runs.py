@@ -43,6 +43,11 @@ class Run:
   target_length: int
   row_name: str  # the last gin file's name: a Table 2 row's, for a configs/table2 row file
 
+  @property
+  def decode_length(self) -> int:
+    """The decoder's positions: the targets', or a language model's prompt and continuation."""
+    return network.decode_length(self.layout.target, self.input_length, self.target_length)
+
 
 def _resolved(value: Any) -> Any:
   """A bound value with gin's macro references evaluated."""
@@ -65,13 +70,15 @@ def read_run(args: argparse.Namespace, bindings: Sequence[str],
   model_reference = gin.query_parameter("%MODEL")
   # Bound over the config's own (gin evaluates every binding of a call, so passing these as
   # arguments would still read the config's vocabulary and draft checkpoint).
-  overrides: dict[str, Any] = {
-      "input_vocabulary": StandInVocabulary(config.target.vocab_size),
-      "output_vocabulary": StandInVocabulary(config.target.vocab_size)}
-  if issubclass(model_reference.configurable.wrapped, models.SpeculativeEncoderDecoderModel):
+  stand_in = StandInVocabulary(config.target.vocab_size)
+  vocabularies = (("vocabulary",) if network.is_decoder_only(config.target)
+                  else ("input_vocabulary", "output_vocabulary"))
+  overrides: dict[str, Any] = {name: stand_in for name in vocabularies}
+  if issubclass(model_reference.configurable.wrapped, (models.SpeculativeEncoderDecoderModel,
+                                                       models.SpeculativeDecoderOnlyModel)):
     overrides["draft_checkpoint_path"] = None  # the draft's config is `config.draft`
     if config.draft is not None:
-      overrides["draft_module"] = network.Transformer(
+      overrides["draft_module"] = network.module_of(
           dataclasses.replace(config.draft, dtype=config.target.dtype))
   for name, value in overrides.items():
     gin.bind_parameter(f"{model_reference.configurable.selector}.{name}", value)
