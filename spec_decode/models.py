@@ -274,11 +274,12 @@ class BaseTransformerModel:
                              ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Decodes a batch (`core.Decoder.predict`: shapes, aux and T5X's conventions there);
     `num_decodes` None: the model's."""
-    return self._predict(params, None, batch, rng, decoder_params, return_all_decodes,
-                         num_decodes, prompt_with_targets)
+    return self._predict(params, None, batch, rng, decoder_params=decoder_params,
+                         return_all_decodes=return_all_decodes, num_decodes=num_decodes,
+                         prompt_with_targets=prompt_with_targets)
 
   def _predict(self, params: Params, draft_params: Params | None, batch: Batch,
-               rng: jax.Array | None, decoder_params: Mapping[str, Any] | None,
+               rng: jax.Array | None, *, decoder_params: Mapping[str, Any] | None,
                return_all_decodes: bool, num_decodes: int | None, prompt_with_targets: bool
                ) -> tuple[jax.Array, dict[str, jax.Array]]:
     return self.decoder.predict(
@@ -333,8 +334,9 @@ class DecoderOnlyModel(BaseTransformerModel):
         and isinstance(module, network.DecoderOnlyTransformer)):
       module = module.clone(inputs_bidirectional_attention=inputs_bidirectional_attention)
     super().__init__(module, vocabulary, vocabulary, optimizer_def, decode_loop,
-                     feature_converter_cls, label_smoothing, z_loss, loss_normalizing_factor,
-                     **decode_settings)
+                     feature_converter_cls=feature_converter_cls,
+                     label_smoothing=label_smoothing, z_loss=z_loss,
+                     loss_normalizing_factor=loss_normalizing_factor, **decode_settings)
 
   @property
   def inputs_bidirectional_attention(self) -> bool:
@@ -469,8 +471,9 @@ class _Speculative:
     """As the target's model's; `draft_params` default to the loaded `draft_params`."""
     if self.draft_module is not None and draft_params is None:
       draft_params = self.draft_params
-    return self._predict(params, draft_params, batch, rng, decoder_params, return_all_decodes,
-                         num_decodes, prompt_with_targets)
+    return self._predict(params, draft_params, batch, rng, decoder_params=decoder_params,
+                         return_all_decodes=return_all_decodes, num_decodes=num_decodes,
+                         prompt_with_targets=prompt_with_targets)
 
 
 class SpeculativeEncoderDecoderModel(_Speculative, EncoderDecoderModel):
