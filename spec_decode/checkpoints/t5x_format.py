@@ -51,7 +51,8 @@ from flax.core import unfreeze
 
 from spec_decode.checkpoints import checkpoint_faults
 from spec_decode.checkpoints import storage
-from spec_decode.t5.network import T5Config, Transformer
+from spec_decode.t5 import network
+from spec_decode.t5.network import T5Config
 
 Params = dict[str, Any]
 KeyPath = tuple[str, ...]
@@ -92,11 +93,13 @@ def _name(path: KeyPath) -> str:
   return "/".join(path)
 
 
-def expected_param_shapes(config: T5Config) -> Params:
-  """The network's parameter tree for `config`, as jax.ShapeDtypeStruct leaves (no compute)."""
-  tokens = jnp.ones((1, 1), jnp.int32)
+def expected_param_shapes(config: network.NetworkConfig) -> Params:
+  """The network's parameter tree for `config` (a T5 or a decoder-only model's), as
+  jax.ShapeDtypeStruct leaves (no compute)."""
+  # Encoder input, decoder input and targets; a decoder-only model takes no encoder input.
+  tokens = (jnp.ones((1, 1), jnp.int32),) * (2 if network.is_decoder_only(config) else 3)
   variables = jax.eval_shape(
-      lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens))
+      lambda: network.module_of(config).init(jax.random.PRNGKey(0), *tokens))
   return unfreeze(variables["params"])
 
 
