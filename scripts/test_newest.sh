@@ -108,6 +108,8 @@ EOF
 cd "$repo"
 
 # --- 3. the tests ---------------------------------------------------------------------------
+source scripts/t5x_source.sh
+t5x_source "$work/t5x_source"
 # Two workers, one file each at a time, as in scripts/test.sh.
 "$venv_python" -m pytest -q -rs -n 2 --dist loadfile -m "not slow or newest" "$@" \
   tests --ignore=tests/sharding

@@ -13,6 +13,7 @@ from spec_decode.t5 import network
 # What shapes cannot tell, taken from the config a checkpoint is read "like" (the target's).
 _UNSHAPED_FIELDS = ("dtype", "dropout_rate", "float32_attention_logits",
                     "relative_attention_max_distance")
+_FAMILY_NAMES = ("an encoder-decoder (T5)", "a decoder-only")
 
 
 def t5x_param_shapes(path: str) -> Any:
@@ -36,13 +37,17 @@ def _num_layers(stack: Mapping[str, Any]) -> int:
 
 def config_from_params(params: Mapping[str, Any], like: network.NetworkConfig,
                        source: str) -> network.NetworkConfig:
-  """The config of a T5 or decoder-only checkpoint from its parameters' shapes (any leaves
-  with `.shape`); its family is the checkpoint's, whatever `like`'s. What shapes cannot tell
-  comes from `like` (the target's): the activation dtype, dropout, float32 attention logits,
-  the relative-position distance, and the MLP activations when the checkpoint has as many MLP
-  branches (else T5 1.0's relu or T5.1.1's gated gelu). ValueError when `params` are
-  neither."""
+  """The config of a T5 or decoder-only checkpoint of `like`'s family from its parameters'
+  shapes (any leaves with `.shape`). What shapes cannot tell comes from `like` (the target's):
+  the activation dtype, dropout, float32 attention logits, the relative-position distance, and
+  the MLP activations when the checkpoint has as many MLP branches (else T5 1.0's relu or
+  T5.1.1's gated gelu). ValueError, naming `source`, when `params` are of the other family
+  than `like` (a draft must be of its target's) or of neither."""
   decoder_only = "encoder" not in params and "token_embedder" in params.get("decoder", {})
+  if decoder_only != network.is_decoder_only(like) and ("encoder" in params or decoder_only):
+    raise ValueError(f"{source}: {_FAMILY_NAMES[decoder_only]} checkpoint, but the target is "
+                     f"{_FAMILY_NAMES[network.is_decoder_only(like)]} model: a draft must be "
+                     "of its target's family")
   try:
     if decoder_only:
       stack = params["decoder"]

@@ -1,14 +1,18 @@
 """Exact speculative decoding as a T5X model: `t5x.infer`, `t5x.eval` and `utils.get_infer_fn`
 drive it unchanged, with T5X's own partitioner and checkpointer.
 
-`SpeculativeEncoderDecoderModel` IS a `t5x.models.EncoderDecoderModel`. Its `module` is
-spec_decode's `network.Transformer`, which has T5X's parameter tree (the user's T5X checkpoint
-restores through T5X's checkpointer unchanged) and decodes k tokens per call, which speculative
-decoding needs (the target verifies gamma + 1 tokens in one call). Decoding is `core.Decoder`'s,
-the core every runner shares: a loop of `spec_decode.engine.loops` (by default the speculative
-form of the user's decode_fn: 'speculative_sample' for `temperature_sample`,
-'speculative_beam_search' for `beam_search`) with the model's constructor arguments (gin:
-DECODE_LOOP, GAMMA, VERIFIER, DRAFT_POLICY in speculative.gin, nowhere else).
+`SpeculativeEncoderDecoderModel` IS a `t5x.models.EncoderDecoderModel`, and
+`SpeculativeDecoderOnlyModel` a `t5x.models.DecoderOnlyModel` (a language model, causal or a
+prefix LM, decoding the continuation of each row's prompt as T5X's does). Their `module` is
+spec_decode's `network.Transformer` or `network.DecoderOnlyTransformer`, which have T5X's
+parameter trees (`t5x.examples.t5.network`'s, `t5x.examples.decoder_only.network`'s: the user's
+T5X checkpoint restores through T5X's checkpointer unchanged) and decode k tokens per call,
+which speculative decoding needs (the target verifies gamma + 1 tokens in one call); the draft
+is a network of the target's family. Both share `_SpeculativeModel`. Decoding is
+`core.Decoder`'s, the core every runner shares: a loop of `spec_decode.engine.loops` (by
+default the speculative form of the user's decode_fn: 'speculative_sample' for
+`temperature_sample`, 'speculative_beam_search' for `beam_search`) with the model's constructor
+arguments (gin: DECODE_LOOP, GAMMA, VERIFIER, DRAFT_POLICY in speculative.gin, nowhere else).
 
 Parameters. `params` (what T5X restores, partitions and passes to every compiled step) is the
 target's tree plus one subtree `params[DRAFT_PARAMS_KEY]` holding the draft's:
@@ -21,20 +25,22 @@ target's tree plus one subtree `params[DRAFT_PARAMS_KEY]` holding the draft's:
     casts, shards and places them like any parameter;
 so the draft reaches the compiled function as an argument, never as a compiled-in constant.
 
-Shapes (B batch, n num_decodes, L decoder length) are T5X's: `predict_batch_with_aux(params,
-batch, rng, decoder_params, return_all_decodes, num_decodes, prompt_with_targets)` returns
-decodes [B, L] and aux values [B] (with return_all_decodes: [B, n, L] and [B, n], sorted by score,
-best last). aux holds 'scores' (T5X's: the decode's log-probability under the law sampled, or
-the target's own with `rescale_log_probs=False` bound; beam search: T5X's beam score)
-and the loop's stats per example (`spec_decode.engine.stats`: `SpeculativeStats.aux()`, its
-counters, 'alpha' and 'tokens_per_target_call'; `BeamSearchStats.aux()`, target and draft
-calls, beam steps, coverage by tree depth and beam steps per target call);
+Shapes (B batch, n num_decodes, L decoder length) are T5X's: `predict_batch_with_aux` (T5X's
+arguments of each model class) returns decodes [B, L] and aux values [B] (with
+return_all_decodes: [B, n, L] and [B, n], sorted by score, best last). aux holds 'scores'
+(T5X's: the decode's log-probability under the law sampled, or the target's own with
+`rescale_log_probs=False` bound; beam search: T5X's beam score) and the loop's stats per
+example (`spec_decode.engine.stats`: `SpeculativeStats.aux()`, its counters, 'alpha' and
+'tokens_per_target_call'; `BeamSearchStats.aux()`, target and draft calls, beam steps,
+coverage by tree depth and beam steps per target call);
 `t5x.infer` writes them to its outputs in mode 'predict_with_aux'
-(speculative_infer.gin sets it). Scoring and losses use the target alone.
+(speculative_infer.gin and speculative_decoder_only_infer.gin set it). Scoring and losses use
+the target alone.
 
 `speculative_version(model, ...)` turns a user's configured T5X `EncoderDecoderModel` (a T5X
-T5 network, vocabularies, optimizer, losses, decode_fn) into its speculative version: the
-target's config is the T5X network's, the draft's is read from its checkpoint's parameter shapes,
+T5 network, vocabularies, optimizer, losses, decode_fn) or `DecoderOnlyModel` (T5X's
+decoder-only network) into its speculative version: the target's config is the T5X network's,
+the draft's is read from its checkpoint's parameter shapes (one of the other family is refused),
 and the decode is the T5X decode_fn's speculative form (see `decode_fn_settings`:
 `temperature_sample`'s distribution, or `beam_search` with its alpha and T5X's num_decodes
 beams). Bad settings
@@ -45,6 +51,7 @@ anything is restored or compiled.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import inspect
@@ -81,15 +88,19 @@ def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
   return target, params.get(DRAFT_PARAMS_KEY)
 
 
-def config_from_t5x(t5x_config: Any) -> network.T5Config:
-  """This network's `T5Config` for a T5X T5 network config (`t5x.examples.t5.network.T5Config`,
-  whose field names it shares)."""
+def config_from_t5x(t5x_config: Any,
+                    config_class: type[network.NetworkConfig] = network.T5Config
+                    ) -> network.NetworkConfig:
+  """This network's config for a T5X network config whose field names it shares: a `T5Config`
+  for `t5x.examples.t5.network.T5Config`, a `DecoderOnlyConfig` (`config_class`) for
+  `t5x.examples.decoder_only.network.TransformerConfig`."""
   fields = {field.name: getattr(t5x_config, field.name)
             for field in dataclasses.fields(t5x_config)}
   try:
-    return network.T5Config(**fields)
+    return config_class(**fields)
   except TypeError as e:
-    raise ValueError(f"not a T5 network config this model can run: {e}") from None
+    raise ValueError(f"not a network config this model can run as a {config_class.__name__}: "
+                     f"{e}") from None
 
 
 def _check_draft_path(draft_checkpoint_path: str | None) -> str:
@@ -126,10 +137,12 @@ def read_draft_params(path: str, shapes_only: bool = False) -> PyTree:
 
 
 def draft_config_from_checkpoint(draft_checkpoint_path: str,
-                                 target_config: network.T5Config) -> network.T5Config:
-  """The draft's config, read from the parameter shapes of its T5X checkpoint (only the
-  msgpack index or the Orbax metadata is read; `architecture.config_from_params`: what shapes
-  cannot tell is the target's)."""
+                                 target_config: network.NetworkConfig
+                                 ) -> network.NetworkConfig:
+  """The draft's config, of the target's family, read from the parameter shapes of its T5X
+  checkpoint (only the msgpack index or the Orbax metadata is read;
+  `architecture.config_from_params`: what shapes cannot tell is the target's; a checkpoint of
+  the other family is a ValueError)."""
   path = _check_draft_path(draft_checkpoint_path)
   return architecture.config_from_params(read_draft_params(path, shapes_only=True),
                                          target_config, path)
@@ -219,25 +232,27 @@ def _replicated(axes: PyTree) -> PyTree:
       is_leaf=lambda leaf: isinstance(leaf, nn_partitioning.AxisMetadata))
 
 
-class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
-  """A `t5x.models.EncoderDecoderModel` that decodes with a draft (`core.Decoder`).
+class _SpeculativeModel:
+  """What the speculative T5X models share, mixed in before the T5X model class it makes
+  speculative: decoding with a draft (`core.Decoder`), the draft's parameters declared beside
+  the target's, the target's alone for T5X's losses and scores.
 
-  `module` and `draft_module` are `network.Transformer`s with the same vocabulary size;
-  `decode_loop` names a loop of `spec_decode.engine.loops` ('speculative_sample' by default);
-  `gamma` drafts per target call; `verifier`, `draft_policy` name rules of
-  `spec_decode.engine.verify` / `spec_decode.engine.drafting`; `temperature`, `topk`, `topp`,
-  `max_decode_steps` fix the sampled distribution (the engine's conventions: temperature 0 is
-  greedy, topk 0 no truncation); `loop_settings` are a loop's own settings; a setting left None
-  is the loop's default. `shard_draft` shards the draft's parameters by their logical axes
-  instead of replicating them. `draft_source` ('model', 'lookup', 'lookup+model'),
-  `lookup_max_ngram` and `lookup_min_ngram` choose the drafts (`core.make_draft`); a lookup
-  alone takes no `draft_module` and declares no draft parameters. The rest are T5X's
-  EncoderDecoderModel arguments.
+  The constructor takes the target's `module`, then T5X's arguments of the model class
+  (`t5x_args`, `t5x_kwargs`, passed on, with the decoder's loop as T5X's decode_fn), and:
+  `draft_module`, a network of the target's family and vocabulary size; `decode_loop`, a loop
+  of `spec_decode.engine.loops` ('speculative_sample' by default); `gamma` drafts per target
+  call; `verifier`, `draft_policy`, rules of `spec_decode.engine.verify` /
+  `spec_decode.engine.drafting`; `temperature`, `topk`, `topp`, `max_decode_steps`, the sampled
+  distribution (the engine's conventions: temperature 0 is greedy, topk 0 no truncation);
+  `loop_settings`, a loop's own settings (a setting left None is the loop's default);
+  `shard_draft`, which shards the draft's parameters by their logical axes instead of
+  replicating them; `draft_source` ('model', 'lookup', 'lookup+model'), `lookup_max_ngram` and
+  `lookup_min_ngram`, the drafts (`core.make_draft`): a lookup alone takes no `draft_module`
+  and declares no draft parameters.
   """
 
-  def __init__(self, module: network.Transformer, input_vocabulary: Any,
-               output_vocabulary: Any, optimizer_def: Any, *,
-               draft_module: network.Transformer | None = None, draft_source: str = "model",
+  def __init__(self, module: network.Network, *t5x_args: Any,
+               draft_module: network.Network | None = None, draft_source: str = "model",
                lookup_max_ngram: int = 4, lookup_min_ngram: int | None = None,
                decode_loop: str = "speculative_sample",
                gamma: int | None = None, verifier: str | None = None,
@@ -245,10 +260,7 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
                topk: int | None = None, topp: float | None = None,
                max_decode_steps: int | None = None,
                loop_settings: Mapping[str, Any] | None = None, shard_draft: bool = False,
-               feature_converter_cls: Callable[..., Any] | None = None,
-               label_smoothing: float = 0.0, z_loss: float = 0.0,
-               loss_normalizing_factor: Any = None,
-               default_decoder_params: t5x_models.DecoderParams | None = None):
+               **t5x_kwargs: Any):
     self.decoder = core.Decoder.create(
         decode_loop, module,
         core.make_draft(draft_source, draft_module, lookup_max_ngram, lookup_min_ngram),
@@ -258,25 +270,25 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     self.draft_module = draft_module
     self.shard_draft = shard_draft
     # T5X's constructor wants a decode_fn; decoding is the decoder's (predict_batch_with_aux).
-    super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def,
-                     decode_fn=self.decoder.loop.fn, feature_converter_cls=feature_converter_cls,
-                     label_smoothing=label_smoothing, z_loss=z_loss,
-                     loss_normalizing_factor=loss_normalizing_factor,
-                     default_decoder_params=default_decoder_params)
+    super().__init__(module, *t5x_args, decode_fn=self.decoder.loop.fn, **t5x_kwargs)
+
+  @abc.abstractmethod  # T5X's models are abc.ABCs
+  def _init_module(self, module: network.Network, rng: jax.Array,
+                   tokens: Mapping[str, jax.Array]) -> dict[str, Any]:
+    """`module`'s variables, initialized on the batch features `tokens` (all-ones arrays of
+    T5X's input shapes)."""
 
   def get_initial_variables(self, rng: jax.Array, input_shapes: Mapping[str, Any],
                             input_types: Mapping[str, Any] | None = None
                             ) -> flax.core.FrozenDict:
     """{'params': target's + {DRAFT_PARAMS_KEY: draft's}, 'params_axes': likewise}."""
     input_types = input_types or {}
-    tokens = {name: jnp.ones(input_shapes[name], input_types.get(name, jnp.int32))
-              for name in ("encoder_input_tokens", "decoder_input_tokens")}
+    tokens = {name: jnp.ones(shape, input_types.get(name, jnp.int32))
+              for name, shape in input_shapes.items() if name.endswith("_tokens")}
     target_rng, draft_rng = jax.random.split(rng)
     target, draft = (
-        None if module is None else
-        flax.core.unfreeze(module.init(module_rng, tokens["encoder_input_tokens"],
-                                       tokens["decoder_input_tokens"],
-                                       tokens["decoder_input_tokens"], enable_dropout=False))
+        None if module is None else flax.core.unfreeze(self._init_module(module, module_rng,
+                                                                         tokens))
         for module, module_rng in ((self.module, target_rng), (self.draft_module, draft_rng)))
     if draft is None:  # a lookup alone: the target's variables only
       return flax.core.freeze({"params": target["params"],
@@ -285,6 +297,33 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     return flax.core.freeze({
         "params": {**target["params"], DRAFT_PARAMS_KEY: draft["params"]},
         "params_axes": {**target["params_axes"], DRAFT_PARAMS_KEY: draft_axes}})
+
+  def _predict(self, params: PyTree, batch: Mapping[str, jax.Array], rng: jax.Array | None,
+               decoder_params: MutableMapping[str, Any] | None, return_all_decodes: bool,
+               num_decodes: int, **options: Any
+               ) -> tuple[jax.Array, Mapping[str, jax.Array]]:
+    """T5X's predict_batch_with_aux, decoding speculatively (`core.Decoder.predict`; shapes
+    and aux in the module docstring)."""
+    target_params, draft_params = split_params(params)
+    return self.decoder.predict(target_params, draft_params, batch,
+                                self.output_vocabulary.eos_id or 1, rng=rng,
+                                decoder_params=decoder_params,
+                                return_all_decodes=return_all_decodes, num_decodes=num_decodes,
+                                **options)
+
+
+class SpeculativeEncoderDecoderModel(_SpeculativeModel, t5x_models.EncoderDecoderModel):
+  """A `t5x.models.EncoderDecoderModel` that decodes with a draft: `module` and `draft_module`
+  are `network.Transformer`s; the constructor's arguments are `_SpeculativeModel`'s and T5X's
+  EncoderDecoderModel's (input_vocabulary, output_vocabulary, optimizer_def,
+  feature_converter_cls, label_smoothing, z_loss, loss_normalizing_factor,
+  default_decoder_params).
+  """
+
+  def _init_module(self, module: network.Network, rng: jax.Array,
+                   tokens: Mapping[str, jax.Array]) -> dict[str, Any]:
+    return module.init(rng, tokens["encoder_input_tokens"], tokens["decoder_input_tokens"],
+                       tokens["decoder_input_tokens"], enable_dropout=False)
 
   def _compute_logits(self, params: PyTree, batch: Mapping[str, jax.Array],
                       dropout_rng: jax.Array | None = None,
@@ -307,21 +346,55 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
                              num_decodes: int | None = None,
                              prompt_with_targets: bool = False
                              ) -> tuple[jax.Array, Mapping[str, jax.Array]]:
-    """T5X's predict_batch_with_aux, decoding speculatively (shapes and aux in the module
-    docstring)."""
+    """T5X's EncoderDecoderModel.predict_batch_with_aux, decoding speculatively."""
     if return_all_decodes is None:
       return_all_decodes = self._default_decoder_params.return_all_decodes
     if num_decodes is None:
       num_decodes = self._default_decoder_params.num_decodes
-    target_params, draft_params = split_params(params)
-    return self.decoder.predict(target_params, draft_params, batch,
-                                self.output_vocabulary.eos_id or 1, rng=rng,
-                                decoder_params=decoder_params,
-                                return_all_decodes=return_all_decodes, num_decodes=num_decodes,
-                                prompt_with_targets=prompt_with_targets)
+    return self._predict(params, batch, rng, decoder_params, return_all_decodes, num_decodes,
+                         prompt_with_targets=prompt_with_targets)
 
 
-def speculative_version(model: t5x_models.EncoderDecoderModel,
+class SpeculativeDecoderOnlyModel(_SpeculativeModel, t5x_models.DecoderOnlyModel):
+  """A `t5x.models.DecoderOnlyModel` that decodes with a draft: `module` and `draft_module`
+  are `network.DecoderOnlyTransformer`s; T5X's `inputs_bidirectional_attention` (a prefix LM)
+  is the target module's. The constructor's arguments are `_SpeculativeModel`'s and T5X's
+  DecoderOnlyModel's (vocabulary, optimizer_def, feature_converter_cls, label_smoothing,
+  z_loss, loss_normalizing_factor). T5X's losses and scores run unchanged on the target's
+  parameters (its `_compute_logits` calls the module with T5X's decoder-only arguments).
+  """
+
+  def __init__(self, module: network.DecoderOnlyTransformer, *t5x_args: Any, **kwargs: Any):
+    super().__init__(module, *t5x_args,
+                     inputs_bidirectional_attention=module.inputs_bidirectional_attention,
+                     **kwargs)
+
+  def _init_module(self, module: network.Network, rng: jax.Array,
+                   tokens: Mapping[str, jax.Array]) -> dict[str, Any]:
+    return module.init(rng, tokens["decoder_input_tokens"], tokens["decoder_input_tokens"],
+                       enable_dropout=False)
+
+  def _compute_logits(self, params: PyTree, batch: Mapping[str, jax.Array],
+                      dropout_rng: jax.Array | None = None,
+                      mutable: Any = False, other_variables: PyTree | None = None) -> Any:
+    """T5X's teacher-forced logits [B, L, V] of the target alone."""
+    target_params, _ = split_params(params)
+    return super()._compute_logits(target_params, batch, dropout_rng, mutable, other_variables)
+
+  def predict_batch_with_aux(self, params: PyTree, batch: Mapping[str, jax.Array],
+                             rng: jax.Array | None = None, *,
+                             return_all_decodes: bool = False, num_decodes: int = 1,
+                             decoder_params: MutableMapping[str, Any] | None = None
+                             ) -> tuple[jax.Array, Mapping[str, jax.Array]]:
+    """T5X's DecoderOnlyModel.predict_batch_with_aux, decoding speculatively: the batch is
+    `seqio.DecoderFeatureConverter`'s, the decodes the continuations of each row's prompt."""
+    return self._predict(params, batch, rng, decoder_params, return_all_decodes, num_decodes)
+
+
+SpeculativeModel = SpeculativeEncoderDecoderModel | SpeculativeDecoderOnlyModel
+
+
+def speculative_version(model: t5x_models.EncoderDecoderModel | t5x_models.DecoderOnlyModel,
                         draft_checkpoint_path: str | None, gamma: int | None,
                         verifier: str | None = None,
                         draft_policy: str | None = None, shard_draft: bool = False,
@@ -329,43 +402,61 @@ def speculative_version(model: t5x_models.EncoderDecoderModel,
                         loop_settings: Mapping[str, Any] | None = None,
                         draft_source: str = "model", lookup_max_ngram: int = 4,
                         lookup_min_ngram: int | None = None,
-                        target_checkpoint_path: Any = None
-                        ) -> SpeculativeEncoderDecoderModel:
-  """`model` (a T5X EncoderDecoderModel over a T5X T5 network) decoding speculatively with the
-  draft of `draft_checkpoint_path`: same target config, vocabularies, optimizer, losses, feature
-  converter and default decoder params; its decode_fn's speculative form (`decode_fn_settings`:
-  the decode loop, unless `decode_loop` names one, and its settings). With
-  `draft_source` 'lookup' the drafts are n-gram lookups and no draft checkpoint is read (giving
-  one is an error: it would be ignored). `target_checkpoint_path` (T5X's CHECKPOINT_PATH) is
-  checked readable (`check_target_checkpoint`)."""
+                        target_checkpoint_path: Any = None) -> SpeculativeModel:
+  """`model` decoding speculatively with the draft of `draft_checkpoint_path`: a T5X
+  EncoderDecoderModel over a T5X T5 network becomes a `SpeculativeEncoderDecoderModel`, a T5X
+  DecoderOnlyModel over T5X's decoder-only network (`DecoderWrapper`) a
+  `SpeculativeDecoderOnlyModel` (with its `inputs_bidirectional_attention`, the draft's too).
+  Same target config, vocabularies, optimizer, losses, feature converter and default decoder
+  params; its decode_fn's speculative form (`decode_fn_settings`: the decode loop, unless
+  `decode_loop` names one, and its settings). The draft's config is read from its checkpoint
+  (`draft_config_from_checkpoint`; one of the other family is refused). With `draft_source`
+  'lookup' the drafts are n-gram lookups and no draft checkpoint is read (giving one is an
+  error: it would be ignored). `target_checkpoint_path` (T5X's CHECKPOINT_PATH) is checked
+  readable (`check_target_checkpoint`)."""
+  if not isinstance(model, (t5x_models.EncoderDecoderModel, t5x_models.DecoderOnlyModel)):
+    raise ValueError(f"speculative decoding takes a T5X EncoderDecoderModel or "
+                     f"DecoderOnlyModel, not {type(model).__name__}")
   check_target_checkpoint(target_checkpoint_path)
-  target_config = config_from_t5x(model.module.config)
+  decoder_only = isinstance(model, t5x_models.DecoderOnlyModel)
+  target_config = config_from_t5x(
+      model.module.config, network.DecoderOnlyConfig if decoder_only else network.T5Config)
   loop_for_decode_fn, decode_settings = decode_fn_settings(model.decode_fn)
   sampling = {name: decode_settings.pop(name) for name in core.SAMPLING_SETTINGS
               if name in decode_settings}
   if draft_source == "ngram":  # its tables would have to join T5X's train state
     raise ValueError("DRAFT_SOURCE 'ngram' runs in spec_decode.infer; the T5X hook takes "
                      "'model', 'lookup' or 'lookup+model'")
-  if draft_source == "lookup":
-    if draft_checkpoint_path:
-      raise ValueError("DRAFT_SOURCE 'lookup' uses no draft model: unset DRAFT_CHECKPOINT_PATH "
-                       "(the draft would be ignored)")
-    draft_module = None
+  if draft_source == "lookup" and draft_checkpoint_path:
+    raise ValueError("DRAFT_SOURCE 'lookup' uses no draft model: unset DRAFT_CHECKPOINT_PATH "
+                     "(the draft would be ignored)")
+  # pylint: disable=protected-access
+  if decoder_only:
+    # Both are prefix LMs or neither: T5X's DecoderOnlyModel has one attention pattern.
+    as_module = functools.partial(
+        network.DecoderOnlyTransformer,
+        inputs_bidirectional_attention=model._inputs_bidirectional_attention)
+    model_class = SpeculativeDecoderOnlyModel
+    vocabularies, t5x_kwargs = (model.output_vocabulary,), {}
   else:
-    draft_module = network.Transformer(
-        draft_config_from_checkpoint(draft_checkpoint_path, target_config))
-  return SpeculativeEncoderDecoderModel(
-      network.Transformer(target_config), model.input_vocabulary, model.output_vocabulary,
-      model.optimizer_def, draft_module=draft_module, draft_source=draft_source,
-      lookup_max_ngram=lookup_max_ngram, lookup_min_ngram=lookup_min_ngram, gamma=gamma,
+    as_module = network.Transformer
+    model_class = SpeculativeEncoderDecoderModel
+    vocabularies = (model.input_vocabulary, model.output_vocabulary)
+    t5x_kwargs = {"default_decoder_params": model._default_decoder_params}
+  draft_module = None
+  if draft_source != "lookup":
+    draft_module = as_module(draft_config_from_checkpoint(draft_checkpoint_path, target_config))
+  return model_class(
+      as_module(target_config), *vocabularies, model.optimizer_def, draft_module=draft_module,
+      draft_source=draft_source, lookup_max_ngram=lookup_max_ngram,
+      lookup_min_ngram=lookup_min_ngram, gamma=gamma,
       verifier=verifier, draft_policy=draft_policy, shard_draft=shard_draft,
       decode_loop=decode_loop or loop_for_decode_fn,
       loop_settings={**decode_settings, **dict(loop_settings or {})},
       feature_converter_cls=model.FEATURE_CONVERTER_CLS,
-      label_smoothing=model._label_smoothing, z_loss=model._z_loss,  # pylint: disable=protected-access
-      loss_normalizing_factor=model._loss_normalizing_factor,  # pylint: disable=protected-access
-      default_decoder_params=model._default_decoder_params,  # pylint: disable=protected-access
-      **sampling)
+      label_smoothing=model._label_smoothing, z_loss=model._z_loss,
+      loss_normalizing_factor=model._loss_normalizing_factor, **t5x_kwargs, **sampling)
+  # pylint: enable=protected-access
 
 
 def restore_draft_params(state_dict: PyTree, target_state_dict: PyTree, *,

@@ -5,7 +5,8 @@
 T5X's repository); `write_tiny_checkpoint` writes one like it: T5X's initialization saved by
 T5X's `Checkpointer`, the arrays inside the msgpack file. `t5x_model(config)` is a
 `t5x.models.EncoderDecoderModel` over T5X's own network (`t5x.examples.t5.network`) decoding
-with `t5x.decoding.temperature_sample` (greedy by default); `initial_variables` initializes one
+with `t5x.decoding.temperature_sample` (greedy by default), or for a config of T5X's decoder-only
+network a `t5x.models.DecoderOnlyModel` over it; `initial_variables` initializes either
 with T5X, `save_checkpoint` and `save_orbax_checkpoint` save parameters with T5X's own
 checkpointers. The vocabulary is the small SentencePiece model seqio ships for its own tests:
 the models are random, so no test needs the real T5 vocabulary's pieces.
@@ -26,6 +27,8 @@ from t5x import models as t5x_models
 from t5x import partitioning as t5x_partitioning
 from t5x import train_state as t5x_train_state
 from t5x.examples.t5 import network as t5x_network
+
+import t5x_decoder_only
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # seqio's test SentencePiece model (26 pieces, pad 0, EOS 1, unk 2, as T5's), in seqio's wheel.
@@ -48,18 +51,25 @@ def vocabulary() -> seqio.SentencePieceVocabulary:
   return seqio.SentencePieceVocabulary(str(VOCAB_FILE), extra_ids=T5_EXTRA_IDS)
 
 
-def t5x_model(config: t5x_network.T5Config, temperature: float = 0.0,
-              decode_fn=None) -> t5x_models.EncoderDecoderModel:
+def t5x_model(config, temperature: float = 0.0, decode_fn=None,
+              inputs_bidirectional_attention: bool = False) -> t5x_models.BaseTransformerModel:
   """T5X's model and network, decoding with T5X's temperature_sample (greedy by default; else
-  from the whole distribution at `temperature`), or with `decode_fn`."""
+  from the whole distribution at `temperature`), or with `decode_fn`: an EncoderDecoderModel
+  for a T5 `T5Config`, else a DecoderOnlyModel over T5X's decoder-only network
+  (`t5x_decoder_only`) for its `TransformerConfig`, a prefix LM with
+  `inputs_bidirectional_attention`."""
   vocab = vocabulary()
-  return t5x_models.EncoderDecoderModel(
-      t5x_network.Transformer(config), vocab, vocab, optimizer_def=None,
-      decode_fn=decode_fn or functools.partial(t5x_decoding.temperature_sample,
-                                               temperature=temperature, topk=0))
+  decode_fn = decode_fn or functools.partial(t5x_decoding.temperature_sample,
+                                             temperature=temperature, topk=0)
+  if isinstance(config, t5x_network.T5Config):
+    return t5x_models.EncoderDecoderModel(t5x_network.Transformer(config), vocab, vocab,
+                                          optimizer_def=None, decode_fn=decode_fn)
+  return t5x_models.DecoderOnlyModel(
+      t5x_decoder_only.network().DecoderWrapper(config), vocab, optimizer_def=None,
+      decode_fn=decode_fn, inputs_bidirectional_attention=inputs_bidirectional_attention)
 
 
-def initial_variables(config: t5x_network.T5Config, seed: int) -> dict:
+def initial_variables(config, seed: int) -> dict:
   """T5X's initialization of its network: {'params': ..., 'params_axes': ...}."""
   init = functools.partial(t5x_model(config).get_initial_variables, input_shapes=INPUT_SHAPES)
   # Jitted: op by op, initializing even a tiny T5 takes seconds.
@@ -76,8 +86,7 @@ def perturbed(params: dict, relative_noise: float, seed: int) -> dict:
       for leaf in map(np.asarray, leaves)])
 
 
-def _inference_state(config: t5x_network.T5Config, params: dict
-                     ) -> t5x_train_state.InferenceState:
+def _inference_state(config, params: dict) -> t5x_train_state.InferenceState:
   axes = jax.eval_shape(lambda: initial_variables(config, 0))["params_axes"]
   variables = {"params": params, "params_axes": axes}
   return t5x_train_state.InferenceState.create(flax.core.freeze(variables))
@@ -91,7 +100,7 @@ class _UnpartitionedPartitioner(t5x_partitioning.PjitPartitioner):
     return jax.tree_util.tree_map(lambda _: None, train_state)
 
 
-def save_checkpoint(directory: pathlib.Path, config: t5x_network.T5Config, params: dict, *,
+def save_checkpoint(directory: pathlib.Path, config, params: dict, *,
                     inline: bool = False) -> str:
   """Saves `params` of a T5X network of `config` with T5X's Checkpointer (the legacy format: a
   msgpack file and, unless `inline`, one TensorStore array per parameter); returns the

@@ -1,0 +1,170 @@
+"""`python -m t5x.infer` of a T5X decoder-only language model with the T5X hook. A tiny T5X
+decoder-only run (T5X's `DecoderOnlyModel` over T5X's own network, `DecoderWrapper`, with a
+tiny `TransformerConfig`, greedy `t5x.decoding.temperature_sample`, the seqio task of
+`t5x_tasks` through `seqio.DecoderFeatureConverter`: prompts of different lengths) made
+speculative by adding configs/t5x/speculative_decoder_only_infer.gin and a draft checkpoint
+predicts what the same run predicts with T5X's own sampler: in float32 as a causal LM, in
+bfloat16 as a prefix LM. Target and draft are checkpoints T5X's Checkpointer wrote, restored by
+T5X (the target) and by the hook (the draft) into the hook's decoder-only network.
+
+Every run is a subprocess that loads T5X's decoder-only network first (`t5x_decoder_only`, which
+T5X's wheel lacks), then runs `t5x.infer` as its `__main__`.
+"""
+
+import concurrent.futures
+import glob
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+pytest.importorskip("t5x.infer",
+                    reason="needs t5x, installed from its repository (README: Tests)")
+
+import t5x_decoder_only  # pylint: disable=g-import-not-at-top
+import t5x_setup  # pylint: disable=g-import-not-at-top
+import t5x_tasks  # pylint: disable=g-import-not-at-top
+
+# The slow tier (python -m t5x.infer as subprocesses).
+pytestmark = [pytest.mark.slow, pytest.mark.newest]
+
+HERE = pathlib.Path(__file__).resolve().parent
+GAMMA = 3
+# A T5X user's tiny decoder-only model on the test task, written as T5X's decoder-only model gin
+# files are (t5x/examples/decoder_only/models/base.gin, which cannot be included from T5X's
+# wheel: gin finds an included file through its folder's package, and that folder is a
+# namespace package), greedy: T5X's temperature_sample with topk 1. 128 ids: seqio's test
+# vocabulary (126) padded.
+TINY_MODEL_GIN = f"""
+from __gin__ import dynamic_registration
+import seqio
+from t5x import adafactor
+from t5x import decoding
+from t5x import models
+from t5x import utils
+from t5x.examples.decoder_only import network
+import t5x_tasks
+
+VOCABULARY = @seqio.SentencePieceVocabulary()
+seqio.SentencePieceVocabulary.sentencepiece_model_file = '{t5x_setup.VOCAB_FILE}'
+seqio.SentencePieceVocabulary.extra_ids = {t5x_setup.T5_EXTRA_IDS}
+OPTIMIZER = @adafactor.Adafactor()
+
+MODEL = @models.DecoderOnlyModel()
+models.DecoderOnlyModel:
+  module = @network.DecoderWrapper()
+  vocabulary = %VOCABULARY
+  optimizer_def = %OPTIMIZER
+  decode_fn = @decoding.temperature_sample
+decoding.temperature_sample.topk = 1
+network.DecoderWrapper.config = @network.TransformerConfig()
+network.TransformerConfig:
+  vocab_size = 128
+  dtype = 'float32'
+  emb_dim = 16
+  num_heads = 4
+  num_layers = 2
+  head_dim = 4
+  mlp_dim = 32
+  mlp_activations = ('gelu', 'linear')
+  dropout_rate = 0.0
+  logits_via_embedding = False
+
+MIXTURE_OR_TASK_NAME = '{t5x_tasks.TASK_NAME}'
+TASK_FEATURE_LENGTHS = {{'inputs': 24, 'targets': 12}}
+utils.DatasetConfig.batch_size = 4
+utils.RestoreCheckpointConfig.dtype = 'float32'
+"""
+TINY_INFER_GIN = """
+from __gin__ import dynamic_registration
+import __main__ as infer_script
+
+include 't5x/configs/runs/infer.gin'
+include '{directory}/tiny_model.gin'
+
+infer_script.infer.write_fn = @infer_script.write_inferences_to_file
+infer_script.write_inferences_to_file.output_ids = True
+"""
+# The run in bfloat16 (activations and restored parameters, as T5X's own gins run it), as a
+# prefix LM (its prompts attend both ways).
+BFLOAT16_PREFIX_LM = ("network.TransformerConfig.dtype='bfloat16'",
+                      "utils.RestoreCheckpointConfig.dtype='bfloat16'",
+                      "models.DecoderOnlyModel.inputs_bidirectional_attention=True")
+# A subprocess's program: T5X's decoder-only network made importable, then t5x.infer as
+# `__main__` (its gin files import `__main__` as the infer script) with the command's flags.
+RUN_INFER = (t5x_decoder_only.PRELUDE
+             + "import runpy; runpy.run_module('t5x.infer', run_name='__main__', alter_sys=True)")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, Any]:
+  """The runs' gin files, a random target and a draft (a noisy copy of it), both written by
+  T5X's Checkpointer."""
+  network = t5x_decoder_only.network()
+  directory = tmp_path_factory.mktemp("t5x_decoder_only_runs")
+  (directory / "tiny_model.gin").write_text(TINY_MODEL_GIN)
+  (directory / "tiny_infer.gin").write_text(TINY_INFER_GIN.format(directory=directory))
+  config = network.TransformerConfig(
+      vocab_size=128, dtype="float32", emb_dim=16, num_heads=4, num_layers=2, head_dim=4,
+      mlp_dim=32, mlp_activations=("gelu", "linear"), dropout_rate=0.0,
+      logits_via_embedding=False)
+  target_params = t5x_setup.initial_variables(config, seed=0)["params"]
+  draft_params = t5x_setup.perturbed(target_params, relative_noise=0.3, seed=1)
+  return {"directory": directory,
+          "target": t5x_setup.save_checkpoint(directory / "target", config, target_params),
+          "draft": t5x_setup.save_checkpoint(directory / "draft", config, draft_params)}
+
+
+def run_t5x(setup: dict[str, Any], name: str, *, speculative: bool,
+            bindings: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+  """`python -m t5x.infer` of the tiny run, made speculative by spec_decode's gin file as a user
+  does (then `bindings`); output in <tmp>/name."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(t5x_setup.REPO_ROOT), str(HERE)]))
+  command = [sys.executable, "-c", RUN_INFER, f"--gin_search_paths={t5x_setup.REPO_ROOT}",
+             f"--gin_file={setup['directory'] / 'tiny_infer.gin'}"]
+  if speculative:
+    command += ["--gin_file=configs/t5x/speculative_decoder_only_infer.gin",
+                f"--gin.DRAFT_CHECKPOINT_PATH='{setup['draft']}'", f"--gin.GAMMA={GAMMA}"]
+  command += [f"--gin.CHECKPOINT_PATH='{setup['target']}'",
+              f"--gin.INFER_OUTPUT_DIR='{setup['directory'] / name}'",
+              *(f"--gin.{binding}" for binding in bindings)]
+  return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600,
+                        check=False)
+
+
+def outputs(setup: dict[str, Any], name: str) -> list[dict]:
+  (path,) = glob.glob(str(setup["directory"] / name /
+                          f"{t5x_tasks.TASK_NAME}-*.jsonl-?????-of-?????"))
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("variant,bindings", [("float32", ()),
+                                              ("bfloat16_prefix_lm", BFLOAT16_PREFIX_LM)])
+def test_speculative_run_predicts_what_t5x_predicts(setup, variant, bindings):
+  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    futures = {speculative: pool.submit(run_t5x, setup, f"{variant}_{speculative}",
+                                        speculative=speculative, bindings=bindings)
+               for speculative in (False, True)}
+    runs = {speculative: future.result() for speculative, future in futures.items()}
+  for run in runs.values():
+    assert run.returncode == 0, run.stderr[-5000:]
+  baseline, speculative = (outputs(setup, f"{variant}_{name}") for name in (False, True))
+  assert len(baseline) == t5x_tasks.NUM_EXAMPLES
+  assert ([example["prediction_tokens"] for example in speculative]
+          == [example["prediction_tokens"] for example in baseline])
+  assert ([example["prediction"] for example in speculative]
+          == [example["prediction"] for example in baseline])
+  assert all(len(example["prediction_tokens"]) > 1 for example in baseline), baseline
+  assert sum(example["aux"]["accepted_tokens"] for example in speculative) > 0
+  config = (setup["directory"] / f"{variant}_True" / "config.gin").read_text()
+  assert "speculative.speculative_version.model = @models.DecoderOnlyModel()" in config, config
+  for binding in bindings:  # both ran as bound (T5X's operative config)
+    name, value = binding.split("=")
+    for run in (False, True):
+      config = (setup["directory"] / f"{variant}_{run}" / "config.gin").read_text()
+      assert f"{name} = {value}" in config, config
