@@ -30,6 +30,7 @@ from spec_decode import models
 from spec_decode.t5 import network
 
 importlib.import_module("spec_decode.training.train")  # registers `train` for the training configs
+importlib.import_module("spec_decode.training.lm")  # and `train_lm` for the language models'
 
 CONFIGS = paths.CONFIGS
 ALL = sorted(str(p.relative_to(tiny_t5.REPO_ROOT)) for p in CONFIGS.glob("**/*.gin"))
@@ -38,10 +39,13 @@ TABLE2_T5_1_0 = [f for f in ALL if re.fullmatch(r"configs/table2/t5_1_0/\w+_t[01
 RUNS = ["configs/demo/infer.gin"] + TABLE2 + TABLE2_T5_1_0
 MODEL_FILES = [f for f in ALL if f.startswith("configs/models/")
                or f in ("configs/demo/target.gin", "configs/demo/draft.gin")]
-TRAIN_FILES = [f for f in ALL if f.startswith("configs/train/")]
+LM_TRAIN_FILES = ["configs/train/lm_target.gin", "configs/train/lm_draft.gin"]
+TRAIN_FILES = [f for f in ALL if f.startswith("configs/train/")
+               and not f.startswith("configs/train/lm_")]
 T5X_FILES = [f for f in ALL if f.startswith("configs/t5x/")
              or (f.startswith("configs/table2/") and f.endswith("/t5x.gin"))]
-FRAGMENTS = [f for f in ALL if f not in RUNS + MODEL_FILES + TRAIN_FILES + T5X_FILES]
+FRAGMENTS = [f for f in ALL
+             if f not in RUNS + MODEL_FILES + TRAIN_FILES + LM_TRAIN_FILES + T5X_FILES]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +83,7 @@ def test_every_config_is_tested():
   for rows in (TABLE2, TABLE2_T5_1_0):
     assert len(rows) == 12
     assert {f.rsplit("/", 1)[1].removesuffix(".gin") for f in rows} == set(paper.TABLE2)
-  assert set(RUNS + MODEL_FILES + TRAIN_FILES + T5X_FILES + FRAGMENTS) == set(ALL)
+  assert set(RUNS + MODEL_FILES + TRAIN_FILES + LM_TRAIN_FILES + T5X_FILES + FRAGMENTS) == set(ALL)
 
 
 @pytest.mark.parametrize("gin_file", MODEL_FILES)
@@ -96,6 +100,15 @@ def test_train_file_binds_the_trainer(gin_file):
   gin.parse_config_files_and_bindings(["configs/demo/target.gin", gin_file], [])
   arguments = gin.get_bindings("train")
   assert isinstance(arguments["config"], network.T5Config)
+  assert arguments["optimizer"] is not None
+
+
+@pytest.mark.parametrize("gin_file", LM_TRAIN_FILES)
+def test_lm_train_file_binds_a_decoder_only_model(gin_file):
+  # The language models' files carry their model: there is no encoder-decoder one to pair with.
+  gin.parse_config_file(gin_file)
+  arguments = gin.get_bindings("train_lm")
+  assert isinstance(arguments["config"], network.DecoderOnlyConfig)
   assert arguments["optimizer"] is not None
 
 

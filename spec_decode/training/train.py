@@ -1,4 +1,5 @@
-"""A minimal T5X-style trainer for `network.Transformer` on parallel text.
+"""A minimal T5X-style trainer for `network.Transformer` on parallel text; its loop (`fit`) and
+command line (`cli`) also drive `spec_decode.training.lm`, the decoder-only language models'.
 
 Run: `python -m spec_decode.training.train --gin_file=configs/train/<x>.gin --model_dir=out/<x>
      [--gin.train.train.num_train_steps=100 ...]`.
@@ -28,7 +29,7 @@ import re
 import shutil
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import flax.serialization
 from flax.training import train_state
@@ -56,10 +57,20 @@ _CHECKPOINT = re.compile(r"checkpoint_(\d+)\.msgpack$")
 def loss_and_metrics(params: Any, apply_fn: Callable[..., jax.Array], batch: Batch,
                      dropout_rng: jax.Array | None, z_loss: float,
                      label_smoothing: float) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean per-target-token loss of one batch, plus summed metrics for logging."""
+  """Mean per-target-token loss of one batch, plus summed metrics for logging.
+
+  A batch with `encoder_input_tokens` feeds an encoder-decoder; one without, a decoder-only
+  language model, whose packed rows also carry `decoder_segment_ids` and `decoder_positions`.
+  """
   rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-  logits = apply_fn({"params": params}, batch["encoder_input_tokens"],
-                    batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+  if "encoder_input_tokens" in batch:
+    inputs = (batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+              batch["decoder_target_tokens"])
+    packing = {}
+  else:
+    inputs = (batch["decoder_input_tokens"], batch["decoder_target_tokens"])
+    packing = {k: batch[k] for k in ("decoder_segment_ids", "decoder_positions") if k in batch}
+  logits = apply_fn({"params": params}, *inputs, **packing,
                     enable_dropout=dropout_rng is not None, rngs=rngs)
   token_loss, z_term = models.cross_entropy_with_logits(
       logits.astype(jnp.float32), batch["decoder_target_tokens"], z_loss, label_smoothing)
@@ -93,15 +104,27 @@ def eval_step(params: Any, apply_fn: Callable[..., jax.Array], batch: Batch) -> 
   return loss_and_metrics(params, apply_fn, batch, None, 0.0, 0.0)[1]
 
 
+def eval_sums(params: Any, apply_fn: Callable[..., jax.Array],
+              batches: Iterable[Batch]) -> dict[str, float]:
+  """`loss_and_metrics`'s sums over `batches` (no dropout, no z-loss)."""
+  sums: dict[str, float] = {}
+  for batch in batches:
+    for k, v in eval_step(params, apply_fn, batch).items():
+      sums[k] = sums.get(k, 0.0) + float(v)
+  return sums
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
-def init_params(config: network.T5Config, rng: jax.Array) -> Any:
+def init_params(config: network.NetworkConfig, rng: jax.Array) -> Any:
+  """Fresh parameters of the network of `config` (encoder-decoder or decoder-only)."""
   dummy = jnp.ones((1, 8), jnp.int32)
-  return network.Transformer(config).init(rng, dummy, dummy, dummy)["params"]
+  inputs = (dummy,) * (2 if network.is_decoder_only(config) else 3)
+  return network.module_of(config).init(rng, *inputs)["params"]
 
 
-def create_state(config: network.T5Config, optimizer: optax.GradientTransformation,
+def create_state(config: network.NetworkConfig, optimizer: optax.GradientTransformation,
                  clip_grad_norm: float | None, seed: int) -> train_state.TrainState:
-  model = network.Transformer(config)
+  model = network.module_of(config)
   params = init_params(config, jax.random.PRNGKey(seed))
   if clip_grad_norm:
     optimizer = optax.chain(optax.clip_by_global_norm(clip_grad_norm), optimizer)
@@ -140,6 +163,69 @@ def restore_checkpoint(state: train_state.TrainState, path: pathlib.Path) -> tra
   restored = flax.serialization.from_bytes(template, path.read_bytes())
   return state.replace(step=jnp.asarray(restored["step"]), params=restored["params"],
                        opt_state=restored["opt_state"])
+
+
+def fit(state: train_state.TrainState, stream: Any, model_dir: pathlib.Path,
+        evaluate: Callable[[Any], dict[str, float]] | None, *, start_time: float,
+        num_train_steps: int, max_wall_time_s: float | None, z_loss: float,
+        label_smoothing: float, dropout: bool, eval_every: int | None, checkpoint_every: int,
+        keep_checkpoints: int, t5x_checkpoints: bool, log_every: int,
+        seed: int) -> dict[str, float]:
+  """The training loop shared by every network: resumes from the newest checkpoint in
+  `model_dir`, then steps through `stream.iterate(step)` (batches as `loss_and_metrics` reads
+  them), logging, checkpointing and calling `evaluate(params)` as the module docstring says.
+  Returns the last evaluation's metrics (`{}` without `evaluate` or `eval_every`)."""
+  num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+  print(f"model: {num_params:,} params", flush=True)
+  if (checkpoint := latest_checkpoint(model_dir)) is not None:
+    state = restore_checkpoint(state, checkpoint)
+    print(f"resumed from {checkpoint} at step {int(state.step)}", flush=True)
+  rng = jax.random.PRNGKey(seed)
+  eval_every = eval_every if evaluate is not None else None
+
+  def run_eval(step: int) -> dict[str, float]:
+    metrics = evaluate(state.params)
+    print(f"eval step {step} " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
+          flush=True)
+    return metrics
+
+  step = int(state.step)
+  window: dict[str, float] = {}
+  window_start = time.time()
+  metrics: dict[str, float] = {}
+  for batch in stream.iterate(step):
+    if step >= num_train_steps:
+      break
+    if max_wall_time_s is not None and time.time() - start_time > max_wall_time_s:
+      print(f"wall-time budget of {max_wall_time_s:.0f}s reached at step {step}", flush=True)
+      break
+    state, step_metrics = train_step(state, batch, rng, z_loss, label_smoothing, dropout)
+    step += 1
+    for k, v in step_metrics.items():
+      window[k] = window.get(k, 0.0) + float(v)
+    window["steps"] = window.get("steps", 0.0) + 1
+    if step % log_every == 0:
+      elapsed = time.time() - window_start
+      print(f"step {step} loss {window['loss_sum'] / window['num_tokens']:.4f} "
+            f"z_loss {window['z_loss_sum'] / window['num_tokens']:.2e} "
+            f"acc {window['correct_sum'] / window['num_tokens']:.3f} "
+            f"grad_norm {window['grad_norm'] / window['steps']:.3f} "
+            f"tokens/s {window['num_tokens'] / elapsed:.0f} "
+            f"s/step {elapsed / window['steps']:.2f} "
+            f"elapsed {time.time() - start_time:.0f}s", flush=True)
+      window, window_start = {}, time.time()
+    if step % checkpoint_every == 0:
+      save_checkpoint(state, model_dir, keep_checkpoints, t5x_checkpoints)
+    if eval_every and step % eval_every == 0:
+      metrics = run_eval(step)
+      window_start = time.time()  # evaluation time is not training throughput
+
+  if step % checkpoint_every:
+    save_checkpoint(state, model_dir, keep_checkpoints, t5x_checkpoints)
+  if eval_every and step % eval_every:
+    metrics = run_eval(step)
+  print(f"done at step {step} after {time.time() - start_time:.0f}s", flush=True)
+  return metrics
 
 
 def train(model_dir: str,
@@ -185,88 +271,49 @@ def train(model_dir: str,
   eval_encoded = data.encode_pairs(sp, eval_sources, eval_targets, max_input_len, max_target_len)
   print(f"train pairs {len(stream.encoded.inputs)} in {stream.batches_per_epoch} batches/epoch; "
         f"eval pairs {len(eval_encoded.inputs)}", flush=True)
-
   state = create_state(config, optimizer, clip_grad_norm, seed)
-  num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
-  print(f"model: {num_params:,} params", flush=True)
-  if (checkpoint := latest_checkpoint(out)) is not None:
-    state = restore_checkpoint(state, checkpoint)
-    print(f"resumed from {checkpoint} at step {int(state.step)}", flush=True)
-  rng = jax.random.PRNGKey(seed)
-  dropout = config.dropout_rate > 0
 
-  def evaluate() -> dict[str, float]:
-    sums: dict[str, float] = {}
-    for batch in data.eval_batches(eval_encoded, eval_batch_size, max_input_len, max_target_len):
-      for k, v in eval_step(state.params, state.apply_fn, batch).items():
-        sums[k] = sums.get(k, 0.0) + float(v)
-    hyps = greedy.translate(config, state.params, sp, eval_sources[:bleu_examples],
-                     max_input_len, max_target_len, eval_batch_size)
+  def evaluate(params: Any) -> dict[str, float]:
+    sums = eval_sums(params, state.apply_fn,
+                     data.eval_batches(eval_encoded, eval_batch_size, max_input_len,
+                                       max_target_len))
+    hyps = greedy.translate(config, params, sp, eval_sources[:bleu_examples],
+                            max_input_len, max_target_len, eval_batch_size)
     return {"eval_loss": sums["loss_sum"] / sums["num_tokens"],
             "eval_accuracy": sums["correct_sum"] / sums["num_tokens"],
             "eval_bleu": bleu.corpus_bleu(hyps, eval_targets[:bleu_examples])}
 
-  step = int(state.step)
-  window: dict[str, float] = {}
-  window_start = time.time()
-  metrics: dict[str, float] = {}
-  for batch in stream.iterate(step):
-    if step >= num_train_steps:
-      break
-    if max_wall_time_s is not None and time.time() - start_time > max_wall_time_s:
-      print(f"wall-time budget of {max_wall_time_s:.0f}s reached at step {step}", flush=True)
-      break
-    state, step_metrics = train_step(state, batch, rng, z_loss, label_smoothing, dropout)
-    step += 1
-    for k, v in step_metrics.items():
-      window[k] = window.get(k, 0.0) + float(v)
-    window["steps"] = window.get("steps", 0.0) + 1
-    if step % log_every == 0:
-      elapsed = time.time() - window_start
-      print(f"step {step} loss {window['loss_sum'] / window['num_tokens']:.4f} "
-            f"z_loss {window['z_loss_sum'] / window['num_tokens']:.2e} "
-            f"acc {window['correct_sum'] / window['num_tokens']:.3f} "
-            f"grad_norm {window['grad_norm'] / window['steps']:.3f} "
-            f"tokens/s {window['num_tokens'] / elapsed:.0f} "
-            f"s/step {elapsed / window['steps']:.2f} "
-            f"elapsed {time.time() - start_time:.0f}s", flush=True)
-      window, window_start = {}, time.time()
-    if step % checkpoint_every == 0:
-      save_checkpoint(state, out, keep_checkpoints, t5x_checkpoints)
-    if eval_every and step % eval_every == 0:
-      metrics = evaluate()
-      print(f"eval step {step} " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
-            flush=True)
-      window_start = time.time()  # evaluation time is not training throughput
-
-  if step % checkpoint_every:
-    save_checkpoint(state, out, keep_checkpoints, t5x_checkpoints)
-  if eval_every and step % eval_every:
-    metrics = evaluate()
-    print(f"eval step {step} " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
-          flush=True)
-  print(f"done at step {step} after {time.time() - start_time:.0f}s", flush=True)
-  return metrics
+  return fit(state, stream, out, evaluate, start_time=start_time,
+             num_train_steps=num_train_steps, max_wall_time_s=max_wall_time_s, z_loss=z_loss,
+             label_smoothing=label_smoothing, dropout=config.dropout_rate > 0,
+             eval_every=eval_every, checkpoint_every=checkpoint_every,
+             keep_checkpoints=keep_checkpoints, t5x_checkpoints=t5x_checkpoints,
+             log_every=log_every, seed=seed)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m spec_decode.training.train",
-                                   description=__doc__.split("\n")[0])
+def cli(module: str, function: str, doc: str, argv: Sequence[str] | None) -> int:
+  """`python -m <module> --gin_file=... --model_dir=...`: parses the gin files and bindings, then
+  calls the gin-configured `<module>.<function>(model_dir)` (a trainer of this package)."""
+  parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n")[0])
   gin_utils.add_gin_arguments(parser)
   parser.add_argument("--model_dir", required=True, help="checkpoint/output directory")
   args, bindings = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
 
   def run() -> None:
     gin_utils.parse_config(args.gin_file, bindings, args.gin_search_paths)
-    # The configs import spec_decode.training.train, not __main__ (python -m): call that one.
-    train_fn = importlib.import_module("spec_decode.training.train").train
+    # The configs import the module by name, not __main__ (python -m): call that one.
+    train_fn = getattr(importlib.import_module(module), function)
     gin_utils.check_bindings_take_effect([train_fn])
     try:
       gin.get_configurable(train_fn)(args.model_dir)
     except FileNotFoundError as e:  # a corpus or vocabulary the config names
       raise gin_utils.UsageError(gin_utils.first_line(e)) from None
 
-  return gin_utils.run("spec_decode.training.train", run)
+  return gin_utils.run(module, run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  return cli("spec_decode.training.train", "train", __doc__, argv)
 
 
 if __name__ == "__main__":
