@@ -6,8 +6,8 @@ tokens than that); each decode continues for `--new_tokens` tokens or to EOS. al
 paper's estimate, the mean over verified positions of sum_x min(p, q): summed counters of all
 rows (`SpeculativeStats.ratios` of the totals), not a mean of per-row ratios.
 
-  python scripts/table3_lm.py --target=/work/table3_out/lm_target/t5x/checkpoint_700 \
-    --draft=/work/table3_out/lm_draft/t5x/checkpoint_420 \
+  python scripts/table3_lm.py --target=/work/table3_out/lm_target/t5x/checkpoint_643 \
+    --draft=/work/table3_out/lm_draft/t5x/checkpoint_1400 \
     --bigram=/work/table3_out/bigram.npz --unigram=/work/table3_out/unigram.npz \
     --prompts=../shared/data/wmt_ende/test.en
 """
