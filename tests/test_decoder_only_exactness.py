@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.stats
 
 from spec_decode import core
 from spec_decode.engine import drafting, ngram, sampling, verify
@@ -100,16 +99,7 @@ def p_value(continuations: np.ndarray, law: dict[tuple, float]) -> float:
   for row in continuations.tolist():
     end = row.index(EOS) + 1 if EOS in row else len(row)
     observed[tuple(row[:end])] = observed.get(tuple(row[:end]), 0) + 1
-  if set(observed) - set(law):
-    return 0.0
-  expected = np.array([law[s] for s in law]) * len(continuations)
-  counts = np.array([observed.get(s, 0) for s in law])
-  rare = expected < 5
-  if rare.any():
-    expected = np.append(expected[~rare], expected[rare].sum())
-    counts = np.append(counts[~rare], counts[rare].sum())
-  expected *= counts.sum() / expected.sum()
-  return float(scipy.stats.chisquare(counts, expected).pvalue)
+  return test_exactness.counts_p_value(observed, law)
 
 
 def draw(decoder: core.Decoder, params, draft_params, prompt, seed: int = 0) -> np.ndarray:

@@ -97,10 +97,16 @@ def chi_square_p_value(decodes: np.ndarray, law: dict[tuple, float]) -> float:
   for row in map(tuple, decodes):
     sequence = tuple(t for t in row if t != 0)
     observed[sequence] = observed.get(sequence, 0) + 1
+  return counts_p_value(observed, law)
+
+
+def counts_p_value(observed: dict[tuple, int], law: dict[tuple, float]) -> float:
+  """Chi-square p-value of the outcome counts `observed` against the law (0 where an outcome
+  the law cannot produce was observed)."""
   impossible = set(observed) - set(law)
   if impossible:
     return 0.0  # a sequence the target can never produce
-  expected = np.array([NUM_SAMPLES * law[s] for s in law])
+  expected = np.array([sum(observed.values()) * law[s] for s in law])
   counts = np.array([observed.get(s, 0) for s in law])
   rare = expected < 5  # pooled so the chi-square approximation holds
   if rare.any():

@@ -28,6 +28,7 @@ pytest.importorskip("t5x.infer",
 import t5x_decoder_only  # pylint: disable=g-import-not-at-top
 import t5x_setup  # pylint: disable=g-import-not-at-top
 import t5x_tasks  # pylint: disable=g-import-not-at-top
+from test_t5x_runs import TINY_INFER_GIN  # pylint: disable=g-import-not-at-top
 
 # The slow tier (python -m t5x.infer as subprocesses).
 pytestmark = [pytest.mark.slow, pytest.mark.newest]
@@ -78,16 +79,6 @@ MIXTURE_OR_TASK_NAME = '{t5x_tasks.TASK_NAME}'
 TASK_FEATURE_LENGTHS = {{'inputs': 24, 'targets': 12}}
 utils.DatasetConfig.batch_size = 4
 utils.RestoreCheckpointConfig.dtype = 'float32'
-"""
-TINY_INFER_GIN = """
-from __gin__ import dynamic_registration
-import __main__ as infer_script
-
-include 't5x/configs/runs/infer.gin'
-include '{directory}/tiny_model.gin'
-
-infer_script.infer.write_fn = @infer_script.write_inferences_to_file
-infer_script.write_inferences_to_file.output_ids = True
 """
 # The run in bfloat16 (activations and restored parameters, as T5X's own gins run it), as a
 # prefix LM (its prompts attend both ways).
