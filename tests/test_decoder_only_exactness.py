@@ -102,11 +102,18 @@ def p_value(continuations: np.ndarray, law: dict[tuple, float]) -> float:
   return test_exactness.counts_p_value(observed, law)
 
 
-def draw(decoder: core.Decoder, params, draft_params, prompt, seed: int = 0) -> np.ndarray:
-  """NUM_SAMPLES continuations of `prompt`, their first LENGTH - len(prompt) tokens."""
-  predict = jax.jit(lambda batch, rng: decoder.predict(params, draft_params, batch, EOS, rng))
-  decodes, _ = predict(decoder_batch(prompt, NUM_SAMPLES), jax.random.PRNGKey(seed))
-  return np.asarray(decodes)[:, :LENGTH - len(prompt)]
+def draw(decoder: core.Decoder, params, draft_params, prompts, seed: int = 0
+         ) -> list[np.ndarray]:
+  """NUM_SAMPLES continuations of each prompt, their first LENGTH - len(prompt) tokens: one
+  compiled decode (the parameters its arguments) for every prompt."""
+  predict = jax.jit(lambda params, draft_params, batch, rng: decoder.predict(
+      params, draft_params, batch, EOS, rng))
+  draws = []
+  for prompt in prompts:
+    decodes, _ = predict(params, draft_params, decoder_batch(prompt, NUM_SAMPLES),
+                         jax.random.PRNGKey(seed))
+    draws.append(np.asarray(decodes)[:, :LENGTH - len(prompt)])
+  return draws
 
 
 CASES = {  # name: (prefix LM, draft source, temperature)
@@ -143,9 +150,9 @@ def pair(case: str, verifier, draft_policy: str = "fixed"):
 def test_continuations_follow_the_target_law(case, verifier, draft_policy):
   decoder, params, draft_params, target = pair(case, verifier, draft_policy)
   sampling_args = (CASES[case][2], 0, 0.0)
-  for prompt in PROMPTS:
+  for prompt, continuations in zip(PROMPTS, draw(decoder, params, draft_params, PROMPTS)):
     law = continuation_law(target, params, prompt, sampling_args)
-    p = p_value(draw(decoder, params, draft_params, prompt), law)
+    p = p_value(continuations, law)
     assert p > P_VALUE_FLOOR, f"prompt {prompt}: p = {p:.2e}"
 
 
@@ -155,7 +162,7 @@ def test_negative_control_fails(case):
   decoder, params, draft_params, target = pair(case, test_exactness.accept_everything)
   prompt = PROMPTS[1]
   law = continuation_law(target, params, prompt, (1.0, 0, 0.0))
-  p = p_value(draw(decoder, params, draft_params, prompt), law)
+  p = p_value(draw(decoder, params, draft_params, [prompt])[0], law)
   assert p < P_VALUE_FLOOR, f"accept_everything was not caught: p = {p:.2e}"
 
 
@@ -165,5 +172,5 @@ def test_negative_control_a_causal_law_for_a_prefix_lm_fails():
   causal_target, _ = make_network(False, seed=1)
   prompt = PROMPTS[1]
   law = continuation_law(causal_target, params, prompt, (1.0, 0, 0.0))
-  p = p_value(draw(decoder, params, draft_params, prompt), law)
+  p = p_value(draw(decoder, params, draft_params, [prompt])[0], law)
   assert p < P_VALUE_FLOOR, f"a causal law passed for a prefix LM: p = {p:.2e}"
