@@ -117,7 +117,8 @@ class PhysicalLimitConfig:
 @dataclasses.dataclass(frozen=True)
 class VerifyCostConfig:
   """v(k) for k in `num_tokens` of random-weight models with each of `model_gins` (plus
-  `overrides`), batch 1, `input_length` encoded tokens, a `cache_length` self-attention cache;
+  `overrides`; T5's or decoder-only LMs'), batch 1, `input_length` encoded tokens (a language
+  model's prompt), a self-attention cache of `cache_length` positions (after the prompt);
   `calls` calls per timed loop, the median of `repetitions` interleaved loops counts; with
   `compare_xla_defaults` the calls compiled with XLA's defaults are timed too. The roofline's
   read bandwidth sums a `read_mib` MiB array and its FLOP/s time a [matmul_rows, matmul_size] x

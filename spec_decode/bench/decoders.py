@@ -29,6 +29,7 @@ from spec_decode.bench.pairs import Pair
 from spec_decode.bench.simulated import SIMULATED, simulated_acceptance_rule
 from spec_decode.engine import drafting
 from spec_decode.engine import loops
+from spec_decode.t5 import network
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,45 +139,59 @@ class RunOutput:
   stats_class: type | None = None  # the loop's (`engine.stats`), which `stats` are counters of
 
 
-def generated_lengths(decodes: np.ndarray, eos_id: int | None) -> np.ndarray:
-  """Tokens per row of decodes [B, L]: up to and including the first EOS, else L (the
-  vectorized `vocab.until_eos` length)."""
+def generated_lengths(decodes: np.ndarray, eos_id: int | None,
+                      limits: np.ndarray | None = None) -> np.ndarray:
+  """Tokens per row of decodes [B, L]: up to and including the first EOS, else the row's limit
+  (`limits` [B]: the tokens it could decode; default L). The vectorized `vocab.until_eos`
+  length."""
   decodes = np.asarray(decodes)
+  limits = np.full(decodes.shape[0], decodes.shape[1]) if limits is None else np.asarray(limits)
   if eos_id is None:
-    return np.full(decodes.shape[0], decodes.shape[1])
-  is_eos = decodes == eos_id
-  return np.where(is_eos.any(axis=1), is_eos.argmax(axis=1) + 1, decodes.shape[1])
+    return limits
+  is_eos = (decodes == eos_id) & (np.arange(decodes.shape[1]) < limits[:, None])
+  return np.where(is_eos.any(axis=1), is_eos.argmax(axis=1) + 1, limits)
 
 
 def _partitioned_decoder(layout: decode_layout.DecodeLayout, pair: Pair, variant: Variant
                          ) -> tuple[Callable, Callable]:
   """The two compiled halves of one decode (`core.Decoder.prefill` and `run`) on `layout`,
   timed apart:
-  prefill(target_params, draft_params, encoder_tokens [B, Le]) -> caches, each in its layout;
-  loop(target_params, draft_params, caches, rng) -> (decodes [B, L], log_probs [B], aux), split
-    over 'data': the decoding loop alone (the variant's num_decodes per row, the best kept),
+  prefill(target_params, draft_params, tokens [B, input_length]) -> caches, each in its layout
+    (an encoder-decoder's encoders run; a language model's prompt fills its cache);
+  loop(target_params, draft_params, caches, tokens, rng) -> (decodes [B, L], log_probs [B],
+    aux), split over 'data': the decoding loop alone (the variant's num_decodes per row, the
+    best kept; a language model's rows start after their prompts, which its decodes leave out),
     computing what infer's does (the scores too: the same compiled loop, tests/sharding
     compares them)."""
   decoder = variant.decoder(pair)
-  max_decode_len = pair.max_decode_len
+  decode_length = pair.decode_length
   draft_role = "draft" if decoder.draft_network is not None else None
 
-  def prefill(target_params, draft_params, encoder_tokens):
-    return decoder.prefill(target_params, draft_params, encoder_tokens, max_decode_len, layout)
+  def prefill(target_params, draft_params, tokens):
+    if pair.decoder_only:  # the prompt in its decode, as `core.Decoder.predict` prefills it
+      tokens = jnp.pad(tokens, ((0, 0), (0, decode_length - tokens.shape[1])))
+    return decoder.prefill(target_params, draft_params, tokens, decode_length, layout)
 
-  def loop(target_params, draft_params, caches, rng):
+  def loop(target_params, draft_params, caches, tokens, rng):
+    initial_index = None
+    if pair.decoder_only:
+      inputs = jnp.pad(tokens, ((0, 0), (0, decode_length - tokens.shape[1])))
+      initial_index = network.prompt_lengths(inputs)
+    else:
+      inputs = jnp.zeros((tokens.shape[0], decode_length), jnp.int32)
     # Split over 'data' as infer's decoder inputs are: each row's state stays with its caches.
-    inputs = jax.lax.with_sharding_constraint(
-        jnp.zeros((caches.target["encoder_mask"].shape[0], max_decode_len), jnp.int32),
-        layout.partitioner.batch_sharding)
+    inputs = jax.lax.with_sharding_constraint(inputs, layout.partitioner.batch_sharding)
     decodes, log_probs, aux = decoder.run(target_params, draft_params, caches, inputs,
                                           pair.eos_id, num_decodes=variant.num_decodes,
-                                          decoder_params={"decode_rng": rng}, calls=layout)
+                                          decoder_params={"decode_rng": rng}, calls=layout,
+                                          initial_index=initial_index)
+    if initial_index is not None:
+      decodes = core.without_prompt(decodes, initial_index)
     # Sorted by score, ascending: the best is last.
     return decodes[:, -1], log_probs[:, -1], {name: value[:, -1] for name, value in aux.items()}
 
   return (layout.partition(prefill, ("target", draft_role, "batch"), outputs="pinned"),
-          layout.partition(loop, ("target", draft_role, "pinned", "replicated")))
+          layout.partition(loop, ("target", draft_role, "pinned", "batch", "replicated")))
 
 
 class PairDecoders:
@@ -206,7 +221,7 @@ class PairDecoders:
     return self._decoders[variant]
 
   def _prefill_args(self, variant: Variant, repetition: int, batch_size: int) -> tuple:
-    """(target params, draft params or None, encoder tokens) of one run, placed."""
+    """(target params, draft params or None, input tokens) of one run, placed."""
     draft_params = self._params[1] if variant.uses_draft_params else None
     return (self._params[0], draft_params,
             self.layout.put_batch(self.pair.batch(repetition, batch_size)))
@@ -218,13 +233,16 @@ class PairDecoders:
     start = time.perf_counter()
     caches = jax.block_until_ready(prefill(*params_and_tokens))
     loop_start = time.perf_counter()
-    outputs = jax.block_until_ready(loop(*params_and_tokens[:2], caches, rng))
+    outputs = jax.block_until_ready(loop(*params_and_tokens[:2], caches, params_and_tokens[2],
+                                         rng))
     end = time.perf_counter()
     decodes, _, aux = decode_layout.gather(outputs)
     stats_class = variant.decoder(self.pair).loop.stats
     summed = None if stats_class is None else {
         name: np.sum(aux[name], axis=0).tolist() for name in stats_class.counter_names()}
-    return RunOutput(end - start, int(generated_lengths(decodes, self.pair.eos_id).sum()),
+    limits = self.pair.new_tokens(self.pair.batch(repetition, batch_size))
+    return RunOutput(end - start,
+                     int(generated_lengths(decodes, self.pair.eos_id, limits).sum()),
                      decodes, summed, decode_seconds=end - loop_start, stats_class=stats_class)
 
   def lower_loop(self, variant: Variant, repetition: int, batch_size: int
@@ -234,5 +252,5 @@ class PairDecoders:
     prefill, loop = self._halves(variant)
     params_and_tokens = self._prefill_args(variant, repetition, batch_size)
     caches = prefill(*params_and_tokens)
-    return loop.lower(*params_and_tokens[:2], caches,
+    return loop.lower(*params_and_tokens[:2], caches, params_and_tokens[2],
                       self.layout.put_replicated(jax.random.PRNGKey(repetition)))

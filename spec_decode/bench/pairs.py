@@ -32,29 +32,37 @@ from spec_decode.t5 import vocab
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Model:
-  """A named `network.Transformer` with its parameters (on the default device)."""
+  """A named network (`network.Network`: T5's or a decoder-only LM) with its parameters (on the
+  default device)."""
   name: str
-  module: network.Transformer
+  module: network.Network
   params: Any
 
   @property
-  def config(self) -> network.T5Config:
+  def config(self) -> network.NetworkConfig:
     return self.module.config
 
   @property
   def num_params(self) -> int:
     return int(sum(np.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(self.params)))
 
+  def decode_step_trees(self) -> dict[str, Any]:
+    """The parameters one cached decoder call reads: {'decoder': the decoder stack and its
+    logits layer, without the token embedding} plus {'token_embedder': ...} when the logits go
+    through it (otherwise the token lookup reads only a few rows, neglected). T5's embedding is
+    beside its stacks, a language model's inside its decoder."""
+    decoder = dict(self.params["decoder"])
+    embedding = (decoder.pop("token_embedder") if "token_embedder" in decoder
+                 else self.params["token_embedder"])
+    if self.config.logits_via_embedding:
+      return {"decoder": decoder, "token_embedder": embedding}
+    return {"decoder": decoder}
+
   @property
   def decode_step_weight_bytes(self) -> int:
-    """Parameter bytes one cached decoder call reads: the decoder stack and its logits layer
-    (the shared embedding too when the logits go through it; otherwise the token lookup reads
-    only a few rows, neglected)."""
-    trees = [self.params["decoder"]]
-    if self.config.logits_via_embedding:
-      trees.append(self.params["token_embedder"])
+    """Parameter bytes one cached decoder call reads (`decode_step_trees`)."""
     return int(sum(leaf.size * leaf.dtype.itemsize
-                   for leaf in jax.tree_util.tree_leaves(trees)))
+                   for leaf in jax.tree_util.tree_leaves(self.decode_step_trees())))
 
   def describe(self) -> dict[str, Any]:
     config = dataclasses.asdict(self.config)
@@ -62,7 +70,7 @@ class Model:
     return {"name": self.name, "num_params": self.num_params, "config": config}
 
 
-def random_params(config: network.T5Config, seed: int) -> Any:
+def random_params(config: network.NetworkConfig, seed: int) -> Any:
   """`t5x_format.random_params` on the default device, in the model's activation dtype (as
   T5X's inference restores a bfloat16 model's checkpoint: in bfloat16, so a step reads what it
   would read there). Drawn on the device itself off CPU (`on_device`: T5.1.1-XXL in seconds);
@@ -75,15 +83,16 @@ def random_params(config: network.T5Config, seed: int) -> Any:
 def random_model(name: str, gin_file: str, overrides: Mapping[str, Any], seed: int) -> Model:
   """A model with the config of a model gin file (plus overrides) and random weights
   (`random_params`: only the shapes matter for speed)."""
-  module = network.Transformer(gin_utils.read_model_config(gin_file, overrides))
+  module = network.module_of(gin_utils.read_model_config(gin_file, overrides))
   return Model(name, module, random_params(module.config, seed))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Pair:
-  """A target, its draft, the encoder inputs they decode ([N, input_length], 0-padded), the EOS
-  id (`target.config.vocab_size` = none: every row runs to its length limit) and the decode
-  length."""
+  """A target, its draft, the inputs they decode ([N, input_length], 0-padded: encoder inputs, or
+  a language model's prompts), the EOS id (`target.config.vocab_size` = none: every row runs to
+  its length limit) and `max_decode_len`, the tokens decoded per input (a language model's
+  decodes hold the prompt too: `decode_length`)."""
   name: str
   target: Model
   draft: Model
@@ -96,6 +105,24 @@ class Pair:
   def has_eos(self) -> bool:
     return self.eos_id < self.target.config.vocab_size
 
+  @property
+  def decoder_only(self) -> bool:
+    return network.is_decoder_only(self.target.config)
+
+  @property
+  def decode_length(self) -> int:
+    """Positions a decode holds: `max_decode_len`, after an input_length prompt for a language
+    model (`network.decode_length`)."""
+    return network.decode_length(self.target.config, self.inputs.shape[1], self.max_decode_len)
+
+  def new_tokens(self, tokens: np.ndarray) -> np.ndarray:
+    """[B] the tokens each row of a batch of inputs [B, input_length] decodes when no EOS stops
+    it: `max_decode_len`, or a language model's `decode_length` less its prompt (a shorter
+    prompt leaves more of the decode)."""
+    if not self.decoder_only:
+      return np.full(tokens.shape[0], self.max_decode_len)
+    return self.decode_length - np.asarray(network.prompt_lengths(tokens))
+
   def batch(self, index: int, batch_size: int) -> np.ndarray:
     """The index-th batch of inputs, cycling through them (each repetition sees new ones)."""
     rows = [(index * batch_size + i) % len(self.inputs) for i in range(batch_size)]
@@ -103,20 +130,26 @@ class Pair:
 
   def describe(self) -> dict[str, Any]:
     return {"name": self.name, "description": self.description, "eos_id": self.eos_id,
-            "has_eos": self.has_eos, "input_length": int(self.inputs.shape[1]),
+            "has_eos": self.has_eos, "decoder_only": self.decoder_only, "input_length": int(self.inputs.shape[1]),
             "num_inputs": int(self.inputs.shape[0]), "max_decode_len": self.max_decode_len,
             "target": self.target.describe(), "draft": self.draft.describe()}
 
 
-def random_inputs(vocab_size: int, input_length: int, count: int, seed: int) -> np.ndarray:
-  """`count` rows of random tokens (ids >= 3, past T5's pad/eos/unk) of random length, each
-  ending in EOS, 0-padded to input_length."""
+def random_inputs(vocab_size: int, input_length: int, count: int, seed: int,
+                  prompts: bool = False) -> np.ndarray:
+  """`count` rows of random tokens (ids >= 3, past T5's pad/eos/unk) of random length, 0-padded
+  to input_length: each ending in EOS, or with `prompts` a language model's prompts (BOS 0, then
+  the tokens, no EOS)."""
   rng = np.random.default_rng(seed)
   inputs = np.zeros((count, input_length), np.int32)
   for row in inputs:
     length = int(rng.integers(input_length // 2, input_length))
-    row[:length - 1] = rng.integers(vocab.UNK_ID + 1, vocab_size, length - 1)
-    row[length - 1] = vocab.EOS_ID
+    tokens = rng.integers(vocab.UNK_ID + 1, vocab_size, length - 1)
+    if prompts:
+      row[1:length] = tokens
+    else:
+      row[:length - 1] = tokens
+      row[length - 1] = vocab.EOS_ID
   return inputs
 
 
@@ -155,7 +188,8 @@ def random_pair(name: str, config: PairConfig | SimulatedTable2Config, num_input
   draft = random_model(f"{name} draft", config.draft_gin, config.draft_overrides,
                        config.seed + 1)
   vocab_size = target.config.vocab_size
-  inputs = random_inputs(vocab_size, config.input_length, num_inputs, config.seed)
+  inputs = random_inputs(vocab_size, config.input_length, num_inputs, config.seed,
+                         prompts=network.is_decoder_only(target.config))
   return Pair(name, target, draft, inputs, vocab_size, config.max_decode_len,
               f"random weights ({config.target_gin}, {config.draft_gin}), random inputs, no EOS")
 
@@ -187,41 +221,51 @@ def near_bigram_pair(config: PairConfig) -> Pair:
 
   Target: random weights (`random_params`) with the config of `config.target_gin`
   plus `target_overrides`, every residual branch (the attention and MLP output kernels
-  `out`/`wo` of both stacks) scaled by `config.residual_scale`. The residual stream then stays
+  `out`/`wo` of every stack) scaled by `config.residual_scale`. The residual stream then stays
   close to the current token's embedding, so the target is close to a bigram model: its next
   token depends mostly on the last one.
-  Draft: the same config with 1 encoder and 1 decoder layer, whose parameters are the target's
-  own arrays (the same objects, not copies): the token embedding, the logits layer, the final
-  norms, the relative-position biases and layer 0 of each stack (so its branches are scaled
-  too). The scale sets how often they agree (greedy alpha); `draft_gin` is not used.
+  Draft: the same config with one layer per stack (an encoder-decoder's encoder and decoder, a
+  language model's decoder), whose parameters are the target's own arrays (the same objects,
+  not copies): the token embedding, the logits layer, the final norms, the relative-position
+  biases and layer 0 of each stack (so its branches are scaled too). The scale sets how often
+  they agree (greedy alpha); `draft_gin` is not used.
   Random inputs, no EOS (eos_id = vocab_size).
   """
   if config.residual_scale <= 0:
     raise ValueError(f"PairConfig.residual_scale must be > 0, got {config.residual_scale}")
-  target_module = network.Transformer(gin_utils.read_model_config(config.target_gin,
-                                                                  config.target_overrides))
+  target_module = network.module_of(gin_utils.read_model_config(config.target_gin,
+                                                                config.target_overrides))
   target_config = target_module.config
+  decoder_only = network.is_decoder_only(target_config)
   params = _scaled(random_params(target_config, config.seed), config.residual_scale)
-  draft_config = dataclasses.replace(target_config, num_encoder_layers=1, num_decoder_layers=1)
-  shared_top = {"encoder": ("relpos_bias", "encoder_norm", "layers_0"),
-                "decoder": ("relpos_bias", "decoder_norm", "layers_0", "logits_dense")}
-  draft_params = {"token_embedder": params["token_embedder"]}
-  for stack, names in shared_top.items():
-    # logits_dense exists only in untied (T5.1.1) models; tied ones share the embedding.
-    draft_params[stack] = {name: params[stack][name] for name in names
-                           if name in params[stack]}
+  if decoder_only:
+    draft_config = dataclasses.replace(target_config, num_layers=1)
+    shared = {"decoder": ("token_embedder", "relpos_bias", "decoder_norm", "layers_0",
+                          "logits_dense")}
+  else:
+    draft_config = dataclasses.replace(target_config, num_encoder_layers=1,
+                                       num_decoder_layers=1)
+    shared = {"encoder": ("relpos_bias", "encoder_norm", "layers_0"),
+              "decoder": ("relpos_bias", "decoder_norm", "layers_0", "logits_dense")}
+  # logits_dense exists only in untied models; tied ones share the embedding. T5's embedding is
+  # beside its stacks.
+  draft_params = {stack: {name: params[stack][name] for name in names if name in params[stack]}
+                  for stack, names in shared.items()}
+  if "token_embedder" in params:
+    draft_params["token_embedder"] = params["token_embedder"]
   name = f"near-bigram {'/'.join(pathlib.PurePath(config.target_gin).with_suffix('').parts[-2:])}"
+  layers = "1 layer" if decoder_only else "1+1 layers"
   target = Model(f"{name} target", target_module, params)
-  draft = Model(f"{name} draft (1+1 layers)", network.Transformer(draft_config), draft_params)
+  draft = Model(f"{name} draft ({layers})", network.module_of(draft_config), draft_params)
   vocab_size = target_config.vocab_size
   inputs = random_inputs(vocab_size, config.input_length, config.num_random_inputs,
-                         config.seed)
+                         config.seed, prompts=decoder_only)
+  stacks = "the decoder" if decoder_only else "both stacks"
   description = (
       f"near-bigram pair: random weights ({config.target_gin}), residual branches (attention "
-      f"and MLP output kernels, both stacks) scaled by {config.residual_scale:g}; the draft "
-      "has 1 encoder + 1 decoder layer and shares the target's arrays (embedding, logits "
-      "layer, final norms, relative-position biases, layer 0 of each stack); random inputs, "
-      "no EOS")
+      f"and MLP output kernels, {stacks}) scaled by {config.residual_scale:g}; the draft "
+      f"has {layers} and shares the target's arrays (embedding, logits layer, final norms, "
+      "relative-position biases, layer 0 of each stack); random inputs, no EOS")
   return Pair(name, target, draft, inputs, vocab_size, config.max_decode_len, description)
 
 

@@ -110,16 +110,17 @@ def _own_baseline_section(own: Mapping[str, Any]) -> list[str]:
 
 
 def _peer_section(peer: Mapping[str, Any]) -> list[str]:
-  lines = [f"## peer: Hugging Face generate (torch {peer.get('torch_version')}, "
+  peers = ("T5X's sampler" if "torch_version" not in peer else
+           f"Hugging Face generate (torch {peer['torch_version']}, "
            f"transformers {peer.get('transformers_version')}, on {peer.get('torch_device')}, "
-           f"{peer['torch_num_threads']} threads, its own process), batch 1, "
-           f"gamma {peer['gamma']}, "
+           f"{peer['torch_num_threads']} threads, its own process)")
+  lines = [f"## peer: {peers}, batch 1, gamma {peer['gamma']}, "
            f"{peer['max_decode_len']} new tokens", "",
            f"Pair: {peer['pair_description']}; target {peer['target_params'] / 1e6:.0f}M params, "
            f"draft {peer['draft_params'] / 1e6:.0f}M params (its own count, shared arrays "
            "included). Speedups: speculative over the same framework's baseline.", ""]
   if "error" in peer:
-    lines += [f"Not run: {peer['error']}", ""]
+    lines += [f"Hugging Face not run: {peer['error']}", ""]
   if "t5x_error" in peer:
     lines += [f"T5X's sampler not run: {peer['t5x_error']}", ""]
   rows = []
@@ -132,8 +133,9 @@ def _peer_section(peer: Mapping[str, Any]) -> list[str]:
         f"{label} {a['identical']}/{a['compared']}" for label, a in agreement.items())
     rows.append([peer["pair"], entry["temperature"], _rate(entry["ours baseline"]),
                  _rate(entry["ours speculative"]), entry["ours_speedup"],
-                 _rate(entry["hf generate"]), _rate(entry["hf assisted"]),
-                 entry["hf_speedup"], entry["ours_speculative_over_hf_assisted"],
+                 *([_rate(entry["hf generate"]), _rate(entry["hf assisted"])]
+                   if "hf generate" in entry else ["-", "-"]),
+                 entry.get("hf_speedup"), entry.get("ours_speculative_over_hf_assisted"),
                  _rate(entry["t5x sampler"]) if "t5x sampler" in entry else "-",
                  entry.get("ours_speculative_over_t5x_sampler"),
                  entry["ours speculative"]["alpha"], agree])

@@ -1,7 +1,8 @@
 """T5X's standard sampler on a pair's target, for the peer suite (`spec_decode.t5x.sampler`: the
 baseline the paper's Table 2 speeds up), jitted as T5X's own infer would jit it.
 
-T5X is optional: `T5XSampler` raises RuntimeError naming why it cannot run (T5X not installed).
+T5X is optional: `T5XSampler` raises RuntimeError naming why it cannot run (T5X not installed,
+or for a language model T5X's decoder-only network not importable).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from spec_decode.bench.decoders import RunOutput, generated_lengths
 from spec_decode.bench.pairs import Pair
+from spec_decode.t5 import network
 
 
 class T5XSampler:
@@ -29,6 +31,10 @@ class T5XSampler:
     except ImportError as e:
       raise RuntimeError(f"T5X is not installed ({e})") from None
     eos_id = pair.eos_id if pair.has_eos else -1
+    try:
+      sampler.sampler_model(pair.target.config, eos_id, 0.0)
+    except ImportError as e:  # a language model's: T5X's decoder-only network is absent
+      raise RuntimeError(str(e)) from None
     self.pair = pair
     self._predict = {}
     self._model = lambda temperature: sampler.sampler_model(pair.target.config, eos_id,
@@ -38,11 +44,22 @@ class T5XSampler:
   def run(self, temperature: float, repetition: int) -> RunOutput:
     if temperature not in self._predict:
       self._predict[temperature] = jax.jit(self._model(temperature).predict_batch_with_aux)
-    batch = {"encoder_input_tokens": self.pair.batch(repetition, 1),
-             "decoder_input_tokens": np.zeros((1, self.pair.max_decode_len), np.int32)}
+    tokens = self.pair.batch(repetition, 1)
+    if self.pair.decoder_only:  # seqio.DecoderFeatureConverter's: BOS and prompt, then 0s
+      decoder_input_tokens = np.zeros((1, self.pair.decode_length), np.int32)
+      decoder_input_tokens[:, :tokens.shape[1]] = tokens
+      causal_attention = (np.arange(self.pair.decode_length)[None]
+                          <= np.asarray(network.prompt_lengths(tokens))[:, None])
+      batch = {"decoder_input_tokens": decoder_input_tokens,
+               "decoder_causal_attention": causal_attention.astype(np.int32)}
+    else:
+      batch = {"encoder_input_tokens": tokens,
+               "decoder_input_tokens": np.zeros((1, self.pair.max_decode_len), np.int32)}
     rng = jax.random.PRNGKey(repetition)
     start = time.perf_counter()
     decodes = np.asarray(jax.block_until_ready(
         self._predict[temperature](self._params, batch, rng)[0]))
     seconds = time.perf_counter() - start
-    return RunOutput(seconds, int(generated_lengths(decodes, self.pair.eos_id).sum()), decodes)
+    limits = self.pair.new_tokens(tokens)
+    return RunOutput(seconds, int(generated_lengths(decodes, self.pair.eos_id, limits).sum()),
+                     decodes)

@@ -67,7 +67,7 @@ def _peer_goals(peer: Mapping[str, Any]) -> list[dict[str, Any]]:
   for entry in peer["temperatures"]:
     mode = "greedy" if entry["temperature"] == 0 else f"sampling T={entry['temperature']:g}"
     where = f"peer ({peer['pair']}) batch 1 {mode} gamma={peer['gamma']}"
-    note = entry.get("error", "")
+    note = entry.get("error") or peer.get("error", "")
     result.append(_goal(f"{where}: ours speculative tokens/s >= {target}x HF assisted "
                         "generation", entry.get("ours_speculative_over_hf_assisted"), target,
                         note))

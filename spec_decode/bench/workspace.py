@@ -55,7 +55,7 @@ class Workspace:
       pair, config = self.pair(which), self.configs[which]
       self._steps[key] = call_sequence_seconds(
           [(getattr(pair, model), *rest) for model, *rest in calls], batch_size,
-          pair.inputs.shape[1], pair.max_decode_len, config.step_calls,
+          pair.inputs.shape[1], pair.decode_length, config.step_calls,
           config.step_repetitions, self.compiler_options)
     return self._steps[key]
 

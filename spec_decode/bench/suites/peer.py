@@ -44,6 +44,9 @@ class HuggingFaceWorker:
 
   def __init__(self, pair: Pair, directory: str, gamma: int, num_threads: int,
                assistant_schedule: str, torch_device: str = "cpu"):
+    if pair.decoder_only:
+      raise RuntimeError("Hugging Face has no class for T5X's decoder-only language models (T5 "
+                         "layers without cross-attention)")
     for name in ("target", "draft"):
       model = getattr(pair, name)
       hf_format.save_hf(model.config, jax.device_get(model.params),
@@ -115,19 +118,20 @@ def greedy_agreement(reference: Sequence[RunOutput], other: Sequence[RunOutput],
           "first_difference_positions": first_differences}
 
 
-def _compare(hf: HuggingFaceWorker, t5x: T5XSampler | None, decoders: PairDecoders, gamma: int,
-             temperature: float, repetitions: int) -> dict[str, Any]:
-  """One temperature's entry: the decoders interleaved (T5X's sampler where `t5x` is given),
-  their summaries and ratios, and at temperature 0 the token-for-token agreement with ours
-  baseline; an error is recorded, not raised (e.g. a transformers cache that rejects unequal
-  encoder and decoder depths must not hide every other result)."""
+def _compare(hf: HuggingFaceWorker | None, t5x: T5XSampler | None, decoders: PairDecoders,
+             gamma: int, temperature: float, repetitions: int) -> dict[str, Any]:
+  """One temperature's entry: the decoders interleaved (Hugging Face's and T5X's sampler where
+  given), their summaries and ratios, and at temperature 0 the token-for-token agreement with
+  ours baseline; an error is recorded, not raised (e.g. a transformers cache that rejects
+  unequal encoder and decoder depths must not hide every other result)."""
   runs = {
       "ours baseline": functools.partial(decoders.run, Variant(temperature), batch_size=1),
       "ours speculative": functools.partial(decoders.run, Variant(temperature, gamma),
                                             batch_size=1),
-      "hf generate": functools.partial(hf.run, temperature, False),
-      "hf assisted": functools.partial(hf.run, temperature, True),
   }
+  if hf is not None:
+    runs["hf generate"] = functools.partial(hf.run, temperature, False)
+    runs["hf assisted"] = functools.partial(hf.run, temperature, True)
   if t5x is not None:
     runs["t5x sampler"] = functools.partial(t5x.run, temperature)
   entry: dict[str, Any] = {"temperature": temperature}
@@ -140,9 +144,10 @@ def _compare(hf: HuggingFaceWorker, t5x: T5XSampler | None, decoders: PairDecode
   rate = {label: summary["tokens_per_s"] for label, summary in summaries.items()}
   entry.update(summaries)
   entry["ours_speedup"] = rate["ours speculative"] / rate["ours baseline"]
-  entry["hf_speedup"] = rate["hf assisted"] / rate["hf generate"]
-  entry["ours_speculative_over_hf_assisted"] = rate["ours speculative"] / rate["hf assisted"]
-  entry["ours_baseline_over_hf_generate"] = rate["ours baseline"] / rate["hf generate"]
+  if hf is not None:
+    entry["hf_speedup"] = rate["hf assisted"] / rate["hf generate"]
+    entry["ours_speculative_over_hf_assisted"] = rate["ours speculative"] / rate["hf assisted"]
+    entry["ours_baseline_over_hf_generate"] = rate["ours baseline"] / rate["hf generate"]
   if t5x is not None:
     entry["ours_speculative_over_t5x_sampler"] = rate["ours speculative"] / rate["t5x sampler"]
     entry["ours_baseline_over_t5x_sampler"] = rate["ours baseline"] / rate["t5x sampler"]
@@ -154,9 +159,10 @@ def _compare(hf: HuggingFaceWorker, t5x: T5XSampler | None, decoders: PairDecode
 
 
 def peer_suite(workspace: Workspace, config: PeerConfig, scratch_dir: str) -> dict[str, Any]:
-  """Per temperature, batch 1: ours (baseline, speculative) and Hugging Face's (generate,
-  assisted generate) interleaved on the same inputs (`_compare`). The exported models live in a
-  temporary folder of `scratch_dir`."""
+  """Per temperature, batch 1: ours (baseline, speculative), Hugging Face's (generate, assisted
+  generate) and T5X's sampler interleaved on the same inputs (`_compare`), each peer where it
+  can run (else 'error' says why Hugging Face did not, 't5x_error' why T5X did not). The
+  exported models live in a temporary folder of `scratch_dir`."""
   pair, decoders = workspace.pair("pair"), workspace.decoders("pair")
   gamma = workspace.configs["pair"].gamma
   num_threads = config.num_threads or usable_cores()
@@ -167,21 +173,24 @@ def peer_suite(workspace: Workspace, config: PeerConfig, scratch_dir: str) -> di
       "jax_usable_cores": usable_cores(), "assistant_schedule": config.assistant_schedule,
       "max_decode_len": pair.max_decode_len, "temperatures": []}
   with tempfile.TemporaryDirectory(dir=scratch_dir) as directory:
+    hf = None
     try:
       hf = HuggingFaceWorker(pair, directory, gamma, num_threads, config.assistant_schedule,
                              config.torch_device)
+      result.update(hf.versions)
     except RuntimeError as e:
       result["error"] = str(e)
-      return result
-    result.update(hf.versions)
     try:
       t5x = T5XSampler(pair)
     except RuntimeError as e:
       t5x, result["t5x_error"] = None, str(e)
+    if hf is None and t5x is None:
+      return result
     try:
       result["temperatures"] = [_compare(hf, t5x, decoders, gamma, temperature,
                                          config.repetitions)
                                 for temperature in config.temperatures]
     finally:
-      hf.close()
+      if hf is not None:
+        hf.close()
   return result

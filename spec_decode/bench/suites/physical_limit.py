@@ -12,13 +12,17 @@ from spec_decode.bench.config import PhysicalLimitConfig
 from spec_decode.bench.pairs import Model
 from spec_decode.bench.timing import copy_bandwidth
 from spec_decode.bench.workspace import Workspace
+from spec_decode.t5 import network
 
 
 def kv_cache_bytes_per_step(model: Model, input_length: int, cache_length: int) -> int:
   """Key/value bytes one batch-1 decoder call reads: self-attention over the whole cache
-  (masked, not skipped) and cross-attention over the encoded input, in every layer."""
+  (masked, not skipped) in every layer, and an encoder-decoder's cross-attention over the
+  encoded input (a language model's prompt is in its cache)."""
   config = model.config
   per_position = 2 * config.num_heads * config.head_dim * np.dtype(config.dtype).itemsize
+  if network.is_decoder_only(config):
+    return int(config.num_layers * per_position * cache_length)
   return int(config.num_decoder_layers * per_position * (cache_length + input_length))
 
 
@@ -36,7 +40,7 @@ def physical_limit_suite(workspace: Workspace, config: PhysicalLimitConfig) -> d
     pair = workspace.pair(which)
     seconds = workspace.step(which, "target", 1, 1)
     weight_bytes = pair.target.decode_step_weight_bytes
-    cache_bytes = kv_cache_bytes_per_step(pair.target, pair.inputs.shape[1], pair.max_decode_len)
+    cache_bytes = kv_cache_bytes_per_step(pair.target, pair.inputs.shape[1], pair.decode_length)
     targets.append({
         "model": pair.target.name, "num_params": pair.target.num_params, "batch_size": 1,
         "step_s": seconds, "weight_bytes_per_step": weight_bytes,

@@ -36,14 +36,13 @@ from spec_decode.bench.config import VerifyCostConfig
 from spec_decode.bench.pairs import Model, random_model
 from spec_decode.bench.timing import matmul_throughput, read_bandwidth
 from spec_decode.bench.workspace import Workspace
+from spec_decode.t5 import network
 
 
 def step_weights(model: Model) -> dict[str, int]:
   """{'bytes': parameter bytes one cached decoder call reads, 'matmul_params': the kernel
   values it multiplies each fed token by} (see the module docstring)."""
-  leaves = jax.tree_util.tree_leaves_with_path(model.params["decoder"])
-  if model.config.logits_via_embedding:
-    leaves += jax.tree_util.tree_leaves_with_path(model.params["token_embedder"])
+  leaves = jax.tree_util.tree_leaves_with_path(model.decode_step_trees())
   read = matmul = 0
   for path, leaf in leaves:
     keys = [getattr(entry, "key", None) for entry in path]
@@ -66,7 +65,9 @@ def _model_costs(model: Model, config: VerifyCostConfig, read_bytes_per_s: float
       xla_defaults[f"xla k={k}"] = True
   timed = call_costs.interleaved_call_seconds(
       sequences, batch_size=1, input_length=config.input_length,
-      cache_length=config.cache_length, loops=config.calls, repetitions=config.repetitions,
+      cache_length=network.decode_length(model.config, config.input_length,
+                                         config.cache_length),
+      loops=config.calls, repetitions=config.repetitions,
       compiler_options=compiler_options, xla_defaults=xla_defaults)
   weights = step_weights(model)
   weight_s = weights["bytes"] / read_bytes_per_s
