@@ -131,6 +131,51 @@ def test_smoke_runs_every_suite(tmp_path, clean_gin):
     assert heading in markdown, heading
 
 
+@pytest.mark.slow
+def test_smoke_runs_a_language_model_pair(tmp_path, clean_gin):
+  """configs/bench/smoke_decoder_only.gin: the suites on tiny decoder-only models continuing
+  random prompts."""
+  assert bench.main(["--gin_file=configs/bench/smoke_decoder_only.gin",
+                     "--output_dir", str(tmp_path)]) == 0
+  report = json.loads((tmp_path / bench.JSON_FILE).read_text())
+  assert set(report["suites"]) == {"own_baseline", "engine_cost", "peer", "physical_limit",
+                                   "verify_cost"}
+  own = report["suites"]["own_baseline"]
+  assert own["pair"]["decoder_only"] and own["pair"]["input_length"] == 8
+  assert own["pair"]["target"]["config"]["num_layers"] == 1
+  (group,) = own["groups"]
+  assert _has_rates(group["baseline"]) and _has_rates(group["speculative"])
+  assert np.isfinite(group["speculative"]["predicted_speedup"])
+  # No EOS: every row decodes the rest of its 16 positions (random prompts of 3 to 7 tokens
+  # after BOS), each counted once.
+  assert 16 - 7 <= group["baseline"]["tokens"] / own["repetitions"] <= 16 - 3
+  assert group["speculative"]["tokens"] == group["baseline"]["tokens"]
+  for engine_group in report["suites"]["engine_cost"]["pair"]:
+    (row,) = engine_group["speculative"]
+    assert row["model_kernels"] > engine_group["baseline"]["model_kernels"] > 0
+
+  peer = report["suites"]["peer"]
+  assert "Hugging Face has no class for T5X's decoder-only" in peer["error"]
+  if "t5x_error" in peer:  # no peer at all (tests/t5x compare T5X's wherever it can run)
+    assert "T5X_SOURCE" in peer["t5x_error"] or "T5X is not installed" in peer["t5x_error"]
+    assert peer["temperatures"] == []
+  else:
+    (entry,) = peer["temperatures"]
+    agreement = entry["greedy_agreement_with_ours_baseline"]
+    assert agreement["ours speculative"]["all_identical"]
+    assert agreement["t5x sampler"]["all_identical"]
+    assert entry["t5x sampler"]["tokens"] == entry["ours baseline"]["tokens"]
+
+  (limit,) = report["suites"]["physical_limit"]["targets"]
+  # 1 layer x keys and values x 2 heads x 8 dims x 4 bytes over the 16 cached positions; no
+  # cross-attention.
+  assert limit["kv_cache_bytes_per_step"] == 1 * 2 * 2 * 8 * 4 * 16
+  (model,) = report["suites"]["verify_cost"]["models"]
+  assert [row["k"] for row in model["rows"]] == [1, 2]
+  assert all(np.isfinite(row["step_s"]) for row in model["rows"])
+  assert "## peer: T5X's sampler" in (tmp_path / bench.MARKDOWN_FILE).read_text()
+
+
 def test_random_models_hold_their_weights_in_the_activation_dtype():
   """As T5X's inference restores a bfloat16 model: a step reads bfloat16 weights, half the
   bytes of float32's."""
@@ -222,6 +267,9 @@ def test_generated_lengths_count_through_the_first_eos():
   decodes = np.array([[5, 1, 0, 0], [5, 6, 7, 8], [1, 0, 0, 0]])
   np.testing.assert_array_equal(bench.generated_lengths(decodes, 1), [2, 4, 1])
   np.testing.assert_array_equal(bench.generated_lengths(decodes, None), [4, 4, 4])
+  # A language model's rows decode what their prompts leave: an EOS past that is padding.
+  np.testing.assert_array_equal(bench.generated_lengths(decodes, 1, [1, 3, 4]), [1, 3, 1])
+  np.testing.assert_array_equal(bench.generated_lengths(decodes, None, [1, 3, 4]), [1, 3, 4])
 
 
 def test_simulated_rule_is_a_geometric_coin_with_the_targets_next_token():
@@ -298,6 +346,43 @@ def test_near_bigram_draft_is_the_targets_own_arrays_and_agrees_with_it():
     bench.build_pair(dataclasses.replace(_near_bigram_config(1e-4), draft_gin="x.gin"))
   with pytest.raises(ValueError, match="PairConfig.residual_scale does not apply"):
     bench.build_pair(dataclasses.replace(_near_bigram_config(1e-4), source="random"))
+
+
+NEAR_BIGRAM_TINY_LM = dict(vocab_size=128, dtype="float32", emb_dim=16, num_heads=2,
+                          head_dim=8, num_layers=3, mlp_dim=32)
+
+
+@pytest.mark.slow
+def test_near_bigram_language_model_pair_continues_prompts():
+  config = bench.PairConfig(source="near_bigram", target_gin="configs/models/decoder_only/base.gin",
+                            target_overrides=NEAR_BIGRAM_TINY_LM, residual_scale=1e-4,
+                            input_length=8, max_decode_len=12, gamma=3, num_random_inputs=4)
+  pair = bench.build_pair(config)
+  assert pair.decoder_only and pair.decode_length == 20 and not pair.has_eos
+  target, draft = pair.target.params, pair.draft.params
+  # A language model's embedding is its decoder's; base.gin ties the logits to it.
+  names = {"token_embedder", "relpos_bias", "decoder_norm", "layers_0"}
+  assert set(draft) == {"decoder"} and set(draft["decoder"]) == names
+  for name in names:
+    for ours, theirs in zip(jax.tree_util.tree_leaves(draft["decoder"][name]),
+                            jax.tree_util.tree_leaves(target["decoder"][name])):
+      assert ours is theirs, name
+  assert (pair.draft.config.num_layers, pair.target.config.num_layers) == (1, 3)
+  # Prompts as T5X's DecoderOnlyModel reads them: BOS 0, tokens past pad/eos/unk, no EOS.
+  assert (pair.inputs[:, 0] == 0).all()
+  lengths = (pair.inputs[:, 1:] != 0).sum(axis=1)
+  for row, length in zip(pair.inputs, lengths):
+    assert (row[1:1 + length] >= 3).all() and (row[1 + length:] == 0).all()
+  decoders = bench.PairDecoders(pair, {})
+  for repetition in range(2):
+    baseline = decoders.run(bench.Variant(0.0), repetition, 2)
+    speculative = decoders.run(bench.Variant(0.0, 3), repetition, 2)
+    np.testing.assert_array_equal(speculative.decodes, baseline.decodes)
+    rows = [(repetition * 2 + i) % 4 for i in range(2)]
+    # No EOS: each row fills the 20 positions after its prompt.
+    assert baseline.tokens == speculative.tokens == sum(20 - lengths[rows])
+    assert speculative.stats["generated_tokens"] == baseline.tokens
+  assert _greedy_alpha(pair) > 0.9
 
 
 @pytest.mark.slow

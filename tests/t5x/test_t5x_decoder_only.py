@@ -204,3 +204,31 @@ def test_draft_of_another_vocabulary_is_one_line(configs, checkpoints):
     speculative.speculative_version(t5x_model, checkpoints["other_vocabulary"][0], gamma=GAMMA)
   assert str(error.value) == ("target and draft vocabularies differ: the target has 128 ids, "
                               "the draft 256")
+
+
+def test_benchmark_peer_decodes_a_language_model_as_ours(network):
+  """The benchmark's T5X peer for a language-model pair (`bench.t5x_sampler`: T5X's
+  DecoderOnlyModel and temperature_sample over T5X's own decoder-only network, on the pair's
+  weights): greedy decodes of random prompts of different lengths equal to our baseline's and
+  speculative decoder's, with the same token counts."""
+  from spec_decode import bench  # pylint: disable=g-import-not-at-top
+  from spec_decode.bench import t5x_sampler  # pylint: disable=g-import-not-at-top
+  tiny = dict(vocab_size=128, dtype="float32", emb_dim=16, num_heads=2, head_dim=8,
+              num_layers=2, mlp_dim=32)
+  pair = bench.build_pair(bench.PairConfig(
+      source="random", target_gin="configs/models/decoder_only/base.gin",
+      draft_gin="configs/models/decoder_only/base.gin", target_overrides=tiny,
+      draft_overrides=dict(tiny, num_layers=1), input_length=8, max_decode_len=6,
+      num_random_inputs=3))
+  sampler = t5x_sampler.T5XSampler(pair)
+  ours = bench.PairDecoders(pair, {})
+  lengths = set()
+  for repetition in range(3):
+    theirs = sampler.run(0.0, repetition)
+    baseline = ours.run(bench.Variant(0.0), repetition, 1)
+    speculative_run = ours.run(bench.Variant(0.0, 2), repetition, 1)
+    np.testing.assert_array_equal(theirs.decodes, baseline.decodes)
+    np.testing.assert_array_equal(speculative_run.decodes, baseline.decodes)
+    assert theirs.tokens == baseline.tokens == speculative_run.tokens
+    lengths.add(int((pair.batch(repetition, 1) != 0).sum()))
+  assert len(lengths) > 1  # prompts of different lengths
