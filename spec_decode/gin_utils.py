@@ -304,13 +304,17 @@ def configured(fn: Callable[..., Any]) -> Callable[..., Any]:
 def bound_network_config(overrides: Mapping[str, Any] | None = None
                          ) -> network.NetworkConfig:
   """The network config the parsed config binds, with `overrides` replacing fields: a
-  `network.DecoderOnlyConfig` where it binds `network.DecoderOnlyTransformer.config` (a
+  `network.DecoderOnlyConfig` where it binds that class or `network.DecoderOnlyTransformer` (a
   configs/models/decoder_only/ file), else a `network.T5Config`."""
-  try:
-    gin.query_parameter("network.DecoderOnlyTransformer.config")
-    config_class = network.DecoderOnlyConfig
-  except ValueError:  # not bound: a T5's
-    config_class = network.T5Config
+
+  def binds(configurable: Any) -> bool:
+    try:
+      return bool(gin.get_bindings(configurable))
+    except ValueError:  # never registered: nothing binds it
+      return False
+
+  decoder_only = binds(network.DecoderOnlyTransformer) or binds(network.DecoderOnlyConfig)
+  config_class = network.DecoderOnlyConfig if decoder_only else network.T5Config
   return gin.get_configurable(config_class)(**dict(overrides or {}))
 
 

@@ -6,7 +6,8 @@ gin bindings added after parsing, their checkpoint paths are pointed at tiny ran
 of those shrunk configs, and `infer.infer`'s arguments are built (the model, its vocabularies
 and draft, the dataset config), the checkpoints restored. The Table 2 rows come twice: the
 T5.1.1 rows (configs/table2/) and their T5 1.0 variants (configs/table2/t5_1_0/, after that
-folder's harness). Model files build their network.T5Config, training files their `train`
+folder's harness); Table 3's decoder-only rows (configs/table3/, after its harness) likewise on
+tiny language models and n-gram files. Model files build their network.T5Config, training files their `train`
 arguments, and run fragments (included by the others) parse. The T5X runner's files
 (configs/t5x/, the Table 2 t5x.gin harnesses) need T5X: tests/t5x parses them, the Table 2 rows
 through T5X's harnesses among them.
@@ -17,6 +18,7 @@ import importlib
 import re
 
 import gin
+import numpy as np
 import pytest
 
 import tiny_t5
@@ -24,6 +26,9 @@ from spec_decode import paths
 from spec_decode.bench import paper
 from spec_decode import gin_utils
 from spec_decode.checkpoints import formats
+from spec_decode.checkpoints import ngram_format
+from spec_decode.checkpoints import t5x_format
+from spec_decode.engine import ngram
 from spec_decode import infer
 from spec_decode.infer import inputs as infer_inputs
 from spec_decode import models
@@ -36,6 +41,8 @@ CONFIGS = paths.CONFIGS
 ALL = sorted(str(p.relative_to(tiny_t5.REPO_ROOT)) for p in CONFIGS.glob("**/*.gin"))
 TABLE2 = [f for f in ALL if re.fullmatch(r"configs/table2/\w+_t[01]\.gin", f)]
 TABLE2_T5_1_0 = [f for f in ALL if re.fullmatch(r"configs/table2/t5_1_0/\w+_t[01]\.gin", f)]
+TABLE3 = [f for f in ALL if re.fullmatch(r"configs/table3/gpt_like_\w+_t[01]\.gin", f)]
+TABLE3_HARNESS = "configs/table3/spec_decode.gin"
 RUNS = ["configs/demo/infer.gin"] + TABLE2 + TABLE2_T5_1_0
 MODEL_FILES = [f for f in ALL if f.startswith("configs/models/")
                or f in ("configs/demo/target.gin", "configs/demo/draft.gin")]
@@ -45,7 +52,7 @@ TRAIN_FILES = [f for f in ALL if f.startswith("configs/train/")
 T5X_FILES = [f for f in ALL if f.startswith("configs/t5x/")
              or (f.startswith("configs/table2/") and f.endswith("/t5x.gin"))]
 FRAGMENTS = [f for f in ALL
-             if f not in RUNS + MODEL_FILES + TRAIN_FILES + LM_TRAIN_FILES + T5X_FILES]
+             if f not in RUNS + TABLE3 + MODEL_FILES + TRAIN_FILES + LM_TRAIN_FILES + T5X_FILES]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +90,11 @@ def test_every_config_is_tested():
   for rows in (TABLE2, TABLE2_T5_1_0):
     assert len(rows) == 12
     assert {f.rsplit("/", 1)[1].removesuffix(".gin") for f in rows} == set(paper.TABLE2)
-  assert set(RUNS + MODEL_FILES + TRAIN_FILES + LM_TRAIN_FILES + T5X_FILES + FRAGMENTS) == set(ALL)
+  # Table 3's decoder-only row: each draft (the draft LM, unigram, bigram) at T = 0 and 1.
+  assert {f.rsplit("/", 1)[1] for f in TABLE3} == {
+      f"gpt_like_{draft}_t{t}.gin" for draft in ("lm", "unigram", "bigram") for t in (0, 1)}
+  assert set(RUNS + TABLE3 + MODEL_FILES + TRAIN_FILES + LM_TRAIN_FILES + T5X_FILES
+             + FRAGMENTS) == set(ALL)
 
 
 @pytest.mark.parametrize("gin_file", MODEL_FILES)
@@ -193,6 +204,68 @@ def test_run_config_binds(gin_file, checkpoint_dir, tmp_path):
     assert dataset_cfg.input_file is not None and dataset_cfg.mixture_or_task_name is None
     assert model.decode_settings["temperature"] == 0.0
     assert len(infer_inputs.read_examples(dataset_cfg, model)) >= 20
+
+
+# Table 3's models at a width that restores in milliseconds (the demo vocabulary stays: the
+# task tokenizes with it).
+LM_SHRINK = dict(emb_dim=16, num_heads=2, head_dim=8, num_layers=1, mlp_dim=32)
+
+
+@pytest.mark.parametrize("gin_file", TABLE3)
+def test_table3_row_binds(gin_file, tmp_path):
+  """A Table 3 row after its harness: the small-scale target of the training config's
+  architecture, the row's draft (model or n-gram file, from where the README's commands write
+  them) and temperature, gamma 1, the WMT prompts task; bound for real on tiny checkpoints."""
+  draft_kind, temperature = re.fullmatch(r"configs/table3/gpt_like_(\w+)_t([01])\.gin",
+                                         gin_file).groups()
+  gin.parse_config_files_and_bindings(
+      [TABLE3_HARNESS, gin_file],
+      [f"network.DecoderOnlyConfig.{name} = {value!r}" for name, value in LM_SHRINK.items()],
+      finalize_config=False)
+  target_config = gin.get_configurable(network.DecoderOnlyConfig)()
+  # The architecture configs/train/lm_target.gin trains.
+  assert target_config == gin_utils.read_model_config(
+      "configs/models/decoder_only/table3_target.gin", LM_SHRINK)
+  assert gin.query_parameter("%CHECKPOINT_PATH").startswith("out/table3/lm_target/t5x/")
+  draft_path = gin.query_parameter("%DRAFT_CHECKPOINT_PATH")
+  # Each row writes to its own folder.
+  assert gin.query_parameter("%INFER_OUTPUT_DIR") == gin_file.replace(
+      "configs/", "out/").removesuffix(".gin")
+  target_path = t5x_format.save_t5x(t5x_format.random_params(target_config, 0),
+                                    str(tmp_path / "target"), step=1)
+  if draft_kind == "lm":
+    assert gin.query_parameter("%DRAFT_SOURCE") == "model"
+    assert draft_path.startswith("out/table3/lm_draft/t5x/")
+    draft_config = gin_utils.read_model_config(
+        "configs/models/decoder_only/table3_draft.gin", LM_SHRINK)
+    local_draft = t5x_format.save_t5x(t5x_format.random_params(draft_config, 1),
+                                      str(tmp_path / "draft"), step=1)
+  else:
+    assert gin.query_parameter("%DRAFT_SOURCE") == "ngram"
+    assert draft_path == f"out/table3/{draft_kind}.npz"
+    local_draft = str(tmp_path / "ngram.npz")
+    ngram_format.save(local_draft, ngram.estimate(
+        [np.arange(3, 40)], target_config.vocab_size,
+        order={"unigram": 1, "bigram": 2}[draft_kind]))
+  gin.parse_config([f"CHECKPOINT_PATH = '{target_path}'",
+                    f"DRAFT_CHECKPOINT_PATH = '{local_draft}'",
+                    f"INFER_OUTPUT_DIR = '{tmp_path / 'out'}'"])
+  gin.finalize()
+  gin_utils.check_bindings_take_effect([infer.infer])
+
+  arguments = gin.get_bindings(infer.infer)
+  model, dataset_cfg = arguments["model"], arguments["dataset_cfg"]
+  assert isinstance(model, models.SpeculativeDecoderOnlyModel) and model.is_speculative
+  assert model.module.config == target_config
+  formats.load_params(model.module, arguments["checkpoint_path"])
+  assert model.draft_params is not None  # the draft restored (a network or n-gram tables)
+  assert {name: model.decode_settings[name] for name in ("temperature", "gamma", "verifier")
+          } == {"temperature": float(temperature), "gamma": 1, "verifier": "token"}
+  assert model.input_vocabulary.vocab_size == 8000
+  assert (dataset_cfg.mixture_or_task_name, dataset_cfg.split) == ("wmt_en_prompts_demo", "test")
+  assert dict(dataset_cfg.task_feature_lengths) == {"inputs": 8, "targets": 32}
+  assert (dataset_cfg.num_examples, dataset_cfg.batch_size) == (1000, 100)
+  assert arguments["compare_with_baseline"] is False
 
 
 @pytest.mark.parametrize("gin_file", TABLE2 + TABLE2_T5_1_0)

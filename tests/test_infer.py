@@ -260,6 +260,23 @@ def test_task_reads_its_files(real_text, task):
   assert example["targets"] == vocabulary.encode(first_target)[:7] + [1]
 
 
+def test_language_model_prompt_task_cuts_sentences_after_the_prompt(real_text):
+  """wmt_en_prompts_demo: each English test sentence longer than the prompt length, its first
+  tokens the prompt (no EOS), the rest the targets (EOS appended, trimmed); shorter ones
+  left out."""
+  from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)
+  examples = tasks.load_examples("wmt_en_prompts_demo", "test", {"inputs": 8, "targets": 6},
+                                 num_examples=50)
+  vocabulary = vocab.SentencePieceVocabulary(str(tiny_t5.DEMO_VOCAB_FILE))
+  sentences = (real_text / "wmt_ende/test.en").read_text(encoding="utf-8").split("\n")
+  expected = [ids for ids in map(vocabulary.encode, sentences) if len(ids) > 8][:50]
+  assert len(expected) == 50 and any(len(vocabulary.encode(s)) <= 8 for s in sentences[:60])
+  for example, ids in zip(examples, expected):
+    assert example["inputs"] == ids[:8]
+    assert example["targets"] == ids[8:13] + [1]
+    assert example["inputs_pretokenized"] == vocabulary.decode(ids[:8])
+
+
 def test_task_errors_name_the_problem(real_text, tmp_path):
   del real_text  # tatoeba_ende's files, through the data root tests/conftest.py sets
   from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top (TensorFlow)

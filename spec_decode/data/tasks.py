@@ -19,6 +19,11 @@ use the T5 vocabulary (SentencePiece cc_all.32000 with 100 extra ids, as T5 1.0 
 checkpoints); `wmt_ende_demo`, `multi30k_ende_demo` and `tatoeba_ende_demo` are the three
 translation file tasks with the demo pair's vocabulary (spec_decode/assets/demo/spm_ende_8k.model,
 no extra ids).
+A language model's prompts (decoder-only models continue 'inputs'; 'targets' are the reference):
+  wmt_en_prompts_demo  each English sentence of wmt_ende/{train,dev,test}.en cut after its first
+                       TASK_FEATURE_LENGTHS['inputs'] tokens: those are the prompt (no EOS), the
+                       rest the targets (EOS appended, trimmed); sentences no longer than a
+                       prompt are left out. The demo vocabulary (the small-scale Table 3 rows).
 
 Paths are read when a dataset is built, not at import, so the bindings of a config that
 imports `spec_decode.data.tasks` apply: `tasks.data_dir.path` (default: `paths.data_root()`, from
@@ -127,6 +132,38 @@ def _prefix_inputs(dataset: tf.data.Dataset, prefix: str) -> tf.data.Dataset:
                      num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def _prompt_and_continuation(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+                             output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
+  """{'text'} -> a language model's example: the first sequence_length['inputs'] tokens of the
+  text, its prompt, as 'inputs' and the rest as 'targets' (with their text in
+  '*_pretokenized'); texts of no more tokens than a prompt are dropped."""
+  vocabulary = output_features["inputs"].vocabulary
+  length = sequence_length["inputs"]
+
+  def split(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    tokens = vocabulary.encode_tf(example["text"])
+    return {"inputs": tokens[:length], "targets": tokens[length:],
+            "inputs_pretokenized": vocabulary.decode_tf(tokens[:length]),
+            "targets_pretokenized": vocabulary.decode_tf(tokens[length:])}
+
+  return dataset.map(split, num_parallel_calls=tf.data.AUTOTUNE).filter(
+      lambda example: tf.size(example["targets"]) > 0)
+
+
+def _register_prompts(name: str, source: seqio.DataSource,
+                      vocabulary: seqio.Vocabulary) -> None:
+  """Registers a language model's prompt task (`_prompt_and_continuation`) reading `source`'s
+  'inputs' text."""
+  if name in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.remove(name)
+  seqio.TaskRegistry.add(
+      name, source=source,
+      output_features={"inputs": seqio.Feature(vocabulary, add_eos=False),
+                       "targets": seqio.Feature(vocabulary, add_eos=True)},
+      preprocessors=[functools.partial(seqio.preprocessors.rekey, key_map={"text": "inputs"}),
+                     _prompt_and_continuation, seqio.preprocessors.append_eos_after_trim])
+
+
 def _register(name: str, source: seqio.DataSource, prefix: str, vocabulary: seqio.Vocabulary,
               key_map: Mapping[str, str] | None = None) -> None:
   """Registers a task reading `source`; `key_map` names the source's features that become
@@ -191,10 +228,16 @@ for _name, (_demo_name, _corpora) in _TRANSLATION_CORPORA.items():
 _register(TFDS_TASKS["cnn_dailymail"].files_task,
           seqio.FunctionDataSource(_cnn_dailymail_file, splits=["validation"]),
           SUMMARIZE_PREFIX, T5_VOCABULARY)
+_WMT_CORPORA = _TRANSLATION_CORPORA[TFDS_TASKS["wmt_ende"].files_task][1]
+LANGUAGE_MODEL_TASKS = ("wmt_en_prompts_demo",)
+_register_prompts(LANGUAGE_MODEL_TASKS[0],
+                  seqio.FunctionDataSource(functools.partial(_parallel_text, _WMT_CORPORA),
+                                           splits=list(_WMT_CORPORA)),
+                  DEMO_VOCABULARY)
 
 TASK_NAMES = tuple(sorted([*TFDS_TASKS, *_TRANSLATION_CORPORA,
                            *(demo for demo, _ in _TRANSLATION_CORPORA.values()),
-                           TFDS_TASKS["cnn_dailymail"].files_task]))
+                           TFDS_TASKS["cnn_dailymail"].files_task, *LANGUAGE_MODEL_TASKS]))
 
 
 def get_task(name: str) -> seqio.Task | seqio.Mixture:
