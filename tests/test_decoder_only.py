@@ -6,6 +6,7 @@ import json
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -44,13 +45,16 @@ def _prompt_batch(prompts: list[list[int]], length: int) -> dict[str, np.ndarray
 
 
 def _greedy_continuation(module, params, prompt: list[int], steps: int) -> list[int]:
-  """The target's greedy continuation by full teacher-forced forward passes (no cache)."""
-  tokens = [0] + list(prompt)
-  for _ in range(steps):
-    inputs = np.asarray([tokens], np.int32)
-    logits = module.apply({"params": params}, inputs, np.ones_like(inputs))
-    tokens.append(int(np.argmax(logits[0, -1])))
-  return tokens[len(prompt) + 1:]
+  """The target's greedy continuation by full teacher-forced forward passes (no cache), each
+  over the same zero-padded buffer: a causal model's logits at a position do not depend on the
+  positions after it, so one compiled forward pass serves every step."""
+  forward = jax.jit(lambda params, tokens: module.apply({"params": params}, tokens,
+                                                        jnp.ones_like(tokens)))
+  tokens = np.zeros((1, len(prompt) + 1 + steps), np.int32)
+  tokens[0, 1:len(prompt) + 1] = prompt
+  for position in range(len(prompt), len(prompt) + steps):
+    tokens[0, position + 1] = int(np.argmax(forward(params, tokens)[0, position]))
+  return tokens[0, len(prompt) + 1:].tolist()
 
 
 def test_speculative_greedy_decodes_are_the_targets_on_prompts_of_any_length(pair, vocabulary):

@@ -167,15 +167,20 @@ def _partitioned_decoder(layout: decode_layout.DecodeLayout, pair: Pair, variant
   decode_length = pair.decode_length
   draft_role = "draft" if decoder.draft_network is not None else None
 
+  def in_decode(prompts):
+    """A language model's prompts in their decode [B, L], as `core.Decoder.predict` holds
+    them."""
+    return jnp.pad(prompts, ((0, 0), (0, decode_length - prompts.shape[1])))
+
   def prefill(target_params, draft_params, tokens):
-    if pair.decoder_only:  # the prompt in its decode, as `core.Decoder.predict` prefills it
-      tokens = jnp.pad(tokens, ((0, 0), (0, decode_length - tokens.shape[1])))
+    if pair.decoder_only:
+      tokens = in_decode(tokens)
     return decoder.prefill(target_params, draft_params, tokens, decode_length, layout)
 
   def loop(target_params, draft_params, caches, tokens, rng):
     initial_index = None
     if pair.decoder_only:
-      inputs = jnp.pad(tokens, ((0, 0), (0, decode_length - tokens.shape[1])))
+      inputs = in_decode(tokens)
       initial_index = network.prompt_lengths(inputs)
     else:
       inputs = jnp.zeros((tokens.shape[0], decode_length), jnp.int32)
