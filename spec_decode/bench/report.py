@@ -114,8 +114,10 @@ def _peer_section(peer: Mapping[str, Any]) -> list[str]:
            f"Hugging Face generate (torch {peer['torch_version']}, "
            f"transformers {peer.get('transformers_version')}, on {peer.get('torch_device')}, "
            f"{peer['torch_num_threads']} threads, its own process)")
-  lines = [f"## peer: {peers}, batch 1, gamma {peer['gamma']}, "
-           f"{peer['max_decode_len']} new tokens", "",
+  # A language model's rows decode the rest of their decode after prompts of any length.
+  decodes = (f"prompts continued to {peer['decode_length']} positions"
+             if peer.get("decoder_only") else f"{peer['max_decode_len']} new tokens")
+  lines = [f"## peer: {peers}, batch 1, gamma {peer['gamma']}, {decodes}", "",
            f"Pair: {peer['pair_description']}; target {peer['target_params'] / 1e6:.0f}M params, "
            f"draft {peer['draft_params'] / 1e6:.0f}M params (its own count, shared arrays "
            "included). Speedups: speculative over the same framework's baseline.", ""]

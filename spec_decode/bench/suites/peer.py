@@ -171,7 +171,8 @@ def peer_suite(workspace: Workspace, config: PeerConfig, scratch_dir: str) -> di
       "target_params": pair.target.num_params, "draft_params": pair.draft.num_params,
       "batch_size": 1, "gamma": gamma, "torch_num_threads": num_threads,
       "jax_usable_cores": usable_cores(), "assistant_schedule": config.assistant_schedule,
-      "max_decode_len": pair.max_decode_len, "temperatures": []}
+      "max_decode_len": pair.max_decode_len, "decoder_only": pair.decoder_only,
+      "decode_length": pair.decode_length, "temperatures": []}
   with tempfile.TemporaryDirectory(dir=scratch_dir) as directory:
     hf = None
     try:
