@@ -12,7 +12,8 @@ Modules, one job each:
   simulated   the benchmark-only coin acceptance rule (SIMULATED), never a selectable verifier.
   machine     the machine a run measured.
   pairs       Model and Pair: the shipped demo pair, random-weight pairs, the training-free
-              near-bigram pair (a draft that agrees with its target most of the time).
+              near-bigram pair (a draft that agrees with its target most of the time); T5
+              encoder-decoders or decoder-only language models, as the model gin files say.
   hf_worker   Hugging Face generate in its own process, for the peer suite.
   decoders    Variant (one decoder setting), PairDecoders (compiled, timed runs), RunOutput.
   timing      interleave, summarize, call and step timers, copy and read bandwidth, matmul

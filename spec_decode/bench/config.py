@@ -22,7 +22,8 @@ class PairConfig:
 
   `source`: 'demo' (the shipped pair of `checkpoints.demo_pair`, with its bundled English inputs),
   'random' (random weights with the configs of `target_gin`/`draft_gin` plus the overrides, and
-  random inputs), 'near_bigram' (`pairs.near_bigram_pair`: a random `target_gin` target with its
+  random inputs: encoder inputs, or with decoder-only model files a language model's prompts,
+  each continued to the end of its `input_length + max_decode_len` positions), 'near_bigram' (`pairs.near_bigram_pair`: a random `target_gin` target with its
   residual branches scaled by `residual_scale` and a 1+1-layer draft made of the target's own
   arrays; `draft_gin` unused), or 'auto' (demo when its files exist, else random). Random and
   near-bigram pairs decode with no EOS (every row runs to `max_decode_len`), so their timings
