@@ -346,6 +346,13 @@ def test_near_bigram_draft_is_the_targets_own_arrays_and_agrees_with_it():
     bench.build_pair(dataclasses.replace(_near_bigram_config(1e-4), draft_gin="x.gin"))
   with pytest.raises(ValueError, match="PairConfig.residual_scale does not apply"):
     bench.build_pair(dataclasses.replace(_near_bigram_config(1e-4), source="random"))
+  # The shipped pair has its own models: a model gin file bound for it would be ignored.
+  if bench.demo_files_exist():
+    for source in ("demo", "auto"):
+      with pytest.raises(ValueError, match="PairConfig.target_gin does not apply to PairConfig."
+                         f"source = '{source}'"):
+        bench.build_pair(bench.PairConfig(source=source,
+                                          target_gin="configs/models/decoder_only/base.gin"))
 
 
 NEAR_BIGRAM_TINY_LM = dict(vocab_size=128, dtype="float32", emb_dim=16, num_heads=2,

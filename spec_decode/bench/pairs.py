@@ -278,15 +278,22 @@ def build_pair(config: PairConfig) -> Pair:
                      f"got {config.source!r}")
   # Settings only one source reads: bound for another, they could not take effect.
   defaults = PairConfig()
-  ignored = (("draft_gin", "draft_overrides") if config.source == "near_bigram"
-             else ("residual_scale",))
+  shipped = config.source == "demo" or (config.source == "auto" and demo_files_exist())
+  if config.source == "near_bigram":
+    ignored = ("draft_gin", "draft_overrides")
+  elif shipped:  # the shipped pair's own models
+    ignored = ("residual_scale", "target_gin", "draft_gin", "target_overrides",
+               "draft_overrides")
+  else:
+    ignored = ("residual_scale",)
   for name in ignored:
     if getattr(config, name) != getattr(defaults, name):
+      which = " (the shipped demo pair, present)" if config.source == "auto" else ""
       raise ValueError(f"PairConfig.{name} does not apply to PairConfig.source = "
-                       f"{config.source!r}")
+                       f"{config.source!r}{which}: set source = 'random' for other models")
   if config.source == "near_bigram":
     return near_bigram_pair(config)
-  if config.source == "demo" or (config.source == "auto" and demo_files_exist()):
+  if shipped:
     texts = (demo_pair.ASSET_DIR / "examples.en").read_text().splitlines()
     return shipped_pair(texts, config.input_prefix, config.input_length, config.max_decode_len,
                         "the shipped demo pair (spec_decode/assets/demo), bundled English "
