@@ -4,8 +4,9 @@ Run: `python -m spec_decode.bench [--gin_file=FILE ...] [--gin.NAME=VALUE ...] [
 [--suites=own_baseline,engine_cost,peer,simulated_table2,physical_limit,verify_cost] [--output_dir=DIR]`.
 Without --gin_file it reads `configs/bench/default.gin`; `--smoke` adds
 `configs/bench/smoke.gin` (tiny random models, one repetition);
-`--gin_file=configs/bench/smoke_decoder_only.gin` is the same with decoder-only language models. Bindings name the
-configs as the package exports them, e.g. `--gin.bench.PairConfig.gamma=4`. It
+`--gin_file=configs/bench/smoke_decoder_only.gin` is the same with decoder-only language
+models. Bindings name the configs as the package exports them, e.g.
+`--gin.bench.PairConfig.gamma=4`. It
 writes `DIR/bench.json` (every number, the machine and the operative gin config) and
 `DIR/bench.md` (the same as markdown tables), and prints the tables.
 

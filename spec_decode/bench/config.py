@@ -23,14 +23,16 @@ class PairConfig:
   `source`: 'demo' (the shipped pair of `checkpoints.demo_pair`, with its bundled English inputs),
   'random' (random weights with the configs of `target_gin`/`draft_gin` plus the overrides, and
   random inputs: encoder inputs, or with decoder-only model files a language model's prompts,
-  each continued to the end of its `input_length + max_decode_len` positions), 'near_bigram' (`pairs.near_bigram_pair`: a random `target_gin` target with its
-  residual branches scaled by `residual_scale` and a 1+1-layer draft made of the target's own
-  arrays; `draft_gin` unused), or 'auto' (demo when its files exist, else random). Random and
-  near-bigram pairs decode with no EOS (every row runs to `max_decode_len`), so their timings
-  do not depend on where a random model happens to stop. `gamma` is the speculative decoders' (own_baseline's main one and
-  the peer comparison's). `step_calls` decoder calls (or iterations' worth of calls) make one
-  timed loop of `timing.call_sequence_seconds` (c, v, the interleaved iteration,
-  physical_limit); the median of `step_repetitions` loops counts.
+  each continued to the end of its `input_length + max_decode_len` positions), 'near_bigram'
+  (`pairs.near_bigram_pair`: a random `target_gin` target with its residual branches scaled by
+  `residual_scale` and a draft of one layer per stack made of the target's own arrays;
+  `draft_gin` unused), or 'auto' (demo when its files exist, else random; the shipped pair takes
+  no model bindings). Random and near-bigram pairs decode with no EOS (every row runs to the end
+  of its decode), so their timings do not depend on where a random model happens to stop.
+  `gamma` is the speculative decoders' (own_baseline's main one and the peer comparison's).
+  `step_calls` decoder calls (or iterations' worth of calls) make one timed loop of
+  `timing.call_sequence_seconds` (c, v, the interleaved iteration, physical_limit); the median
+  of `step_repetitions` loops counts.
   """
   source: str = "auto"
   target_gin: str = "configs/demo/target.gin"

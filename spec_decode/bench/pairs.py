@@ -91,8 +91,8 @@ def random_model(name: str, gin_file: str, overrides: Mapping[str, Any], seed: i
 class Pair:
   """A target, its draft, the inputs they decode ([N, input_length], 0-padded: encoder inputs, or
   a language model's prompts), the EOS id (`target.config.vocab_size` = none: every row runs to
-  its length limit) and `max_decode_len`, the tokens decoded per input (a language model's
-  decodes hold the prompt too: `decode_length`)."""
+  its length limit) and `max_decode_len`, an encoder-decoder's decode length (a language model's
+  decode holds its input_length prompt positions before those: `decode_length`)."""
   name: str
   target: Model
   draft: Model
@@ -130,7 +130,8 @@ class Pair:
 
   def describe(self) -> dict[str, Any]:
     return {"name": self.name, "description": self.description, "eos_id": self.eos_id,
-            "has_eos": self.has_eos, "decoder_only": self.decoder_only, "input_length": int(self.inputs.shape[1]),
+            "has_eos": self.has_eos, "decoder_only": self.decoder_only,
+            "input_length": int(self.inputs.shape[1]),
             "num_inputs": int(self.inputs.shape[0]), "max_decode_len": self.max_decode_len,
             "target": self.target.describe(), "draft": self.draft.describe()}
 
