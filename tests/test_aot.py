@@ -25,6 +25,8 @@ from spec_decode.aot import topologies
 from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import network
 
+# Run at the newest supported JAX too (pytest.ini: the tiers).
+pytestmark = pytest.mark.newest
 
 
 def _installed(module: str) -> bool:

@@ -21,7 +21,8 @@ from spec_decode.runtime import platforms
 from spec_decode.engine import decoding
 from spec_decode.t5 import cpu_kernels, network
 
-pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU kernel")
+pytestmark = [pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU kernel"),
+              pytest.mark.newest]  # at the newest supported JAX too (pytest.ini: the tiers)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,9 @@ from spec_decode import core
 from spec_decode.engine import decoding
 from spec_decode.t5 import network
 
+# Run at the newest supported JAX too (pytest.ini: the tiers).
+pytestmark = pytest.mark.newest
+
 LENGTH = 10
 CONFIG = network.DecoderOnlyConfig(vocab_size=23, emb_dim=12, num_heads=2, num_layers=2,
                                    head_dim=5, mlp_dim=16, mlp_activations=("gelu", "linear"),

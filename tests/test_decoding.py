@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from spec_decode.engine import decoding, drafting, loops, verify
+import tiers
 import toy_setup
 from toy_setup import EOS
 
@@ -17,9 +18,8 @@ LENGTH = 10
 
 
 @pytest.mark.slow
-@pytest.mark.newest
-@pytest.mark.parametrize("draft", ["near", "same"])
-@pytest.mark.parametrize("batch_size,num_batches", [(1, 25), (7, 30)])
+@pytest.mark.parametrize("batch_size,num_batches,draft", tiers.newest_among(
+    [(1, 25, "near"), (1, 25, "same"), (7, 30, "near"), (7, 30, "same")], {(7, 30, "near")}))
 def test_greedy_speculative_equals_baseline(draft, batch_size, num_batches):
   """Token for token, gamma in {1,2,3,5,8}, mixed prompt lengths, EOS inside accepted blocks
   ('same' accepts every draft) and the length limit inside a block."""
@@ -59,7 +59,6 @@ def test_greedy_identity_for_every_registered_decoder(verifier, draft_policy):
 
 
 @pytest.mark.slow
-@pytest.mark.newest
 def test_adaptive_policies_draft_fewer_tokens():
   """'confidence' stops early on an unsure draft; the draft loop really makes fewer calls."""
   target, draft = toy_setup.make_pair(VOCAB, "far", eos_shift=-3.0)
@@ -87,7 +86,6 @@ EARLY_STOPPING_BINDINGS = {
 
 
 @pytest.mark.slow
-@pytest.mark.newest
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 @pytest.mark.parametrize("verifier", sorted({**verify.EXACT_RULES, **verify.LOSSY_RULES}))
 @pytest.mark.parametrize("draft_policy", sorted(drafting.POLICIES))
@@ -129,7 +127,6 @@ def test_rows_progress_independently():
 
 
 @pytest.mark.slow
-@pytest.mark.newest
 def test_prompt_is_kept_and_not_scored():
   target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-3.0)
   inputs = np.zeros((2, LENGTH), np.int32)
@@ -142,7 +139,6 @@ def test_prompt_is_kept_and_not_scored():
 
 
 @pytest.mark.slow
-@pytest.mark.newest
 def test_max_decode_steps_limits_sampled_tokens():
   target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-20.0)
   inputs = np.zeros((2, LENGTH), np.int32)
@@ -157,7 +153,6 @@ def test_max_decode_steps_limits_sampled_tokens():
 
 
 @pytest.mark.slow
-@pytest.mark.newest
 def test_num_decodes_shapes_and_sorting():
   target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-1.0)
   inputs = jnp.zeros((3, LENGTH), jnp.int32)
@@ -173,7 +168,6 @@ def test_num_decodes_shapes_and_sorting():
 
 
 @pytest.mark.slow
-@pytest.mark.newest
 def test_log_prob_is_the_models_own():
   """log_probs is the sum of the target's log-softmax over the emitted tokens up to EOS."""
   target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-1.0)

@@ -294,7 +294,6 @@ def test_task_errors_name_the_problem(real_text, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.newest
 def test_timing_rounds_time_both_decoders_side_by_side(real_text, setup, run_main, tmp_path):
   del real_text  # its run reads the T5 vocabulary (and tasks) as tests/conftest.py sets them
   out = tmp_path / "out"

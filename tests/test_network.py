@@ -14,6 +14,9 @@ from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 from spec_decode.engine.decoding import DecodingState
 
+# Run at the newest supported JAX too (pytest.ini: the tiers).
+pytestmark = pytest.mark.newest
+
 CONFIG_DIR = paths.CONFIGS / "models"
 
 FAMILIES = {

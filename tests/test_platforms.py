@@ -10,6 +10,9 @@ import pytest
 from spec_decode.runtime import platforms
 from spec_decode.t5 import cpu_kernels, network
 
+# Run at the newest supported JAX too (pytest.ini: the tiers).
+pytestmark = pytest.mark.newest
+
 
 @dataclasses.dataclass(frozen=True)
 class Device:

@@ -9,6 +9,9 @@ import pytest
 
 from spec_decode.engine import verify
 
+# Run at the newest supported JAX too (pytest.ini: the tiers).
+pytestmark = pytest.mark.newest
+
 
 def random_probs(rng, shape, concentration=1.0):
   return np.asarray(jax.random.dirichlet(rng, jnp.full(shape[-1], concentration), shape[:-1]),

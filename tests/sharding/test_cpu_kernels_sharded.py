@@ -9,6 +9,9 @@ import pytest
 from spec_decode.runtime import decode_layout, partitioning, platforms
 from spec_decode.t5 import cpu_kernels, network
 
+# Run at the newest supported JAX too (pytest.ini: the tiers).
+pytestmark = pytest.mark.newest
+
 
 def test_several_cpu_devices_get_xla_products():
   assert jax.device_count() > 1

@@ -11,6 +11,9 @@ from spec_decode.t5 import network
 from spec_decode.runtime import decode_layout
 from spec_decode.runtime import partitioning
 
+# Run at the newest supported JAX too (pytest.ini: the tiers).
+pytestmark = pytest.mark.newest
+
 CONFIG = network.T5Config(vocab_size=64, emb_dim=16, num_heads=8, head_dim=2,
                           num_encoder_layers=1, num_decoder_layers=1, mlp_dim=16,
                           mlp_activations=("gelu", "linear"), dropout_rate=0.0)

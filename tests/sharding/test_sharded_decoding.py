@@ -26,6 +26,9 @@ from spec_decode.runtime import decode_layout
 from spec_decode.runtime import partitioning
 from spec_decode.aot import programs
 
+# Run at the newest supported JAX too (pytest.ini: the tiers).
+pytestmark = pytest.mark.newest
+
 MESH_SHAPES = [(1, 8), (2, 4), (4, 2), (8, 1)]
 EOS = 1
 GAMMA = 3

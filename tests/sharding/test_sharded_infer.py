@@ -46,6 +46,7 @@ from spec_decode.checkpoints import t5x_format
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
 import tiny_t5
+import xla_flags
 from test_sharded_decoding import comparable_loop_collectives
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -144,11 +145,9 @@ def _start_infer(setup: Setup, name: str, num_devices: int, num_partitions: int,
                  temperature: float, flags: Sequence[str] = ()) -> subprocess.Popen:
   """`python -m spec_decode.infer` on `num_devices` CPU devices, writing to directory `name`
   (`flags`: more command-line flags)."""
-  env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+  env = dict(os.environ, XLA_FLAGS=xla_flags.with_devices(num_devices))
   env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + (
       [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-  if num_devices > 1:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
   return subprocess.Popen(
       [sys.executable, "-m", "spec_decode.infer", f"--gin_file={setup.run_gin}",
        f"--gin.{NUM_PARTITIONS_BINDING}={num_partitions}",

@@ -24,7 +24,7 @@ from test_t5x_runs import setup  # pylint: disable=g-import-not-at-top,unused-im
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
 
 # The slow tier (python -m t5x.infer as subprocesses).
-pytestmark = [pytest.mark.slow, pytest.mark.newest]
+pytestmark = pytest.mark.slow
 
 PARAMETER = "decoder/layers_0/mlp/wo/kernel"
 ARRAY_DIR = "target.decoder.layers_0.mlp.wo.kernel"  # where T5X's Checkpointer stores PARAMETER

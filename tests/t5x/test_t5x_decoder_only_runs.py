@@ -30,11 +30,12 @@ pytest.importorskip("t5x.infer",
 import t5x_decoder_only  # pylint: disable=g-import-not-at-top
 import t5x_setup  # pylint: disable=g-import-not-at-top
 import t5x_tasks  # pylint: disable=g-import-not-at-top
+import xla_flags  # pylint: disable=g-import-not-at-top
 from test_t5x_runs import (SHARDED_RUN_GIN, TINY_EVAL_GIN, TINY_INFER_GIN,  # pylint: disable=g-import-not-at-top
                            _partition_specs)
 
 # The slow tier (python -m t5x.infer as subprocesses).
-pytestmark = [pytest.mark.slow, pytest.mark.newest]
+pytestmark = pytest.mark.slow
 
 HERE = pathlib.Path(__file__).resolve().parent
 GAMMA = 3
@@ -133,7 +134,7 @@ def run_t5x(setup: dict[str, Any], name: str, *, speculative: bool, script: str 
     command += [f"--gin_file=configs/t5x/{spec_gin}",
                 f"--gin.DRAFT_CHECKPOINT_PATH='{setup['draft']}'", f"--gin.GAMMA={GAMMA}"]
   if sharded:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={SHARDED['devices']}"
+    env["XLA_FLAGS"] = xla_flags.with_devices(SHARDED["devices"], env.get("XLA_FLAGS", ""))
     command += [f"--gin_file={setup['directory'] / 'sharded.gin'}", "--gin.SHARD_DRAFT=True"]
   output_dir = {"infer": "INFER_OUTPUT_DIR", "eval": "EVAL_OUTPUT_DIR"}[script]
   command += [f"--gin.CHECKPOINT_PATH='{setup['target']}'",

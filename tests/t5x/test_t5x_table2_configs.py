@@ -17,7 +17,7 @@ import pytest
 from spec_decode.bench import paper
 
 # The slow tier (imports T5X in subprocesses to parse the rows).
-pytestmark = [pytest.mark.slow, pytest.mark.newest]
+pytestmark = pytest.mark.slow
 
 pytest.importorskip("t5x.infer",
                     reason="needs t5x, installed from its repository (README: Tests)")
