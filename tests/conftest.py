@@ -2,10 +2,12 @@
 vocabulary) where it exists: the library knows no folder of its own, so the runs under test (in
 process and in subprocesses) get it as a user's environment would give it."""
 
+import gc
 import os
 import pathlib
 import socket
 
+import jax
 import pytest
 
 import shared_data
@@ -25,6 +27,18 @@ os.environ["XLA_FLAGS"] = xla_flags.with_devices(None, os.environ.get("XLA_FLAGS
 if shared_data.SHARED.is_dir():
   os.environ.setdefault(paths.DATA_ROOT_VARIABLE, str(shared_data.DATA))
   os.environ.setdefault(paths.T5_VOCABULARY_VARIABLE, str(shared_data.T5_VOCAB_FILE))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs():
+  """Drops JAX's compiled programs after each test module. Each XLA:CPU executable keeps about
+  3 memory mappings while cached, and a test worker that compiled its way through many modules
+  reached Linux's limit of 65,530 mappings per process (vm.max_map_count; a worker held 36,845
+  two thirds through the suite): the next compile then crashed with a segmentation fault. No
+  module reuses another's programs."""
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 @pytest.fixture(scope="session")
