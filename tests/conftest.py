@@ -34,8 +34,8 @@ def release_compiled_programs():
   """Drops JAX's compiled programs after each test module. Each XLA:CPU executable keeps about
   3 memory mappings while cached, and a test worker that compiled its way through many modules
   reached Linux's limit of 65,530 mappings per process (vm.max_map_count; a worker held 36,845
-  two thirds through the suite): the next compile then crashed with a segmentation fault. No
-  module reuses another's programs."""
+  two thirds through the suite): the next compile then crashed with a segmentation fault. A
+  program a later module needs again is compiled again; what it computes is unchanged."""
   yield
   jax.clear_caches()
   gc.collect()
