@@ -43,7 +43,11 @@ def test_reports_measured_and_predicted_speedups(tmp_path, script):
   (row,) = report["rows"]
   assert (row["temperature"], row["gamma"]) == (0.0, 1)
   alpha, c, v, gamma = row["alpha"], row["c"], row["v"], row["gamma"]
-  assert 0.0 <= alpha <= 1.0 and 0 < c < 1 and v > 0
+  # c is a ratio of two measured times: on a loaded machine with two timed calls the draft step
+  # can time slower than the target's, so only its definition is checked, not its size.
+  assert report["draft_step_s"] > 0 and report["target_step_s"] > 0
+  assert c == pytest.approx(report["draft_step_s"] / report["target_step_s"])
+  assert 0.0 <= alpha <= 1.0 and v > 0
   expected_tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1
   assert row["predicted_paper"] == pytest.approx(expected_tokens / (gamma * c + 1), rel=1e-5)
   assert row["predicted_measured_v"] == pytest.approx(expected_tokens / (gamma * c + v), rel=1e-5)
