@@ -4,9 +4,9 @@
 monitoring event `/jax/core/compile/backend_compile_duration`; a persistent-cache hit compiles
 nothing and is not counted). `rss_bytes()` is the process's resident memory now (Linux
 `/proc/self/statm`); `live_rss_bytes()` the same after garbage collection and glibc's
-`malloc_trim`, so that neither free memory the allocator keeps resident, nor its reuse, moves it.
-`scripts/long_run_steadiness.py` and tests/test_infer_steady.py use both
-on `spec_decode.infer`'s decode loop.
+`malloc_trim`, so that neither free memory the allocator keeps resident, nor its reuse, moves it,
+in a process started with `MEASURED_ALLOCATOR_ENV`. `scripts/long_run_steadiness.py` and
+tests/test_infer_steady.py use both on `spec_decode.infer`'s decode loop.
 """
 
 from __future__ import annotations
@@ -23,6 +23,18 @@ from jax import monitoring
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 STATM = "/proc/self/statm"
+# The environment of a process whose memory is measured with `live_rss_bytes()` (it must be set
+# when the process starts). glibc's malloc otherwise raises its mmap and trim thresholds as the
+# process frees large blocks, so that a block of about 1 MiB that XLA:CPU's threads allocate
+# and free again lands in a thread's arena, and `malloc_trim` never releases the free top of a
+# thread's arena: measured on the decode loop, 1.1 MiB that came and went between batches, tens
+# of times in 250 batches. Fixed thresholds hand every large block and every arena top over
+# 128 KiB back to the OS when freed, and Python's small-object allocator, which takes and
+# returns memory in arenas of its own, gives way to malloc; what stays resident is then the
+# memory held.
+MEASURED_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 2**10),
+                          "MALLOC_TRIM_THRESHOLD_": str(128 * 2**10),
+                          "PYTHONMALLOC": "malloc"}
 
 
 def rss_bytes() -> int:
@@ -36,7 +48,8 @@ def live_rss_bytes() -> int:
   """`rss_bytes()` once garbage is collected and glibc's malloc has handed its free pages back
   (`malloc_trim(0)`; a no-op where the C library is not glibc). Plain RSS hides a leak as long as
   the leak reuses memory freed earlier (resident already), and grows in steps when the allocator
-  takes a new region; this one follows the memory held."""
+  takes a new region; this one follows the memory held, in a process started with
+  `MEASURED_ALLOCATOR_ENV`."""
   gc.collect()
   libc = ctypes.CDLL(ctypes.util.find_library("c"))
   if hasattr(libc, "malloc_trim"):
