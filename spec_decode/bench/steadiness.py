@@ -5,8 +5,9 @@ monitoring event `/jax/core/compile/backend_compile_duration`; a persistent-cach
 nothing and is not counted). `rss_bytes()` is the process's resident memory now (Linux
 `/proc/self/statm`); `live_rss_bytes()` the same after garbage collection and glibc's
 `malloc_trim`, so that neither free memory the allocator keeps resident, nor its reuse, moves it,
-in a process started with `MEASURED_ALLOCATOR_ENV`. `scripts/long_run_steadiness.py` and
-tests/test_infer_steady.py use both on `spec_decode.infer`'s decode loop.
+in a process started with `MEASURED_ALLOCATOR_ENV`. On `spec_decode.infer`'s decode loop,
+`scripts/long_run_steadiness.py` reads `rss_bytes()` and tests/test_infer_steady.py
+`live_rss_bytes()`; both count compilations.
 """
 
 from __future__ import annotations
