@@ -108,11 +108,23 @@ def test_shell_header_states_each_parts_times():
   for part in check.PARTS:
     assert re.search(rf"^#\s+{part.name}\s+{part.expected_s} s /\s+{part.timeout_s} s\s",
                      header, re.MULTILINE), part.name
-  # The total the driver enforces stays under 8 minutes, and every estimate within its limit
-  # and, together, within that total.
+  # The total the driver enforces stays under 8 minutes, every estimate within its limit, and
+  # every part fits that total beside the environment part (a run selects what fits).
   assert check.TOTAL_BUDGET_S < 8 * 60
   assert all(part.expected_s < part.timeout_s for part in check.PARTS)
-  assert sum(part.expected_s for part in check.PARTS) < check.TOTAL_BUDGET_S
+  environment = next(part for part in check.PARTS if part.name == "environment")
+  assert all(part.expected_s + environment.expected_s < check.TOTAL_BUDGET_S
+             for part in check.PARTS)
+
+
+def test_a_selection_over_the_budget_is_refused_in_one_line(capsys):
+  with pytest.raises(SystemExit):
+    check.main(["unused_outdir", "--parts", "tests_identity_parity,tests_exactness"])
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "over the 470 s budget: choose fewer with --parts" in error
+  with pytest.raises(SystemExit):
+    check.main(["unused_outdir", "--parts", "no_such_part"])
+  assert "unknown parts ['no_such_part']" in capsys.readouterr().err
 
 
 def test_missing_modules_are_unpacked_from_their_wheels(tmp_path, monkeypatch):
@@ -223,3 +235,16 @@ def test_accelerator_configs_bind_what_the_parts_promise(tmp_path):
   assert list(simulated["PhysicalLimitConfig"].targets) == ["simulated"]
   for test in check.IDENTITY_TESTS + check.EXACTNESS_TESTS + (check.SHARDING_TESTS,):
     assert (ROOT / test).exists(), test
+
+
+def test_parts_not_selected_are_recorded_and_not_run(tmp_path):
+  selection = check.Check(tmp_path, True, sys.executable, ("tests_highest_precision",), 25)
+  results = selection.run_all()
+  assert results["environment"]["status"] == "passed"
+  # Nothing failed before it, so the one selected part has nothing to rerun.
+  assert results["tests_highest_precision"]["status"] == "not needed"
+  assert results["tests_highest_precision"]["timeout_s"] == 25
+  skipped = {name for name, entry in results.items() if entry["status"] == "not selected"}
+  assert skipped == {part.name for part in check.PARTS} - {"environment",
+                                                           "tests_highest_precision"}
+  assert not any((tmp_path / f"{name}.log").exists() for name in skipped)

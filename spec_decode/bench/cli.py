@@ -76,8 +76,12 @@ def run_suites(bench_config: BenchConfig) -> dict[str, Any]:
   for suite in SUITES:
     if suite in bench_config.suites:
       start = time.perf_counter()
+      # On stderr as each suite starts and ends: a run killed at a time limit says where it was.
+      print(f"[bench] {suite}: started", file=sys.stderr, flush=True)
       report["suites"][suite] = plain(runners[suite]())
       report["timings_s"][suite] = time.perf_counter() - start
+      print(f"[bench] {suite}: done in {report['timings_s'][suite]:.0f} s", file=sys.stderr,
+            flush=True)
   report["thresholds"] = thresholds(report["suites"])
   report["gin_config"] = gin.config_str()
   return report
