@@ -130,6 +130,35 @@ def test_the_library_names_no_developer_data_folder():
     assert not re.search(r"['\"]shared['\"]|\.\./shared", path.read_text()), path
 
 
+# What a machine-independent file may still name from the root: the operating system's own
+# interfaces (the interpreter of a script, devices, /proc), a scratch file in /tmp, JAX's
+# monitoring event names, and placeholders a user replaces.
+SYSTEM_PATHS = ("/usr/bin/env", "/dev/", "/proc/", "/sys/", "/tmp/", "/jax/", "/path/to",
+                "/abs/path")
+# A path from the root: at the start of a line or after a separator, an opening quote or `=`,
+# not inside a relative path, a URL ("gs://b/x") or after a closing quote ("$work"/dist).
+ABSOLUTE_PATH = re.compile(
+    r"(?:^|[\s=(\[,>:!]|(?:^|[\s=(\[,])[\"'`])(/[A-Za-z_][\w.-]*(?:/[\w.*-]*)+)", re.MULTILINE)
+
+
+def _portable_files() -> list[pathlib.Path]:
+  """The scripts, configs and package source of the checkout (or of the installed package)."""
+  files = [paths.ROOT / "setup.py", paths.ROOT / ".ci" / "run"]
+  files += [path for path in (paths.ROOT / "scripts").glob("*") if path.is_file()]
+  files += paths.CONFIGS.rglob("*.gin")
+  files += [path for path in paths.PACKAGE.rglob("*")
+            if path.suffix in (".py", ".cc", ".md", ".gin")]
+  return sorted(path for path in files if path.is_file())
+
+
+def test_no_file_names_a_machines_folder():
+  """Scripts, configs and code run on any machine: none names a folder by its absolute path."""
+  found = [f"{path.relative_to(paths.ROOT)}: {match}" for path in _portable_files()
+           for match in ABSOLUTE_PATH.findall(path.read_text())
+           if not match.startswith(SYSTEM_PATHS)]
+  assert not found, found
+
+
 def test_the_network_knows_no_backend():
   """t5/network.py imports no kernel or backend module and asks JAX for no backend: the code
   that runs a model injects its products (`network.Ops`, chosen by `platforms.Platform`)."""
