@@ -9,7 +9,8 @@ Every program (`infer`, `plan`, `bench`, `training.train`) takes T5X's flags: `-
 `--gin_search_paths`. Mistakes are `UsageError`s: one line naming the file or binding, before
 anything is built:
 * `add_gin_arguments(parser)`, `parse_args(parser, argv)` -> (flags, bindings);
-* `parse_config(gin_files, bindings)`: a missing file, a value that is not a Python literal
+* `parse_config(gin_files, bindings)`: a missing file, a row of a table (configs/table2/,
+  configs/table3/) given without its runner's harness, a value that is not a Python literal
   (strings need inner quotes), a macro left `%gin.REQUIRED`;
 * `check_bindings_take_effect(entry_points)`: every binding must be reachable from the
   program's entry points through the config's references (`@x`, `%MACRO`); one that is not
@@ -130,6 +131,7 @@ def parse_config(gin_files: Sequence[str], bindings: Sequence[str],
         raise UsageError(f"{gin_file}: {first_line(e)}") from None
   finally:
     logging.disable(logging.NOTSET)
+  _check_harness(gin_files)
   for binding in bindings:
     try:
       gin.parse_config(binding)
@@ -145,6 +147,32 @@ def parse_config(gin_files: Sequence[str], bindings: Sequence[str],
       raise UsageError(f"required gin macro {macro.group(1)} is not set (e.g. "
                        f"--gin.{macro.group(1)}=...)") from None
     raise UsageError(first_line(e)) from None
+
+
+def _binds(configurable: Any) -> bool:
+  """Whether the parsed config binds anything of `configurable`."""
+  try:
+    return bool(gin.get_bindings(configurable))
+  except ValueError:  # never registered: nothing binds it
+    return False
+
+
+def _check_harness(gin_files: Sequence[str]) -> None:
+  """UsageError where the files bind no network and one of them is a row whose folder (or the
+  one above) holds a runner's harness, `spec_decode.gin`, which binds the model and the run: a
+  row alone sets only macros, so every later error (an unregistered network config, a binding
+  nothing uses) would hide the one missing file."""
+  if any(_binds(configurable) for configurable in (
+      network.T5Config, network.Transformer, network.DecoderOnlyConfig,
+      network.DecoderOnlyTransformer)):
+    return
+  for gin_file in gin_files:
+    folder = os.path.dirname(gin_file)
+    for harness in (os.path.join(folder, "spec_decode.gin"),
+                    os.path.join(os.path.dirname(folder), "spec_decode.gin")):
+      if harness != gin_file and os.path.isfile(paths.resolve(harness)):
+        raise UsageError(f"{gin_file} binds no model: give its runner's harness first, "
+                         f"--gin_file={harness} --gin_file={gin_file}")
 
 
 class _Reference:
@@ -306,14 +334,7 @@ def bound_network_config(overrides: Mapping[str, Any] | None = None
   """The network config the parsed config binds, with `overrides` replacing fields: a
   `network.DecoderOnlyConfig` where it binds that class or `network.DecoderOnlyTransformer` (a
   configs/models/decoder_only/ file), else a `network.T5Config`."""
-
-  def binds(configurable: Any) -> bool:
-    try:
-      return bool(gin.get_bindings(configurable))
-    except ValueError:  # never registered: nothing binds it
-      return False
-
-  decoder_only = binds(network.DecoderOnlyTransformer) or binds(network.DecoderOnlyConfig)
+  decoder_only = _binds(network.DecoderOnlyTransformer) or _binds(network.DecoderOnlyConfig)
   config_class = network.DecoderOnlyConfig if decoder_only else network.T5Config
   return gin.get_configurable(config_class)(**dict(overrides or {}))
 
