@@ -23,13 +23,16 @@ anything is built:
   only what it binds.
 * `bound_network_config()`: the network config a parsed config binds (a T5 or a decoder-only
   model's); `read_model_config`: the one a model gin file (and its includes) binds, read by gin
-  itself, the live config left as it was, so a second model can come from its own file.
+  itself, the live config left as it was, so a second model can come from its own file;
+  `read_run_config`: a run config's target, draft, batch size and lengths, what `plan` and
+  `aot` size and compile.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import io
 import logging
 import os
@@ -43,11 +46,16 @@ import jax
 from gin import config_parser
 
 from spec_decode import paths
+from spec_decode.checkpoints import formats
 from spec_decode.t5 import network
 
 GIN_FLAGS_HELP = ("gin: --gin_file=FILE (repeatable), --gin.NAME=VALUE (T5X's form; strings "
                   "need inner quotes: --gin.INFER_OUTPUT_DIR=\"'out/x'\"), "
                   "--gin_bindings='NAME = VALUE' (repeatable), --gin_search_paths=DIR")
+
+# Where a run config's speculative model binds its draft network.
+_DRAFT_BINDINGS = ("models.SpeculativeEncoderDecoderModel.draft_module",
+                   "models.SpeculativeDecoderOnlyModel.draft_module")
 
 
 class UsageError(Exception):
@@ -254,6 +262,58 @@ def check_bindings_take_effect(entry_points: Sequence[Callable[..., Any]]) -> No
       what = f"{scope}{'.'.join(first.selector.split('.')[-2:])}.{{{names}}}"
     raise UsageError(f"gin binding of {what} cannot take effect: nothing this run calls "
                      "uses it")
+
+
+def _macro(name: str) -> Any:
+  """The value of gin macro `name`, or None when the config does not define it."""
+  try:
+    return gin.query_parameter(f"%{name}")
+  except ValueError:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  target: network.NetworkConfig
+  draft: network.NetworkConfig | None
+  batch_size: int | None
+  input_length: int | None
+  target_length: int | None
+
+
+def read_run_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
+                    draft_gin_file: str | None = None) -> RunConfig:
+  """The target, draft, batch size and lengths a run config describes, as `spec_decode.plan`
+  reads them (its docstring says from where); a run's required macros (checkpoint paths, ...)
+  may stay unset."""
+  parse_config(gin_files, bindings, finalize=False)
+  target = bound_network_config()
+  if draft_gin_file is not None:
+    draft = read_model_config(draft_gin_file)
+  else:
+    reference = None  # not bound: from the draft's checkpoint, if any
+    for binding in _DRAFT_BINDINGS:
+      try:
+        reference = gin.query_parameter(binding)
+        break
+      except ValueError:
+        pass
+    draft_path = _macro("DRAFT_CHECKPOINT_PATH")
+    if reference is not None:
+      draft = reference.scoped_configurable_fn().config
+    elif _macro("DRAFT_SOURCE") == "ngram":  # no network: its tables are O(V K) numbers
+      draft = None
+    elif isinstance(draft_path, str):
+      try:
+        draft = formats.checkpoint_config(draft_path, like=target)
+      except (ValueError, OSError) as e:
+        raise UsageError(f"the draft's config could not be read from DRAFT_CHECKPOINT_PATH "
+                         f"({first_line(e)}): give --draft_gin_file") from None
+    else:
+      draft = None
+  lengths = _macro("TASK_FEATURE_LENGTHS") or {}
+  return RunConfig(target, draft, _macro("BATCH_SIZE"), lengths.get("inputs"),
+                   lengths.get("targets"))
 
 
 def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:

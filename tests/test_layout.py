@@ -74,6 +74,32 @@ def test_imports_follow_the_layers(path):
     assert "t5x" not in third_party
 
 
+def test_no_modules_import_each_other():
+  """The package's imports, lazy ones too, form no circle: each module can be read (and
+  imported) after what it uses."""
+  names = {_name(path): path for path in MODULES}
+
+  def module_of(name: str) -> str:
+    while name not in names:  # `from spec_decode.x import name`: the module x
+      name = name.rpartition(".")[0]
+    return name
+
+  uses = {name: {module_of(imported) for imported in _imports(path)
+                 if imported.startswith("spec_decode.")} - {name}
+          for name, path in names.items()}
+  done: set[str] = set()
+
+  def visit(name: str, chain: tuple[str, ...]) -> None:
+    assert name not in chain, " -> ".join(chain[chain.index(name):] + (name,))
+    if name not in done:
+      for used in sorted(uses[name]):
+        visit(used, chain + (name,))
+      done.add(name)
+
+  for name in sorted(uses):
+    visit(name, ())
+
+
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(paths.ROOT)))
 def test_modules_stay_readable(path):
   relative = str(path.relative_to(paths.ROOT))
