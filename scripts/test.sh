@@ -10,10 +10,6 @@ shared=${SPEC_DECODE_SHARED:-../shared}
 if [ -d "$shared/wheels" ] && ! python -m pip show -q t5x >/dev/null 2>&1; then
   python -m pip install -q --no-deps "$shared"/wheels/*.whl
 fi
-source scripts/t5x_source.sh
-t5x_source_dir=$(mktemp -d)
-trap 'rm -rf "$t5x_source_dir"' EXIT
-t5x_source "$t5x_source_dir"
 # Two workers, one test file each at a time: most of the suite's time is XLA compiling, which
 # uses one core, so two processes keep both cores busy. Every tier: no marker selection.
 python -m pytest -q -n 2 --dist loadfile tests --ignore=tests/sharding "$@"

@@ -107,8 +107,6 @@ EOF
 cd "$repo"
 
 # --- 3. the tests ---------------------------------------------------------------------------
-source scripts/t5x_source.sh
-t5x_source "$work/t5x_source"
 # Two workers, one file each at a time, as in scripts/test.sh.
 "$venv_python" -m pytest -q -rs -n 2 --dist loadfile -m newest "$@" tests --ignore=tests/sharding
 XLA_FLAGS=--xla_force_host_platform_device_count=8 "$venv_python" -m pytest -q -rs -m newest "$@" \

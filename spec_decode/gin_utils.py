@@ -9,7 +9,8 @@ Every program (`infer`, `plan`, `bench`, `training.train`) takes T5X's flags: `-
 `--gin_search_paths`. Mistakes are `UsageError`s: one line naming the file or binding, before
 anything is built:
 * `add_gin_arguments(parser)`, `parse_args(parser, argv)` -> (flags, bindings);
-* `parse_config(gin_files, bindings)`: a missing file, a value that is not a Python literal
+* `parse_config(gin_files, bindings)`: a missing file, a row of a table (configs/table2/,
+  configs/table3/) given without its runner's harness, a value that is not a Python literal
   (strings need inner quotes), a macro left `%gin.REQUIRED`;
 * `check_bindings_take_effect(entry_points)`: every binding must be reachable from the
   program's entry points through the config's references (`@x`, `%MACRO`); one that is not
@@ -22,13 +23,16 @@ anything is built:
   only what it binds.
 * `bound_network_config()`: the network config a parsed config binds (a T5 or a decoder-only
   model's); `read_model_config`: the one a model gin file (and its includes) binds, read by gin
-  itself, the live config left as it was, so a second model can come from its own file.
+  itself, the live config left as it was, so a second model can come from its own file;
+  `read_run_config`: a run config's target, draft, batch size and lengths, what `plan` and
+  `aot` size and compile.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import io
 import logging
 import os
@@ -42,11 +46,16 @@ import jax
 from gin import config_parser
 
 from spec_decode import paths
+from spec_decode.checkpoints import formats
 from spec_decode.t5 import network
 
 GIN_FLAGS_HELP = ("gin: --gin_file=FILE (repeatable), --gin.NAME=VALUE (T5X's form; strings "
                   "need inner quotes: --gin.INFER_OUTPUT_DIR=\"'out/x'\"), "
                   "--gin_bindings='NAME = VALUE' (repeatable), --gin_search_paths=DIR")
+
+# Where a run config's speculative model binds its draft network.
+_DRAFT_BINDINGS = ("models.SpeculativeEncoderDecoderModel.draft_module",
+                   "models.SpeculativeDecoderOnlyModel.draft_module")
 
 
 class UsageError(Exception):
@@ -130,6 +139,7 @@ def parse_config(gin_files: Sequence[str], bindings: Sequence[str],
         raise UsageError(f"{gin_file}: {first_line(e)}") from None
   finally:
     logging.disable(logging.NOTSET)
+  _check_harness(gin_files)
   for binding in bindings:
     try:
       gin.parse_config(binding)
@@ -145,6 +155,32 @@ def parse_config(gin_files: Sequence[str], bindings: Sequence[str],
       raise UsageError(f"required gin macro {macro.group(1)} is not set (e.g. "
                        f"--gin.{macro.group(1)}=...)") from None
     raise UsageError(first_line(e)) from None
+
+
+def _binds(configurable: Any) -> bool:
+  """Whether the parsed config binds anything of `configurable`."""
+  try:
+    return bool(gin.get_bindings(configurable))
+  except ValueError:  # never registered: nothing binds it
+    return False
+
+
+def _check_harness(gin_files: Sequence[str]) -> None:
+  """UsageError where the files bind no network and one of them is a row whose folder (or the
+  one above) holds a runner's harness, `spec_decode.gin`, which binds the model and the run: a
+  row alone sets only macros, so every later error (an unregistered network config, a binding
+  nothing uses) would hide the one missing file."""
+  if any(_binds(configurable) for configurable in (
+      network.T5Config, network.Transformer, network.DecoderOnlyConfig,
+      network.DecoderOnlyTransformer)):
+    return
+  for gin_file in gin_files:
+    folder = os.path.dirname(gin_file)
+    for harness in (os.path.join(folder, "spec_decode.gin"),
+                    os.path.join(os.path.dirname(folder), "spec_decode.gin")):
+      if harness != gin_file and os.path.isfile(paths.resolve(harness)):
+        raise UsageError(f"{gin_file} binds no model: give its runner's harness first, "
+                         f"--gin_file={harness} --gin_file={gin_file}")
 
 
 class _Reference:
@@ -228,6 +264,58 @@ def check_bindings_take_effect(entry_points: Sequence[Callable[..., Any]]) -> No
                      "uses it")
 
 
+def _macro(name: str) -> Any:
+  """The value of gin macro `name`, or None when the config does not define it."""
+  try:
+    return gin.query_parameter(f"%{name}")
+  except ValueError:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  target: network.NetworkConfig
+  draft: network.NetworkConfig | None
+  batch_size: int | None
+  input_length: int | None
+  target_length: int | None
+
+
+def read_run_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
+                    draft_gin_file: str | None = None) -> RunConfig:
+  """The target, draft, batch size and lengths a run config describes, as `spec_decode.plan`
+  reads them (its docstring says from where); a run's required macros (checkpoint paths, ...)
+  may stay unset."""
+  parse_config(gin_files, bindings, finalize=False)
+  target = bound_network_config()
+  if draft_gin_file is not None:
+    draft = read_model_config(draft_gin_file)
+  else:
+    reference = None  # not bound: from the draft's checkpoint, if any
+    for binding in _DRAFT_BINDINGS:
+      try:
+        reference = gin.query_parameter(binding)
+        break
+      except ValueError:
+        pass
+    draft_path = _macro("DRAFT_CHECKPOINT_PATH")
+    if reference is not None:
+      draft = reference.scoped_configurable_fn().config
+    elif _macro("DRAFT_SOURCE") == "ngram":  # no network: its tables are O(V K) numbers
+      draft = None
+    elif isinstance(draft_path, str):
+      try:
+        draft = formats.checkpoint_config(draft_path, like=target)
+      except (ValueError, OSError) as e:
+        raise UsageError(f"the draft's config could not be read from DRAFT_CHECKPOINT_PATH "
+                         f"({first_line(e)}): give --draft_gin_file") from None
+    else:
+      draft = None
+  lengths = _macro("TASK_FEATURE_LENGTHS") or {}
+  return RunConfig(target, draft, _macro("BATCH_SIZE"), lengths.get("inputs"),
+                   lengths.get("targets"))
+
+
 def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
   """T5X's multi-process flags (its train.py's), for `initialize_distributed`."""
   parser.add_argument("--multiprocess_gpu", action="store_true",
@@ -306,14 +394,7 @@ def bound_network_config(overrides: Mapping[str, Any] | None = None
   """The network config the parsed config binds, with `overrides` replacing fields: a
   `network.DecoderOnlyConfig` where it binds that class or `network.DecoderOnlyTransformer` (a
   configs/models/decoder_only/ file), else a `network.T5Config`."""
-
-  def binds(configurable: Any) -> bool:
-    try:
-      return bool(gin.get_bindings(configurable))
-    except ValueError:  # never registered: nothing binds it
-      return False
-
-  decoder_only = binds(network.DecoderOnlyTransformer) or binds(network.DecoderOnlyConfig)
+  decoder_only = _binds(network.DecoderOnlyTransformer) or _binds(network.DecoderOnlyConfig)
   config_class = network.DecoderOnlyConfig if decoder_only else network.T5Config
   return gin.get_configurable(config_class)(**dict(overrides or {}))
 

@@ -6,7 +6,8 @@ Run: `python -m spec_decode.plan --gin_file=configs/table2/spec_decode.gin
 [--target_length=L] [--num_decodes=n] [--param_dtype=D] [--draft_gin_file=F]
 [--parameter_partitioning_dims=1|2] [--compile_for=TOPOLOGY] [--gin_bindings=B ...]`.
 
-What it reads (the gin config is parsed, nothing is built or allocated):
+What it reads (`gin_utils.read_run_config`: the gin config is parsed, nothing is built or
+allocated):
   * the target: the network config the config binds (`gin_utils.bound_network_config`: a T5's
     or a decoder-only language model's);
   * the draft: `--draft_gin_file` (a model gin file), else the config's speculative model's
@@ -50,22 +51,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import gin
 import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 
 from spec_decode import gin_utils
-from spec_decode.checkpoints import formats
 from spec_decode.t5 import network
 from spec_decode.runtime import decode_layout
 from spec_decode.runtime import partitioning
 
 NUM_PARTITIONS = (1, 2, 4, 8, 16)
 DEVICE_KINDS = ("tpu_v4", "h200", "cpu")
-# Modules a config may import that planning does not need (see the module docstring).
-_DRAFT_BINDINGS = ("models.SpeculativeEncoderDecoderModel.draft_module",
-                   "models.SpeculativeDecoderOnlyModel.draft_module")
 
 
 def device_memory_bytes(device_kind: str) -> int:
@@ -282,61 +278,6 @@ def format_plan(rows: Sequence[PlanRow], target: ModelShapes, draft: ModelShapes
   return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- config
-
-
-def _macro(name: str) -> Any:
-  """The value of gin macro `name`, or None when the config does not define it."""
-  try:
-    return gin.query_parameter(f"%{name}")
-  except ValueError:
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-  target: network.NetworkConfig
-  draft: network.NetworkConfig | None
-  batch_size: int | None
-  input_length: int | None
-  target_length: int | None
-
-
-def read_config(gin_files: Sequence[str], bindings: Sequence[str] = (),
-                draft_gin_file: str | None = None) -> RunConfig:
-  """The target, draft, batch size and lengths a gin config describes (see the docstring);
-  a run's required macros (checkpoint paths, ...) may stay unset."""
-  gin_utils.parse_config(gin_files, bindings, finalize=False)
-  target = gin_utils.bound_network_config()
-  if draft_gin_file is not None:
-    draft = gin_utils.read_model_config(draft_gin_file)
-  else:
-    reference = None  # not bound: from the draft's checkpoint, if any
-    for binding in _DRAFT_BINDINGS:
-      try:
-        reference = gin.query_parameter(binding)
-        break
-      except ValueError:
-        pass
-    draft_path = _macro("DRAFT_CHECKPOINT_PATH")
-    if reference is not None:
-      draft = reference.scoped_configurable_fn().config
-    elif _macro("DRAFT_SOURCE") == "ngram":  # no network: its tables are O(V K) numbers
-      draft = None
-    elif isinstance(draft_path, str):
-      try:
-        draft = formats.checkpoint_config(draft_path, like=target)
-      except (ValueError, OSError) as e:
-        raise gin_utils.UsageError(f"the draft's config could not be read from "
-                                   f"DRAFT_CHECKPOINT_PATH ({gin_utils.first_line(e)}): give "
-                                   "--draft_gin_file") from None
-    else:
-      draft = None
-  lengths = _macro("TASK_FEATURE_LENGTHS") or {}
-  return RunConfig(target, draft, _macro("BATCH_SIZE"), lengths.get("inputs"),
-                   lengths.get("targets"))
-
-
 # --------------------------------------------------------------------------- command line
 
 
@@ -371,7 +312,7 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def _run(args: argparse.Namespace, bindings: list[str]) -> None:
   try:
-    config = read_config(args.gin_file, bindings, args.draft_gin_file)
+    config = gin_utils.read_run_config(args.gin_file, bindings, args.draft_gin_file)
     sizes = {"batch size": args.batch_size or config.batch_size,
              "input length": args.input_length or config.input_length,
              "target length": args.target_length or config.target_length,

@@ -119,6 +119,20 @@ def test_missing_gin_file(program, extra, run_cli):
                 "gin file not found: configs/nope.gin")
 
 
+@pytest.mark.parametrize("program", ["spec_decode.infer", "spec_decode.plan"])
+@pytest.mark.parametrize("harness, row", [
+    ("configs/table2/spec_decode.gin", "configs/table2/ende_small_t0.gin"),
+    ("configs/table2/spec_decode.gin", "configs/table2/lookup/cnndm_t0.gin"),
+    ("configs/table2/t5_1_0/spec_decode.gin", "configs/table2/t5_1_0/ende_small_t0.gin"),
+    ("configs/table3/spec_decode.gin", "configs/table3/gpt_like_lm_t0.gin")])
+def test_a_table_row_without_its_harness_says_which_to_give(program, harness, row, run_cli):
+  """A row sets macros only; without the harness that binds the model and the run, the error
+  names the harness (spec_decode.aot reads its config as plan does)."""
+  _assert_error(run_cli(program, [f"--gin_file={row}"]), program,
+                f"{row} binds no model: give its runner's harness first, "
+                f"--gin_file={harness} --gin_file={row}")
+
+
 @pytest.mark.parametrize("program", ["spec_decode.infer", "spec_decode.plan",
                                      "spec_decode.training.train", "spec_decode.bench"])
 def test_every_program_shows_the_gin_flags(program):

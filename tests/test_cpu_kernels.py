@@ -25,10 +25,18 @@ pytestmark = [pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:
               pytest.mark.newest]  # at the newest supported JAX too (pytest.ini: the tiers)
 
 
+def require_kernel() -> None:
+  """Builds the kernel, or skips where the host lacks what it needs (a C++ compiler, an x86-64
+  CPU with AVX2 and FMA); a kernel that fails to build or load where it has them fails."""
+  try:
+    cpu_kernels.require()
+  except cpu_kernels.Unsupported as error:
+    pytest.skip(f"the CPU kernel cannot be built here: {error}")
+
+
 @pytest.fixture(scope="module")
 def kernel():
-  if not cpu_kernels.available():
-    pytest.skip("the kernel could not be built here (no g++ or no AVX2/FMA)")
+  require_kernel()
   return jax.jit(cpu_kernels.small_rows_matmul)
 
 
@@ -114,7 +122,24 @@ def test_falls_back_to_xla_with_one_warning_when_it_cannot_be_built(monkeypatch,
     warnings.simplefilter("error")
     assert not cpu_kernels.kernel_applies(x, w)
     np.testing.assert_array_equal(jax.jit(cpu_kernels.dense_product)(x, w), np.full((2, 5), 8.0))
+    with pytest.raises(cpu_kernels.Unsupported, match="no C.. compiler"):
+      cpu_kernels.require()
   monkeypatch.setattr(cpu_kernels, "_loaded", None)
+
+
+def test_a_kernel_that_does_not_compile_is_an_error_not_a_missing_compiler(monkeypatch, tmp_path):
+  """On a host that can build the kernel, a source that fails to compile is the kernel's
+  error, which `require()` raises (its tests fail), not `Unsupported` (they would skip)."""
+  require_kernel()
+  broken = tmp_path / "small_rows_matmul.cc"
+  broken.write_text("this is not C++;\n")
+  monkeypatch.setattr(cpu_kernels, "SOURCE", str(broken))
+  monkeypatch.setattr(cpu_kernels, "_loaded", None)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  with pytest.warns(RuntimeWarning, match="unavailable"):
+    with pytest.raises(RuntimeError, match="failed") as raised:
+      cpu_kernels.require()
+  assert not isinstance(raised.value, cpu_kernels.Unsupported)
 
 
 def test_switched_off_by_the_environment(monkeypatch):
@@ -126,8 +151,8 @@ def test_builds_into_the_cache_once(monkeypatch, tmp_path):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
   try:
     library = cpu_kernels._build()  # pylint: disable=protected-access
-  except RuntimeError as error:
-    pytest.skip(f"no kernel build here: {error}")
+  except cpu_kernels.Unsupported as error:
+    pytest.skip(f"the CPU kernel cannot be built here: {error}")
   assert library.startswith(str(tmp_path)) and library.endswith(".so")
   built = (tmp_path / "spec_decode" / "cpu_kernels")
   assert [p.name for p in built.iterdir()] == [library.rsplit("/", 1)[1]]

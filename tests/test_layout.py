@@ -22,10 +22,7 @@ MODULES = sorted(paths.PACKAGE.rglob("*.py"))
 TOOLS = ("spec_decode.infer", "spec_decode.training", "spec_decode.bench", "spec_decode.t5x",
          "spec_decode.aot.cli", "spec_decode.aot.__main__")
 # Modules above ~500 lines, with the reason a reader would accept.
-LONG_MODULES = {
-    "spec_decode/t5/network.py": "the whole T5 network, as one definition (T5X splits "
-                                 "network.py and layers.py; together they are longer)",
-}
+LONG_MODULES: dict[str, str] = {}
 
 
 def _name(path: pathlib.Path) -> str:
@@ -72,6 +69,32 @@ def test_imports_follow_the_layers(path):
     assert not third_party & {"gin", "seqio", "tensorflow", "t5x"}, third_party
   if not module.startswith("spec_decode.t5x"):
     assert "t5x" not in third_party
+
+
+def test_no_modules_import_each_other():
+  """The package's imports, lazy ones too, form no circle: each module can be read (and
+  imported) after what it uses."""
+  names = {_name(path): path for path in MODULES}
+
+  def module_of(name: str) -> str:
+    while name not in names:  # `from spec_decode.x import name`: the module x
+      name = name.rpartition(".")[0]
+    return name
+
+  uses = {name: {module_of(imported) for imported in _imports(path)
+                 if imported.startswith("spec_decode.")} - {name}
+          for name, path in names.items()}
+  done: set[str] = set()
+
+  def visit(name: str, chain: tuple[str, ...]) -> None:
+    assert name not in chain, " -> ".join(chain[chain.index(name):] + (name,))
+    if name not in done:
+      for used in sorted(uses[name]):
+        visit(used, chain + (name,))
+      done.add(name)
+
+  for name in sorted(uses):
+    visit(name, ())
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(paths.ROOT)))
@@ -130,13 +153,50 @@ def test_the_library_names_no_developer_data_folder():
     assert not re.search(r"['\"]shared['\"]|\.\./shared", path.read_text()), path
 
 
-def test_the_network_knows_no_backend():
-  """t5/network.py imports no kernel or backend module and asks JAX for no backend: the code
-  that runs a model injects its products (`network.Ops`, chosen by `platforms.Platform`)."""
-  path = paths.PACKAGE / "t5" / "network.py"
+# What a machine-independent file may still name from the root: the operating system's own
+# interfaces (the interpreter of a script, devices, /proc), a scratch file in /tmp, JAX's
+# monitoring event names, and placeholders a user replaces.
+SYSTEM_PATHS = ("/usr/bin/env", "/dev/", "/proc/", "/sys/", "/tmp/", "/jax/", "/path/to",
+                "/abs/path")
+# A path from the root: at the start of a line or after a separator, an opening quote or `=`,
+# not inside a relative path, a URL ("gs://b/x") or after a closing quote ("$work"/dist).
+ABSOLUTE_PATH = re.compile(
+    r"(?:^|[\s=(\[,>:!]|(?:^|[\s=(\[,])[\"'`])(/[A-Za-z_][\w.-]*(?:/[\w.*-]*)+)", re.MULTILINE)
+
+
+def _portable_files() -> list[pathlib.Path]:
+  """The scripts, configs and package source of the checkout (or of the installed package)."""
+  files = [paths.ROOT / "setup.py", paths.ROOT / ".ci" / "run"]
+  files += [path for path in (paths.ROOT / "scripts").glob("*") if path.is_file()]
+  files += paths.CONFIGS.rglob("*.gin")
+  files += [path for path in paths.PACKAGE.rglob("*")
+            if path.suffix in (".py", ".cc", ".md", ".gin")]
+  return sorted(path for path in files if path.is_file())
+
+
+def test_no_file_names_a_machines_folder():
+  """Scripts, configs and code run on any machine: none names a folder by its absolute path."""
+  found = [f"{path.relative_to(paths.ROOT)}: {match}" for path in _portable_files()
+           for match in ABSOLUTE_PATH.findall(path.read_text())
+           if not match.startswith(SYSTEM_PATHS)]
+  assert not found, found
+
+
+# The network: the module every caller imports, and the two it is split into (as T5X's).
+NETWORK_MODULES = ("network", "layers", "decoder_only")
+
+
+@pytest.mark.parametrize("module", NETWORK_MODULES)
+def test_the_network_knows_no_backend(module):
+  """The network's modules import no kernel or backend module (only each other) and ask JAX
+  for no backend: the code that runs a model injects its products (`network.Ops`, chosen by
+  `platforms.Platform`)."""
+  path = paths.PACKAGE / "t5" / f"{module}.py"
   imports = _imports(path)
-  assert not {name for name in imports if name.startswith("spec_decode")}, sorted(imports)
-  third_party = {name.split(".")[0] for name in imports}
+  ours = {name for name in imports if name.startswith("spec_decode")}
+  assert all(name.startswith(tuple(f"spec_decode.t5.{other}." for other in NETWORK_MODULES))
+             for name in ours), sorted(ours)
+  third_party = {name.split(".")[0] for name in imports - ours}
   assert third_party <= {"dataclasses", "functools", "operator", "typing", "jax", "numpy",
                          "flax"}, sorted(third_party)
   assert not {name for name in imports if name.startswith(("jax.extend", "jax.ffi", "jaxlib"))}

@@ -6,6 +6,7 @@ import time
 import jax.numpy as jnp
 import pytest
 
+from spec_decode import gin_utils
 from spec_decode import plan
 
 # A small T5.1.1-style target (gated gelu, untied logits) and a tied T5 1.0-style draft.
@@ -97,7 +98,7 @@ def _draft_param_bytes() -> int:
 
 
 def _plan(run_gin, num_devices=None, **kwargs):
-  config = plan.read_config([run_gin], **kwargs)
+  config = gin_utils.read_run_config([run_gin], **kwargs)
   target = plan.model_shapes(config.target, config.batch_size, config.input_length,
                              config.target_length)
   draft = plan.model_shapes(config.draft, config.batch_size, config.input_length,
@@ -178,7 +179,7 @@ def test_table2_target_verification_fits_a_tpu_v4_slice(harness, row, draft_gin_
                                                         draft_emb_dim, kv_dim):
   """Either Table 2 target (about 21 GiB in bfloat16) fits one 32 GiB TPU-v4 chip with the
   caches and the draft; in float32 (about 42 GiB) it needs num_partitions >= 2."""
-  config = plan.read_config([harness, row], draft_gin_file=draft_gin_file)
+  config = gin_utils.read_run_config([harness, row], draft_gin_file=draft_gin_file)
   assert (config.target.emb_dim, config.target.num_decoder_layers) == (emb_dim, 24)
   assert config.draft.emb_dim == draft_emb_dim
   target = plan.model_shapes(config.target, config.batch_size, config.input_length,
@@ -197,7 +198,7 @@ def test_table2_target_verification_fits_a_tpu_v4_slice(harness, row, draft_gin_
 
 def test_an_ngram_draft_plans_no_draft_network(config_files):
   run_gin, _ = config_files
-  config = plan.read_config([run_gin], bindings=[
+  config = gin_utils.read_run_config([run_gin], bindings=[
       "models.SpeculativeEncoderDecoderModel.draft_module = None", "DRAFT_SOURCE = 'ngram'",
       "DRAFT_CHECKPOINT_PATH = '/nonexistent/bigram.npz'"])
   assert config.draft is None and config.target is not None

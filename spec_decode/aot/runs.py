@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from spec_decode.runtime import decode_layout
 from spec_decode import models
-from spec_decode import plan
+from spec_decode import gin_utils
 from spec_decode.t5 import network
 
 # T5's EOS id, which every vocabulary of the project's configs has. The vocabulary is not read
@@ -66,7 +66,7 @@ def _bound(selector: str, default: Any = None) -> Any:
 def read_run(args: argparse.Namespace, bindings: Sequence[str],
              devices: Sequence[jax.Device]) -> Run:
   """The model, layout and sizes of `spec_decode.infer`'s run of this config on `devices`."""
-  config = plan.read_config(args.gin_file, bindings, args.draft_gin_file)
+  config = gin_utils.read_run_config(args.gin_file, bindings, args.draft_gin_file)
   model_reference = gin.query_parameter("%MODEL")
   # Bound over the config's own (gin evaluates every binding of a call, so passing these as
   # arguments would still read the config's vocabulary and draft checkpoint).

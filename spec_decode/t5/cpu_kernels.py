@@ -45,7 +45,8 @@ Contract:
     source, flags, compiler version, jaxlib version and CPU flags, written under a temporary
     name and renamed into place, so concurrent processes never load a partial file. Without a
     compiler, on a CPU without AVX2/FMA, or on any build or load failure, one warning and XLA's
-    dot from then on.
+    dot from then on. `require()` tells the two apart: `Unsupported` where the host lacks what
+    the kernel needs, the build's or load's own error where the kernel itself failed.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ import ctypes
 import hashlib
 import math
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -83,6 +85,12 @@ DISABLE_VARIABLE = "SPEC_DECODE_CPU_KERNELS"  # "0": XLA's dot everywhere
 _xla_dots = contextvars.ContextVar("spec_decode_xla_dots", default=False)
 _load_lock = threading.Lock()
 _loaded: bool | None = None  # None: not tried yet
+_failure: Exception | None = None  # why the load failed
+
+
+class Unsupported(RuntimeError):
+  """This host cannot build the kernel: no C++ compiler, or not an x86-64 CPU with AVX2 and
+  FMA."""
 
 
 @contextlib.contextmanager
@@ -149,6 +157,13 @@ def available() -> bool:
   return _load()
 
 
+def require() -> None:
+  """Builds and registers the kernel (once); raises `Unsupported` where this host lacks what it
+  needs, and the build's or load's own error where the kernel failed on a host that has it."""
+  if not _load():
+    raise _failure
+
+
 def dense_product(x: jax.Array, w: jax.Array) -> jax.Array:
   """`jnp.dot(x [..., K], w [K, n])` -> [..., n], by the kernel where it applies."""
   if not kernel_applies(x, w):
@@ -196,7 +211,7 @@ def _small_rows_matmul_transposed_jvp(primals, tangents):
 def _load() -> bool:
   """Compiles (or finds in the cache), loads and registers the kernel once per process; False
   (after one warning) on failure."""
-  global _loaded
+  global _loaded, _failure
   with _load_lock:
     if _loaded is None:
       try:
@@ -208,16 +223,18 @@ def _load() -> bool:
       except Exception as error:  # pylint: disable=broad-except  (any failure: XLA's dot)
         warnings.warn(f"spec_decode: the CPU small-row matmul kernel is unavailable ({error}); "
                       "dense layers use XLA's dot", RuntimeWarning, stacklevel=2)
-        _loaded = False
+        _loaded, _failure = False, error
     return _loaded
 
 
 def _build() -> str:
   """Path of the compiled kernel for this source, compiler, jaxlib and CPU, building it if
   the cache does not have it."""
-  compiler = os.environ.get("CXX") or shutil.which("g++")
+  compiler = shutil.which(os.environ.get("CXX") or "g++")
   if not compiler:
-    raise RuntimeError("no C++ compiler (g++ or $CXX)")
+    raise Unsupported(f"no C++ compiler ({os.environ.get('CXX') or 'g++'} not found; $CXX "
+                      "names another)")
+  _check_cpu()
   version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True,
                            timeout=60).stdout
   with open(SOURCE, "rb") as source:
@@ -243,6 +260,18 @@ def _build() -> str:
     if os.path.exists(partial):
       os.remove(partial)
   return library
+
+
+def _check_cpu() -> None:
+  """Raises `Unsupported` where the CPU cannot run the kernel's AVX2/FMA code (flags
+  unreadable: left to the compiler)."""
+  machine = platform.machine().lower()
+  if machine not in ("x86_64", "amd64"):
+    raise Unsupported(f"the kernel is x86-64 AVX2/FMA code; this CPU is {machine}")
+  flags = _cpu_flags().split()
+  missing = [flag for flag in ("avx2", "fma") if flags and flag not in flags]
+  if missing:
+    raise Unsupported(f"this CPU lacks {', '.join(missing)}")
 
 
 def _cpu_flags() -> str:

@@ -1,3 +1,3 @@
 """Exact speculative decoding inside T5X (`speculative`) and its gin files, T5X's own sampler
-for the benchmark (`sampler`), and T5X's decoder-only network where its wheel leaves it out
+for the benchmark (`sampler`), and T5X's decoder-only network, or why it cannot be had
 (`decoder_only_network`); needs `t5x` installed."""

@@ -4,8 +4,7 @@ baseline the paper's Table 2 speeds up (the benchmark's peer suite times it on t
 this package's parameter tree is T5X's), or `t5x.decoding.beam_search`
 (`scripts/beam_search_bench.py --t5x` times it beside ours); for a decoder-only config
 `t5x.models.DecoderOnlyModel` with T5X's decoder-only network
-(`decoder_only_network`: an ImportError where T5X's wheel lacks it and no T5X_SOURCE names a
-checkout)."""
+(`decoder_only_network`: an ImportError where the T5X installation lacks it)."""
 
 import dataclasses
 import functools

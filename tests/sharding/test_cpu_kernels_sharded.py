@@ -30,9 +30,8 @@ def test_several_cpu_devices_get_xla_products():
 def test_decode_calls_through_the_layout_use_xla_dots_with_several_devices():
   """infer's and the benchmark's decode calls (the decode layout's model calls, the mesh
   platform's products) on a 2 x 2 mesh: the kernel stays out, the products are XLA's dots."""
-  if not cpu_kernels.available():
-    pytest.skip("no CPU kernel here")
   import test_cpu_kernels  # pylint: disable=g-import-not-at-top  (tests/ is on the path)
+  test_cpu_kernels.require_kernel()
   layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(2, 2)),
                                        test_cpu_kernels.TINY)
   lowered = test_cpu_kernels.lowered_decode_call(

@@ -7,10 +7,7 @@ speculative_decoder_only.gin) and a draft checkpoint predicts what the same run 
 T5X's own sampler: in float32 as a causal LM, in bfloat16 as a prefix LM, sharded over a
 (data 2, model 2) mesh of 4 CPU devices with the draft sharded too, and through t5x.eval. Target
 and draft are checkpoints T5X's Checkpointer wrote, restored by T5X (the target) and by the hook
-(the draft) into the hook's decoder-only network.
-
-Every run is a subprocess that loads T5X's decoder-only network first (`t5x_decoder_only`, which
-T5X's wheel lacks), then runs `t5x.infer` or `t5x.eval` as its `__main__`.
+(the draft) into the hook's decoder-only network. Every run is a subprocess, as a user's.
 """
 
 import concurrent.futures
@@ -40,10 +37,8 @@ pytestmark = pytest.mark.slow
 HERE = pathlib.Path(__file__).resolve().parent
 GAMMA = 3
 # A T5X user's tiny decoder-only model on the test task, written as T5X's decoder-only model gin
-# files are (t5x/examples/decoder_only/models/base.gin, which cannot be included from T5X's
-# wheel: gin finds an included file through its folder's package, and that folder is a
-# namespace package), greedy: T5X's temperature_sample with topk 1. 128 ids: seqio's test
-# vocabulary (126) padded.
+# files are (t5x/examples/decoder_only/models/base.gin), greedy: T5X's temperature_sample with
+# topk 1. 128 ids: seqio's test vocabulary (126) padded.
 TINY_MODEL_GIN = f"""
 from __gin__ import dynamic_registration
 import seqio
@@ -89,10 +84,6 @@ utils.RestoreCheckpointConfig.dtype = 'float32'
 BFLOAT16_PREFIX_LM = ("network.TransformerConfig.dtype='bfloat16'",
                       "utils.RestoreCheckpointConfig.dtype='bfloat16'",
                       "models.DecoderOnlyModel.inputs_bidirectional_attention=True")
-# A subprocess's program: T5X's decoder-only network made importable, then t5x.infer or t5x.eval
-# as `__main__` (their gin files import `__main__` as the script) with the command's flags.
-RUN_SCRIPT = (t5x_decoder_only.PRELUDE + "import runpy; runpy.run_module('t5x.{script}', "
-              "run_name='__main__', alter_sys=True)")
 # The sharded run: 4 CPU devices as (data 2, model 2), the draft sharded like the target.
 SHARDED = dict(devices=4, num_partitions=2)
 
@@ -125,7 +116,7 @@ def run_t5x(setup: dict[str, Any], name: str, *, speculative: bool, script: str 
   """`python -m t5x.<script>` of the tiny run, made speculative by spec_decode's gin file as a
   user does (then `bindings`; `sharded`: on SHARDED's mesh); output in <tmp>/name."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(t5x_setup.REPO_ROOT), str(HERE)]))
-  command = [sys.executable, "-c", RUN_SCRIPT.format(script=script),
+  command = [sys.executable, "-m", f"t5x.{script}",
              f"--gin_search_paths={t5x_setup.REPO_ROOT}",
              f"--gin_file={setup['directory'] / f'tiny_{script}.gin'}"]
   if speculative:
