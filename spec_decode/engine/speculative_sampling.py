@@ -171,9 +171,9 @@ def _draft(problem: decode_rows.Problem, draft_tokens_to_logits: TokensToLogits,
 
   The first call feeds positions (i-1, i) — the catch-up — except at i = 0, where it feeds
   (0, 1) and reads the logits of position 0 (position 1 is scratch, overwritten before it is
-  read). Each further call feeds the previous draft. The policy may stop rows early, and a draft
-  stops a row by proposing nothing (all -inf logits, before its token is counted); the loop
-  ends when no row drafts any more. `uniforms [N, G]`: the draw at each offset; None at a
+  read). Each further call feeds the previous draft. Finished rows do not draft, the policy may
+  stop rows early, and a draft stops a row by proposing nothing (all -inf logits, before its
+  token is counted); the loop ends when no row drafts any more. `uniforms [N, G]`: the draw at each offset; None at a
   greedy temperature (every q a point mass: its token is read, no law is kept). Returns the
   final loop state: its `offset` is then the number of draft calls made.
   """
@@ -222,7 +222,8 @@ def _draft(problem: decode_rows.Problem, draft_tokens_to_logits: TokensToLogits,
       offset=jnp.int32(0), logits=logits, sequences=rows.sequences, draft_cache=draft_cache,
       tokens=jnp.zeros((num_rows, gamma), jnp.int32),
       probs=None if greedy else jnp.zeros((num_rows, gamma, vocab_size), jnp.float32),
-      still_drafting=jnp.ones((num_rows,), bool), num_drafted=jnp.zeros((num_rows,), jnp.int32),
+      # A finished row drafts nothing: it would keep the loop going for the rows still decoding.
+      still_drafting=~rows.done, num_drafted=jnp.zeros((num_rows,), jnp.int32),
       is_point=jnp.zeros((num_rows, gamma), bool)))
   return jax.lax.while_loop(lambda state: jnp.any(state.still_drafting), feed_and_propose,
                             first)
