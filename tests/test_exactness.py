@@ -36,6 +36,7 @@ import scipy.stats
 
 from spec_decode.engine import decoding, drafting, sampling, toy, verify
 from spec_decode.engine import lookup as engine_lookup
+import test_verify
 import tiers
 import toy_setup
 from toy_setup import EOS
@@ -341,6 +342,21 @@ def test_negative_controls_fail(wrong_rule):
   decodes, _ = draw(target, draft, 3, sampling_args, wrong_rule)
   p_value = chi_square_p_value(decodes, exact_law(target, sampling_args))
   assert p_value < P_VALUE_FLOOR, f"{wrong_rule.__name__} was not caught: p = {p_value:.2e}"
+
+
+@pytest.mark.parametrize("mistake", test_verify.BLOCK_MISTAKES)
+def test_negative_controls_of_the_block_rule_past_its_first_token_fail(mistake):
+  """The block rule with a mistake that only matters from block position 2 on (its weights, its
+  keep probabilities, or its residual after tau >= 1 drafts: `test_verify.paper_block_rule`) is
+  rejected. On the 'far' pair of seed 0: the residual mistake moves the law of seed 1's pair,
+  the one the cases above run, too little for 100,000 samples (p ~ 5e-3); test_verify's exact
+  law of the whole block catches every one on any pair."""
+  target, draft = toy_setup.make_pair(VOCAB, "far", seed=0)
+  sampling_args = (1.0, 0, 0.0)
+  decodes, _ = draw(target, draft, 3, sampling_args, test_verify.paper_block_rule(mistake))
+  p_value = chi_square_p_value(decodes, exact_law(target, sampling_args))
+  assert p_value < P_VALUE_FLOOR, f"the block rule's {mistake} mistake was not caught: " \
+                                  f"p = {p_value:.2e}"
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "lookup+near"])
