@@ -22,10 +22,14 @@ Each iteration of `speculative_sample`, for every row independently at its own p
 A draft may also stop a row by proposing nothing (all -inf logits), at any offset, the first
 included: the row then has m = the offset drafts (m = 0: the iteration emits one token of the
 target, the bonus from p_1 of the same single call). This stays exact for the reason the drafting
-policies do: whether a row goes on depends only on its prefix, its drafts so far and the draft's
-own randomness, never on the target's p or the verifier's coins, so m is fixed before
-verification, and every exact rule's law is the target's given any such m (the verifier is told
-m and weighs only those drafts; p_{m+1} conditions only on positions <= i + m). A deterministic
+policies do: whether a row goes on depends only on history, never on this iteration's
+verification: its prefix, its drafts so far, the draft's own randomness, and what earlier
+iterations recorded (an adaptive policy reads the row's running stats, which past target
+probabilities and past verdicts made), never this iteration's p or coins. So m is fixed before
+this verification, independent of its coins given the prefix, and every exact rule's law is the
+target's given any such m (the verifier is told m and weighs only those drafts; p_{m+1}
+conditions only on positions <= i + m); each iteration being exact given its prefix, so is the
+whole sequence. A deterministic
 proposal x has q = one-hot(x): the token rule accepts it with p(x) and otherwise emits from
 norm(p with x removed), which is p again; greedy, it is kept exactly when x is the target's argmax.
 A logit callback (`logit_callback_fn`, see `spec_decode.engine.decoding`) is part of the
