@@ -7,7 +7,9 @@ tell that this loop, not the default one, ran. `one_draft` is a drafting policy 
 token per iteration; `TRACES["one_draft"]` counts its traces likewise."""
 
 import collections
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from spec_decode.engine import decoding
@@ -18,7 +20,7 @@ from spec_decode.engine import stats
 TRACES = collections.Counter()
 
 
-def one_draft(offset, draft_probs, stats_so_far):
+def one_draft(offset: jax.Array, draft_probs: jax.Array, stats_so_far: Any) -> jax.Array:
   """Stops every row after its first draft."""
   del offset, stats_so_far
   TRACES["one_draft"] += 1
