@@ -13,6 +13,7 @@ import json
 import pathlib
 import shutil
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -180,4 +181,20 @@ def test_check_finite_finds_nan_and_infinity_in_every_float_dtype(dtype):
     checkpoint_faults.check_finite(cast, "p", "c")
   tree = {"a": {"b": np.ones(2, np.float32), "c": cast}, "spec": {"driver": "zarr"}}
   with pytest.raises(ValueError, match="parameter a/c has 2"):
+    checkpoint_faults.check_finite_params(tree, "c")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_check_finite_params_checks_arrays_on_devices(dtype):
+  """Restored parameters (T5X's checkpointers return jax.Arrays) are checked where they live,
+  named and counted as on the host."""
+  array = np.zeros((3, 4), np.float32)
+  tree = {"a": {"b": jnp.ones(2, dtype), "c": jnp.asarray(array, dtype)},
+          "step": jnp.zeros((), jnp.int32)}
+  checkpoint_faults.check_finite_params(tree, "c")
+  array[2, 1] = np.inf
+  array[1, 3] = np.nan
+  tree["a"]["c"] = jnp.asarray(array, dtype)
+  with pytest.raises(ValueError, match=r"^checkpoint c: parameter a/c has 2 non-finite values "
+                                       r"\(NaN or infinity\), the first at index \(1, 3\)$"):
     checkpoint_faults.check_finite_params(tree, "c")

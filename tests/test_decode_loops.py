@@ -2,7 +2,8 @@
 runner with no edit anywhere else: `spec_decode.infer` (DECODE_LOOP and its own setting from a
 config), the benchmark (`bench.Variant(decode_loop=...)`) and, in tests/t5x, the T5X hook. Its
 greedy decodes equal the baseline's (exactness of the loop it wraps), and its own setting is
-checked where every runner checks settings."""
+checked where every runner checks settings. So does a drafting policy registered there
+(`one_draft`, named by DRAFT_POLICY)."""
 
 import json
 
@@ -56,6 +57,30 @@ models.SpeculativeEncoderDecoderModel.loop_settings = {'rule': 'token'}
   summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
   assert summary["decode_settings"]["rule"] == "token"
   assert summary["identical_outputs"] is True  # greedy: the baseline's tokens
+
+
+@pytest.mark.slow
+def test_infer_and_the_bench_run_a_registered_policy(tmp_path, capsys):
+  """`one_draft` by name: one draft per target call, the baseline's greedy tokens."""
+  target, draft = tiny_t5.write_pair(tmp_path, vocab_size=8000)
+  run_gin = tiny_t5.write_run_gin(tmp_path / "run.gin", target, draft, tiny_t5.DEMO_VOCAB_FILE,
+                                  0, {"inputs": 16, "targets": 8}, batch_size=2,
+                                  extra="DRAFT_POLICY = 'one_draft'\n")
+  traces = toy_loop.TRACES["one_draft"]
+  out = tmp_path / "out"
+  status, stderr = tiny_t5.run_infer_main(
+      [f"--gin_file={run_gin}", "--text=A dog runs.", "--text=Two cats sleep.",
+       f"--gin.INFER_OUTPUT_DIR='{out}'"], capsys)
+  assert status == 0, stderr
+  assert toy_loop.TRACES["one_draft"] > traces
+  summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
+  assert summary["identical_outputs"] is True
+  assert summary["decode_settings"]["draft_policy"] == "one_draft"
+  assert 0 < summary["drafted_tokens"] <= summary["target_calls"], summary
+  decoders = bench.PairDecoders(_tiny_pair(), {})
+  run = decoders.run(bench.Variant(0.0, gamma=3, draft_policy="one_draft"), 0, 2)
+  np.testing.assert_array_equal(run.decodes, decoders.run(bench.Variant(0.0), 0, 2).decodes)
+  assert 0 < run.stats["drafted_tokens"] <= run.stats["target_calls"], run.stats
 
 
 def _tiny_pair():

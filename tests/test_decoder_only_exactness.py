@@ -2,9 +2,9 @@
 target, from prefilled prompts of different lengths (causal and prefix LM), samples each
 prompt's continuation law as the target gives it. The law is enumerated from the target's own
 teacher-forced logits (`__call__`, never the cache the decode uses), so a prefill or a cached
-call that differed from teacher forcing would fail here as a wrong verifier does (the negative
-control). Draws go through `core.Decoder.predict` with T5X's decoder-only batch, as every
-runner's do."""
+call that differed from teacher forcing fails here as a wrong verifier does (the negative
+controls plant each), and so does a token written after EOS. Draws go through
+`core.Decoder.predict` with T5X's decoder-only batch, as every runner's do."""
 
 import itertools
 
@@ -32,10 +32,12 @@ CONFIG = dict(vocab_size=VOCAB, emb_dim=8, num_heads=2, num_layers=2, head_dim=4
               mlp_activations=("gelu", "linear"), dropout_rate=0.0)
 
 
-def make_network(prefix_lm: bool, seed: int, **config) -> tuple[network.DecoderOnlyTransformer,
-                                                                 dict]:
-  module = network.DecoderOnlyTransformer(network.DecoderOnlyConfig(**{**CONFIG, **config}),
-                                          inputs_bidirectional_attention=prefix_lm)
+def make_network(prefix_lm: bool, seed: int,
+                 module_class: type[network.DecoderOnlyTransformer] = (
+                     network.DecoderOnlyTransformer),
+                 **config) -> tuple[network.DecoderOnlyTransformer, dict]:
+  module = module_class(network.DecoderOnlyConfig(**{**CONFIG, **config}),
+                        inputs_bidirectional_attention=prefix_lm)
   tokens = jnp.ones((1, LENGTH), jnp.int32)
   params = module.init(jax.random.PRNGKey(seed), tokens, tokens)["params"]
   return module, params
@@ -95,11 +97,13 @@ def continuation_law(module, params, prompt, sampling_args) -> dict[tuple, float
 
 def p_value(continuations: np.ndarray, law: dict[tuple, float]) -> float:
   """Chi-square p-value of the rows' continuations (each cut after its first EOS; token 0 is a
-  token here, so only what follows EOS is padding) against `law`."""
+  token here, so only what follows EOS is padding) against `law`; 0 where a row holds a token
+  after its EOS (the whole row is then an outcome the law cannot produce)."""
   observed = {}
   for row in continuations.tolist():
     end = row.index(EOS) + 1 if EOS in row else len(row)
-    observed[tuple(row[:end])] = observed.get(tuple(row[:end]), 0) + 1
+    outcome = tuple(row[:end]) if not any(row[end:]) else tuple(row)
+    observed[outcome] = observed.get(outcome, 0) + 1
   return test_exactness.counts_p_value(observed, law)
 
 
@@ -129,10 +133,12 @@ DECODERS = ([(case, rule, "fixed") for case in CASES for rule in sorted(verify.E
                if policy != "fixed"])
 
 
-def pair(case: str, verifier, draft_policy: str = "fixed"):
-  """(decoder, target params, draft params, target module) of a case."""
+def pair(case: str, verifier, draft_policy: str = "fixed",
+         module_class: type[network.DecoderOnlyTransformer] = network.DecoderOnlyTransformer):
+  """(decoder, target params, draft params, target module) of a case; `module_class` the
+  network both models run as."""
   prefix_lm, source, temperature = CASES[case]
-  target, params = make_network(prefix_lm, seed=1)
+  target, params = make_network(prefix_lm, seed=1, module_class=module_class)
   draft_model, draft_params = None, None
   if source == "model":
     draft_model, draft_params = target, near(params, seed=2)
@@ -176,3 +182,56 @@ def test_negative_control_a_causal_law_for_a_prefix_lm_fails():
   law = continuation_law(causal_target, params, prompt, (1.0, 0, 0.0))
   p = p_value(draw(decoder, params, draft_params, [prompt])[0], law)
   assert p < P_VALUE_FLOOR, f"a causal law passed for a prefix LM: p = {p:.2e}"
+
+
+class PrefilledFromTargets(network.DecoderOnlyTransformer):
+  """A wrong prefill: the prompt's keys and values computed from T5X's decoder_target_tokens
+  (the input tokens shifted left by one, a feature converter's two arrays confused); the cache
+  index is the right one."""
+
+  def init_cache(self, prompt: jax.Array, max_decode_len: int) -> network.DecodeCache:
+    cache = super().init_cache(jnp.pad(prompt[:, 1:], ((0, 0), (0, 1))), max_decode_len)
+    return {**cache, "cache_index": network.prompt_lengths(prompt)}
+
+
+class OffByOneCache(network.DecoderOnlyTransformer):
+  """An off-by-one cache: every cached call writes and attends one position later than its
+  tokens' (the prefill's entries are where they belong)."""
+
+  def decode_chunk(self, cache: network.DecodeCache, cur_index: jax.Array, tokens: jax.Array,
+                   *args, **kwargs) -> tuple[jax.Array, network.DecodeCache]:
+    return super().decode_chunk(cache, cur_index + 1, tokens, *args, **kwargs)
+
+
+@pytest.mark.parametrize("module_class,case", [(PrefilledFromTargets, "prefix_lm"),
+                                               (OffByOneCache, "causal")])
+def test_negative_control_a_cache_unlike_teacher_forcing_fails(module_class, case):
+  """A decode whose prefill or cached calls differ from teacher forcing (planted in the network
+  target and draft run as) is caught against the teacher-forced law, with an exact verifier."""
+  decoder, params, draft_params, target = pair(case, "token", module_class=module_class)
+  prompt = PROMPTS[1]
+  law = continuation_law(target, params, prompt, (1.0, 0, 0.0))
+  p = p_value(draw(decoder, params, draft_params, [prompt])[0], law)
+  assert p < P_VALUE_FLOOR, f"{module_class.__name__} was not caught: p = {p:.2e}"
+
+
+def test_negative_control_tokens_after_eos_fail():
+  """Continuations drawn from the law itself pass; the same with a token written after EOS in
+  one row of a thousand fail."""
+  _, params, _, target = pair("causal", "token")
+  prompt = PROMPTS[1]
+  law = continuation_law(target, params, prompt, (1.0, 0, 0.0))
+  outcomes = list(law)
+  rng = np.random.default_rng(0)
+  masses = np.array([law[o] for o in outcomes])
+  drawn = rng.choice(len(outcomes), NUM_SAMPLES, p=masses / masses.sum())
+  width = LENGTH - len(prompt)
+  continuations = np.zeros((NUM_SAMPLES, width), np.int32)
+  for row, outcome in enumerate(drawn):
+    continuations[row, :len(outcomes[outcome])] = outcomes[outcome]
+  assert p_value(continuations, law) > P_VALUE_FLOOR
+  ended_early = np.flatnonzero(continuations[:, 0] == EOS)[::1000]
+  assert len(ended_early) > 0
+  continuations[ended_early, 1] = 2
+  p = p_value(continuations, law)
+  assert p < P_VALUE_FLOOR, f"tokens after EOS were not caught: p = {p:.2e}"

@@ -1,7 +1,8 @@
 """The decoder-only network: T5X's parameter tree, and cached decoding from a prefilled prompt
 that gives its teacher-forced logits (causal and prefix LM, rows with prompts of different
-lengths, 1 and k tokens per call, rollback). T5X's own network is compared with in
-tests/t5x (its decoder-only network is not part of T5X's wheel)."""
+lengths, 1 and k tokens per call, rollbacks that re-feed positions holding rejected drafts).
+T5X's own network is compared with in tests/t5x (its decoder-only network is not part of T5X's
+wheel)."""
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +84,37 @@ def test_cached_calls_from_the_prefill_give_the_teacher_forced_logits(prefix_lm,
     want = np.take_along_axis(np.asarray(forced), feed[:, :, None], axis=1)
     np.testing.assert_allclose(np.asarray(logits)[live], want[live], rtol=1e-5, atol=1e-5)
     index = np.where(live, index + tokens_per_call, index)
+
+
+@pytest.mark.parametrize("prefix_lm", [False, True])
+def test_a_rollback_re_feeds_positions_the_cache_holds_wrong_entries_for(prefix_lm):
+  """As speculative decoding rolls back: each call feeds 3 tokens of which only the first is
+  the sequence's (the others rejected drafts, their entries written to the cache), and the
+  next call starts one position after that first token, re-feeding a position the cache holds a
+  wrong entry for, with wrong ones after it. The logits of every right prefix are the
+  teacher-forced ones."""
+  module = network.DecoderOnlyTransformer(CONFIG, inputs_bidirectional_attention=prefix_lm)
+  params = params_of()
+  inputs, causal, prompt = features()
+  forced = np.asarray(module.apply({"params": params}, inputs, np.ones_like(inputs),
+                                   decoder_causal_attention=causal))
+  cache = network.init_decode_cache(module, params, jnp.asarray(prompt), LENGTH)
+  call = jax.jit(network.make_tokens_to_logits(module, params))
+  index = np.asarray(network.prompt_lengths(jnp.asarray(prompt)))
+  calls = 0
+  while (index + 3 <= LENGTH).any():
+    live = index + 3 <= LENGTH
+    feed = np.minimum(index[:, None] + np.arange(3), LENGTH - 1)
+    tokens = np.take_along_axis(inputs, feed, axis=1)
+    tokens[:, 1:] = tokens[:, 1:] % (CONFIG.vocab_size - 1) + 1  # rejected drafts: not these
+    logits, cache = call(decoding.DecodingState(
+        cur_index=jnp.asarray(index), cur_token=jnp.asarray(tokens),
+        sequences=jnp.asarray(inputs), cache=cache))
+    want = forced[np.arange(len(index)), feed[:, 0]]
+    np.testing.assert_allclose(np.asarray(logits)[live, 0], want[live], rtol=1e-5, atol=1e-5)
+    index = np.where(live, index + 1, index)
+    calls += 1
+  assert calls >= 4
 
 
 def test_a_prefix_lm_prompt_attends_both_ways():

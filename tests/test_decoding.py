@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode.engine import decoding, drafting, loops, verify
+from spec_decode.engine import decoding, drafting, lookup, loops, verify
 import tiers
 import toy_setup
 from toy_setup import EOS
@@ -108,6 +108,58 @@ def test_draft_equal_to_target_has_alpha_one(draft_policy, verifier, temperature
   assert np.all((lost_drafts >= 0) & (lost_drafts < gamma)), lost_drafts
   if bindings is not None:
     assert np.any(stats.drafted_tokens < gamma * stats.target_calls)
+
+
+# Bindings under which each policy keeps a row drafting at temperature 0 (a point-mass draft),
+# whatever its running alpha: a finished row that still drafted would then draft gamma tokens.
+DRAFTING_BINDINGS = {"expected_speedup": dict(prior_alpha=0.95, prior_weight=1e6)}
+
+
+def _row_ends_at_once(tokens_to_logits, row: int):
+  """`tokens_to_logits` whose `row` puts all its mass on EOS: that row ends at its first token."""
+  def wrapped(state):
+    logits, cache = tokens_to_logits(state)
+    eos = jnp.full(logits.shape[1:], -1e9, logits.dtype).at[:, EOS].set(0.0)
+    return logits.at[row].set(eos), cache
+  return wrapped
+
+
+def _row_never_drafts(tokens_to_logits, row: int):
+  """A draft whose `row` proposes nothing (all -inf logits): it costs one call per iteration."""
+  def wrapped(state):
+    logits, cache = tokens_to_logits(state)
+    return logits.at[row].set(-jnp.inf), cache
+  return wrapped
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+@pytest.mark.parametrize("draft_policy", sorted(drafting.POLICIES))
+def test_a_finished_row_adds_no_draft_calls(draft_policy, drafter):
+  """Row 0 ends at its first iteration, row 1 never drafts, so every draft call past row 1's
+  one catch-up call per iteration is made for row 0: at most gamma - 1 of them, in the first
+  iteration, while row 0 still decodes. Row 0's draft would go on proposing (the model always
+  does; its lookup source continues what it ends with, EOS) and its policy would go on."""
+  gamma, length = 4, 12
+  target, draft = toy_setup.make_pair(VOCAB, "near", eos_shift=-3.0)
+  inputs = jnp.zeros((2, length), jnp.int32)
+  if drafter == "model":
+    draft_cache, draft_fn = draft.init_cache(2, length), draft.tokens_to_logits
+  else:
+    drafts = lookup.NGramLookup(VOCAB, 2, 1)
+    source = jnp.asarray([[EOS] + [5] * 7, [0] * 8], jnp.int32)
+    draft_cache, draft_fn = drafts.init_cache(source), drafts.tokens_to_logits
+  policy = functools.partial(drafting.POLICIES[draft_policy],
+                             **DRAFTING_BINDINGS.get(draft_policy, {}))
+  decodes, _, stats = jax.jit(functools.partial(
+      decoding.speculative_sample, tokens_to_logits=_row_ends_at_once(target.tokens_to_logits, 0),
+      eos_id=EOS, draft_tokens_to_logits=_row_never_drafts(draft_fn, 1), gamma=gamma,
+      temperature=0.0, draft_policy=policy))(inputs, target.init_cache(2, length),
+                                             draft_cache=draft_cache)
+  target_calls, draft_calls = np.asarray(stats.target_calls)[:, 0], np.asarray(stats.draft_calls)[:, 0]
+  assert int(decodes[0, 0, 0]) == EOS and target_calls[0] == 1
+  assert target_calls[1] >= 5 and int(stats.drafted_tokens[1, 0]) == 0
+  assert target_calls[1] <= draft_calls[1] <= target_calls[1] + gamma - 1, (target_calls,
+                                                                             draft_calls)
 
 
 def test_rows_progress_independently():

@@ -98,8 +98,8 @@ def toy_draft(order):
 
 NGRAM_DECODERS = ([(order, temperature, rule, "fixed") for order in ngram.ORDERS
                    for temperature in (0.5, 1.0) for rule in sorted(verify.EXACT_RULES)]
-                  + [(2, 1.0, "token", policy) for policy in sorted(drafting.POLICIES)
-                     if policy != "fixed"])
+                  + [(2, 1.0, rule, policy) for rule in sorted(verify.EXACT_RULES)
+                     for policy in sorted(drafting.POLICIES) if policy != "fixed"])
 
 
 @pytest.mark.slow

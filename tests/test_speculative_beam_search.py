@@ -1,7 +1,7 @@
 """`speculative_beam_search` equals the engine's `beam_search` (itself T5X's, see
 test_beam_search.py): the same decodes token for token and the same scores, for gammas 1, 3, 5,
 drafts that always agree (the target itself), often (a noisy copy) and rarely (an unrelated
-model), beam sizes 1, 2, 4, brevity alpha 0 and 0.6, batch 1 and 3, decodes that finish early
+model), unigram and bigram drafts, beam sizes 1, 2, 4, brevity alpha 0 and 0.6, batch 1 and 3, decodes that finish early
 and ones that run to the length limit, forced prompts; while a draft that agrees saves target
 calls. A replay that goes on past the tree's coverage fails the same comparison."""
 
@@ -16,6 +16,7 @@ import pytest
 import toy_setup
 from spec_decode.engine import beam_search
 from spec_decode.engine import loops
+from spec_decode.engine import ngram
 from spec_decode.engine import speculative_beam_search as sbs
 
 VOCAB = 24
@@ -114,6 +115,27 @@ def test_a_prefilled_prompt_decodes_as_beam_search_from_it(draft_kind):
   np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
   if draft_kind == "same":
     assert np.all(got[2].target_calls < got[2].beam_steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ngram.ORDERS)
+def test_ngram_drafts_equal_beam_search(order):
+  """A unigram or bigram draft (`spec_decode.engine.ngram`), estimated from the target's own
+  samples so that its beams sometimes cover the target's: beam_search's decodes and scores."""
+  covered = 0.0
+  for eos_shift in EOS_SHIFTS:
+    target, _ = toy_setup.make_pair(VOCAB, "far", seed=order, eos_shift=eos_shift)
+    samples, _ = toy_setup.baseline(target, jnp.zeros((200, LENGTH), jnp.int32),
+                                    jax.random.PRNGKey(order))
+    draft = ngram.estimate(np.asarray(samples)[:, 0], VOCAB, order=order, max_successors=4)
+    for inputs in _inputs(3, order):
+      want, want_scores = _baseline(target, inputs, 2, 0.6)
+      got, got_scores, stats = _jitted_speculative(target, draft, inputs, gamma=3, num_beams=2,
+                                                   alpha=0.6)
+      np.testing.assert_array_equal(got, want)
+      np.testing.assert_allclose(got_scores, want_scores, rtol=1e-6)
+      covered += float(np.asarray(stats.covered_past_depth).sum())
+  assert covered > 0  # the n-gram draft's tree held the beams the target chose
 
 
 @pytest.mark.slow

@@ -83,3 +83,15 @@ def test_resume_is_bitwise_identical(corpus, tmp_path):
   fresh = train.create_state(TINY, OPTIMIZER, clip_grad_norm=None, seed=1)
   assert not np.array_equal(fresh.params["token_embedder"]["embedding"],
                             straight.params["token_embedder"]["embedding"])
+
+
+def test_train_vocab_writes_a_vocabulary_with_t5s_special_ids(corpus, tmp_path):
+  """The demo vocabulary's trainer (its model card names it): T5's special ids, no BOS, and
+  every character of the corpus and of the task prefix (which it adds to the corpus) a piece."""
+  path = data.train_vocab(["toy"], str(tmp_path / "toy"), vocab_size=40, data_root=str(corpus))
+  sp = spm.SentencePieceProcessor(model_file=path)
+  assert sp.get_piece_size() == 40
+  assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
+  for text in (corpora.TRANSLATE_PREFIX.strip(), "I see five birds.", "Ich sehe fünf Vogel."):
+    assert sp.unk_id() not in sp.encode(text), text
+    assert sp.decode(sp.encode(text)) == text

@@ -1,5 +1,6 @@
 """Verification rules, computed exactly from their laws (no sampling) and by sampling."""
 
+import collections
 import itertools
 
 import jax
@@ -73,6 +74,135 @@ def test_the_marginal_check_has_power():
   draft_probs = random_probs(rng_q, (2, 4), 0.7)
   marginal = first_token_marginal(resample_from_p, draft_probs, target_probs, 2)
   assert np.max(np.abs(marginal - target_probs[0])) > 1e-2
+
+
+def paper_block_rule(mistake: str | None = None) -> verify.Rule:
+  """Block verification transcribed from the paper's Algorithm 2 (Sun et al., 2025) position by
+  position, apart from `verify.block_rule`'s vectorized form; or with one `mistake` that only
+  matters from block position 2 on: 'weights' (w_i = min(1, p_i(x_i)/q_i(x_i)), forgetting
+  w_{i-1}), 'keep' (h_i = r_i / (r_i + 1 - w_{i-1}), an index off by one) or 'residual' (the
+  residual after tau >= 1 accepted drafts drawn from max(p - q, 0), forgetting w_tau)."""
+  def rule(draft_tokens, draft_probs, target_probs, num_drafted):
+    gamma = draft_tokens.shape[1]
+    p_x = jnp.take_along_axis(target_probs[:, :gamma], draft_tokens[..., None], -1)[..., 0]
+    q_x = jnp.take_along_axis(draft_probs, draft_tokens[..., None], -1)[..., 0]
+    drafted = jnp.arange(gamma) < num_drafted[:, None]
+    ratio = jnp.where(drafted & (p_x > 0), p_x / q_x, 0.0)
+    w = [jnp.ones_like(ratio[:, 0])]  # w_0 .. w_G
+    for i in range(1, gamma + 1):
+      previous = jnp.ones_like(w[0]) if mistake == "weights" and i >= 2 else w[i - 1]
+      w.append(jnp.minimum(1.0, previous * ratio[:, i - 1]))
+    keep, residuals = [jnp.ones_like(w[0])], []  # h_0 = 1; the residual at positions 1 .. G
+    for i in range(gamma):
+      excess = jnp.maximum(w[i][:, None] * target_probs[:, i] - draft_probs[:, i], 0.0)
+      if i >= 1:  # h_i, from r_i = sum(excess)
+        other = w[i - 1] if mistake == "keep" and i >= 2 else w[i]
+        denominator = excess.sum(-1) + 1.0 - other
+        h = jnp.where(denominator > 0, excess.sum(-1) / jnp.where(denominator > 0,
+                                                                  denominator, 1.0), 1.0)
+        keep.append(jnp.where(i == num_drafted, w[i], jnp.where(i > num_drafted, 0.0, h)))
+      if mistake == "residual" and i >= 1:
+        excess = jnp.maximum(target_probs[:, i] - draft_probs[:, i], 0.0)
+      total = excess.sum(-1, keepdims=True)
+      residuals.append(jnp.where(total > 0, excess / jnp.where(total > 0, total, 1.0),
+                                 target_probs[:, i]))
+    keep.append(jnp.where(num_drafted == gamma, w[gamma], 0.0))  # h_G
+    # P(tau = i) = h_i * prod_{j > i} (1 - h_j): the largest position whose coin says yes.
+    none_later = [jnp.ones_like(w[0])]
+    for i in range(gamma, 0, -1):
+      none_later.insert(0, none_later[0] * (1.0 - keep[i]))
+    next_token = jnp.stack(residuals + [target_probs[:, gamma]], axis=1)
+    bonus = jnp.arange(gamma + 1) == num_drafted[:, None]
+    return verify.Verdict(jnp.stack(keep, 1) * jnp.stack(none_later, 1),
+                          jnp.where(bonus[..., None], target_probs, next_token))
+  return rule
+
+
+BLOCK_MISTAKES = ("weights", "keep", "residual")
+
+
+def prefix_laws(seed: int, gamma: int, vocab: int) -> tuple[dict, dict]:
+  """A target law p(. | prefix) for every prefix of up to gamma tokens and a draft law
+  q(. | prefix) for every prefix of fewer, each its own random distribution, as a language
+  model's next-token laws depend on the prefix."""
+  rng = np.random.default_rng(seed)
+  laws = lambda longest: {prefix: rng.dirichlet(np.full(vocab, 0.7))
+                          for n in range(longest + 1)
+                          for prefix in itertools.product(range(vocab), repeat=n)}
+  return laws(gamma), laws(gamma - 1)
+
+
+def block_law_distance(rule, seed: int, gamma: int, vocab: int, num_drafted: int,
+                       positions: int | None = None) -> float:
+  """L1 distance between the target's law of the first `positions` (all gamma + 1 by default)
+  tokens and that of speculative sampling's: one iteration of `rule` over num_drafted drafts
+  from q, the positions after the ones it emits filled from p, as the next iterations do. Both
+  are exact sums over every draft tuple, verdict and continuation."""
+  p, q = prefix_laws(seed, gamma, vocab)
+  drafts = np.array([x + (0,) * (gamma - num_drafted)
+                     for x in itertools.product(range(vocab), repeat=num_drafted)], np.int32)
+  uniform = np.full(vocab, 1.0 / vocab)  # the law of a draft past num_drafted: never weighed
+  draft_probs = np.array([[q[tuple(x[:j])] if j < num_drafted else uniform
+                           for j in range(gamma)] for x in drafts])
+  target_probs = np.array([[p[tuple(x[:j])] for j in range(gamma + 1)] for x in drafts])
+  verdict = jax.tree_util.tree_map(np.asarray, rule(
+      jnp.asarray(drafts), jnp.asarray(draft_probs, jnp.float32),
+      jnp.asarray(target_probs, jnp.float32), jnp.full((len(drafts),), num_drafted, jnp.int32)))
+  continuation = lambda s, start: np.prod([p[s[:j]][s[j]] for j in range(start, gamma + 1)])
+  sequences = list(itertools.product(range(vocab), repeat=gamma + 1))
+  target = {s: continuation(s, 0) for s in sequences}
+  sampled = dict.fromkeys(sequences, 0.0)
+  for x, accepted, next_token in zip(drafts, verdict.num_accepted_probs,
+                                     verdict.next_token_probs):
+    drafted = np.prod([q[tuple(x[:j])][x[j]] for j in range(num_drafted)])
+    for n in range(num_drafted + 1):
+      for y in range(vocab):
+        emitted = tuple(int(t) for t in x[:n]) + (y,)
+        for rest in itertools.product(range(vocab), repeat=gamma - n):
+          s = emitted + rest
+          sampled[s] += drafted * accepted[n] * next_token[n, y] * continuation(s, n + 1)
+  length = gamma + 1 if positions is None else positions
+  difference = collections.defaultdict(float)  # per prefix of `length` tokens
+  for s in sequences:
+    difference[s[:length]] += sampled[s] - target[s]
+  return sum(abs(d) for d in difference.values())
+
+
+@pytest.mark.parametrize("name", sorted(verify.EXACT_RULES))
+@pytest.mark.parametrize("seed", range(3))
+def test_every_emitted_token_of_a_block_follows_the_target(name, seed):
+  """The whole block, not only its first token: with prefix-dependent laws, every rule keeps
+  the target's joint law of gamma + 1 positions, for every number of drafts."""
+  gamma = 3
+  for num_drafted in range(1, gamma + 1):
+    assert block_law_distance(verify.EXACT_RULES[name], seed, gamma, 3, num_drafted) < 1e-5
+
+
+@pytest.mark.parametrize("mistake", BLOCK_MISTAKES)
+def test_the_block_law_check_catches_mistakes_past_the_first_token(mistake):
+  """The paper's block rule as written is `verify.block_rule` (same verdicts); each mistake in
+  it, which matters only from position 2 on, moves the block's law, and 'residual' leaves the
+  first emitted token's law as it was: only the whole block's law shows it."""
+  gamma, vocab = 3, 3
+  rng_p, rng_q, rng_x = jax.random.split(jax.random.PRNGKey(0), 3)
+  target_probs = jax.random.dirichlet(rng_p, jnp.full(vocab, 0.7), (64, gamma + 1))
+  draft_probs = jax.random.dirichlet(rng_q, jnp.full(vocab, 0.7), (64, gamma))
+  draft_tokens = jax.random.categorical(rng_x, jnp.log(draft_probs))
+  num_drafted = jnp.arange(64) % (gamma + 1)
+  for want, got in zip(
+      jax.tree_util.tree_leaves(verify.block_rule(draft_tokens, draft_probs, target_probs,
+                                                  num_drafted)),
+      jax.tree_util.tree_leaves(paper_block_rule()(draft_tokens, draft_probs, target_probs,
+                                                   num_drafted))):
+    np.testing.assert_allclose(got, want, atol=1e-5)
+  wrong = paper_block_rule(mistake)
+  distances = {(seed, num_drafted): block_law_distance(wrong, seed, gamma, vocab, num_drafted)
+               for seed in range(3) for num_drafted in range(1, gamma + 1)}
+  assert max(distances.values()) > 1e-2, distances
+  assert all(distances[seed, 1] < 1e-5 for seed in range(3))  # one draft: no position 2
+  if mistake == "residual":
+    assert all(block_law_distance(wrong, seed, gamma, vocab, num_drafted, positions=1) < 1e-5
+               for seed in range(3) for num_drafted in range(1, gamma + 1))
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -1,16 +1,33 @@
-"""A decode loop as a user would add one: registered once, by name, in its own module.
+"""A decode loop and a drafting policy as a user would add them: registered once, by name, in
+their own module.
 
 `toy_speculative` is speculative sampling with a verification rule of its own setting `rule`
 (the engine's 'token' or 'block'); `TRACES` counts how often a runner traced it, so a test can
-tell that this loop, not the default one, ran."""
+tell that this loop, not the default one, ran. `one_draft` is a drafting policy that drafts one
+token per iteration; `TRACES["one_draft"]` counts its traces likewise."""
 
 import collections
+from typing import Any
+
+import jax
+import jax.numpy as jnp
 
 from spec_decode.engine import decoding
+from spec_decode.engine import drafting
 from spec_decode.engine import loops
 from spec_decode.engine import stats
 
 TRACES = collections.Counter()
+
+
+def one_draft(offset: jax.Array, draft_probs: jax.Array, stats_so_far: Any) -> jax.Array:
+  """Stops every row after its first draft."""
+  del offset, stats_so_far
+  TRACES["one_draft"] += 1
+  return jnp.zeros(draft_probs.shape[:1], bool)
+
+
+drafting.register_policy("one_draft", one_draft)
 
 
 def _check(rule: str, **_) -> None:

@@ -9,9 +9,11 @@ own ValueErrors about the file (their message starts with `path` or "checkpoint 
 this module's do: nested reads are named once, by the innermost) pass unchanged.
 
 `check_finite(array, parameter, source)` refuses an array holding NaN or infinite values, naming
-its parameter path and how many; `check_finite_params` checks every leaf of a parameter tree.
-Both run on arrays a restore has read anyway (one pass over each), so a checkpoint that would
-decode garbage is refused at restore, before anything is compiled.
+its parameter path and how many; `check_finite_params` checks every leaf of a parameter tree,
+numpy arrays on the host and `jax.Array`s (what T5X's checkpointers restore, sharded) on the
+devices holding them, in one compiled reduction. Both run on arrays a restore has read anyway
+(one pass over each), so a checkpoint that would decode garbage is refused at restore, before
+anything is compiled for decoding.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def reading(path: Any, parameter: str | None = None) -> Iterator[None]:
                      f"its format ({_reader_text(error)})") from error
 
 
+def _refuse(source: str, parameter: str, bad: int, first: tuple[int, ...]) -> None:
+  raise ValueError(f"checkpoint {source}: parameter {parameter} has {bad} non-finite "
+                   f"value{'s' if bad != 1 else ''} (NaN or infinity), the first at index "
+                   f"{first}")
+
+
 def check_finite(array: Any, parameter: str, source: str) -> None:
   """ValueError naming `parameter` of `source` when `array` holds NaN or infinities."""
   array = np.asarray(array)
@@ -60,16 +68,36 @@ def check_finite(array: Any, parameter: str, source: str) -> None:
     return
   finite = np.isfinite(array)
   if not finite.all():
-    bad = int(array.size - np.count_nonzero(finite))
-    first = tuple(int(i) for i in np.argwhere(~finite)[0])
-    raise ValueError(f"checkpoint {source}: parameter {parameter} has {bad} non-finite "
-                          f"value{'s' if bad != 1 else ''} (NaN or infinity), the first at "
-                          f"index {first}")
+    _refuse(source, parameter, int(array.size - np.count_nonzero(finite)),
+            tuple(int(i) for i in np.argwhere(~finite)[0]))
+
+
+@jax.jit
+def _nonfinite_counts(arrays: list[jax.Array]) -> list[jax.Array]:
+  return [jnp.count_nonzero(~jnp.isfinite(array)) for array in arrays]
+
+
+@jax.jit
+def _first_nonfinite(array: jax.Array) -> jax.Array:
+  return jnp.argmax(~jnp.isfinite(array).reshape(-1))
 
 
 def check_finite_params(params: Mapping[str, Any], source: str) -> None:
-  """`check_finite` on every numpy leaf of a nested parameter mapping, named by its path (other
-  leaves, such as TensorStore specs not read yet, are skipped)."""
+  """`check_finite` on every array leaf of a nested parameter mapping, named by its path: numpy
+  leaves on the host, floating `jax.Array` leaves where they live (one reduction per array,
+  compiled once for the whole tree, so a sharded parameter is never gathered to one host);
+  other leaves, such as TensorStore specs not read yet, are skipped."""
+  on_devices = []
   for key_path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = "/".join(str(getattr(key, "key", key)) for key in key_path)
     if isinstance(leaf, (np.ndarray, np.generic)):
-      check_finite(leaf, "/".join(str(getattr(key, "key", key)) for key in key_path), source)
+      check_finite(leaf, name, source)
+    elif isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jnp.inexact):
+      on_devices.append((name, leaf))
+  if not on_devices:
+    return
+  counts = jax.device_get(_nonfinite_counts([leaf for _, leaf in on_devices]))
+  for (name, leaf), bad in zip(on_devices, counts):
+    if bad:
+      first = np.unravel_index(int(jax.device_get(_first_nonfinite(leaf))), leaf.shape)
+      _refuse(source, name, int(bad), tuple(int(i) for i in first))

@@ -9,8 +9,10 @@ called after the draft proposed its token at block offset `offset` (0-based) fro
 bounds the block by the static `gamma` (one compilation), so a policy can only shorten it; the
 draft loop stops as soon as no row wants more, which saves real draft calls at batch 1.
 
-Every policy is exact by construction: the verifier is told how many drafts each row proposed
-and emits the bonus token from the target right after them (see `verify`). The exactness suite
+Every policy is exact by construction: what it reads (this iteration's drafts, the row's stats
+from earlier iterations) is history, fixed before the verification it shortens, and the verifier
+is told how many drafts each row proposed and emits the bonus token from the target right after
+them (see `verify` and `speculative_sampling`). The exactness suite
 runs on every policy registered in `POLICIES`.
 """
 

@@ -22,10 +22,14 @@ Each iteration of `speculative_sample`, for every row independently at its own p
 A draft may also stop a row by proposing nothing (all -inf logits), at any offset, the first
 included: the row then has m = the offset drafts (m = 0: the iteration emits one token of the
 target, the bonus from p_1 of the same single call). This stays exact for the reason the drafting
-policies do: whether a row goes on depends only on its prefix, its drafts so far and the draft's
-own randomness, never on the target's p or the verifier's coins, so m is fixed before
-verification, and every exact rule's law is the target's given any such m (the verifier is told
-m and weighs only those drafts; p_{m+1} conditions only on positions <= i + m). A deterministic
+policies do: whether a row goes on depends only on history, never on this iteration's
+verification: its prefix, its drafts so far, the draft's own randomness, and what earlier
+iterations recorded (an adaptive policy reads the row's running stats, which past target
+probabilities and past verdicts made), never this iteration's p or coins. So m is fixed before
+this verification, independent of its coins given the prefix, and every exact rule's law is the
+target's given any such m (the verifier is told m and weighs only those drafts; p_{m+1}
+conditions only on positions <= i + m); each iteration being exact given its prefix, so is the
+whole sequence. A deterministic
 proposal x has q = one-hot(x): the token rule accepts it with p(x) and otherwise emits from
 norm(p with x removed), which is p again; greedy, it is kept exactly when x is the target's argmax.
 A logit callback (`logit_callback_fn`, see `spec_decode.engine.decoding`) is part of the
@@ -171,9 +175,9 @@ def _draft(problem: decode_rows.Problem, draft_tokens_to_logits: TokensToLogits,
 
   The first call feeds positions (i-1, i) — the catch-up — except at i = 0, where it feeds
   (0, 1) and reads the logits of position 0 (position 1 is scratch, overwritten before it is
-  read). Each further call feeds the previous draft. The policy may stop rows early, and a draft
-  stops a row by proposing nothing (all -inf logits, before its token is counted); the loop
-  ends when no row drafts any more. `uniforms [N, G]`: the draw at each offset; None at a
+  read). Each further call feeds the previous draft. Finished rows do not draft, the policy may
+  stop rows early, and a draft stops a row by proposing nothing (all -inf logits, before its
+  token is counted); the loop ends when no row drafts any more. `uniforms [N, G]`: the draw at each offset; None at a
   greedy temperature (every q a point mass: its token is read, no law is kept). Returns the
   final loop state: its `offset` is then the number of draft calls made.
   """
@@ -222,7 +226,8 @@ def _draft(problem: decode_rows.Problem, draft_tokens_to_logits: TokensToLogits,
       offset=jnp.int32(0), logits=logits, sequences=rows.sequences, draft_cache=draft_cache,
       tokens=jnp.zeros((num_rows, gamma), jnp.int32),
       probs=None if greedy else jnp.zeros((num_rows, gamma, vocab_size), jnp.float32),
-      still_drafting=jnp.ones((num_rows,), bool), num_drafted=jnp.zeros((num_rows,), jnp.int32),
+      # A finished row drafts nothing: it would keep the loop going for the rows still decoding.
+      still_drafting=~rows.done, num_drafted=jnp.zeros((num_rows,), jnp.int32),
       is_point=jnp.zeros((num_rows, gamma), bool)))
   return jax.lax.while_loop(lambda state: jnp.any(state.still_drafting), feed_and_propose,
                             first)

@@ -24,6 +24,8 @@ target's tree plus one subtree `params[DRAFT_PARAMS_KEY]` holding the draft's:
     from its own T5X checkpoint, to the target checkpoint's state as T5X reads it; T5X then
     casts, shards and places them like any parameter;
 so the draft reaches the compiled function as an argument, never as a compiled-in constant.
+Restores go through `CheckedCheckpointManager` (or `CheckedCheckpointer`), bound in
+speculative.gin, which checks every restored parameter of both for NaN and infinity, naming it.
 
 Shapes (B batch, n num_decodes, L decoder length) are T5X's: `predict_batch_with_aux` (T5X's
 arguments of each model class) returns decodes [B, L] and aux values [B] (with
@@ -468,16 +470,38 @@ def restore_draft_params(state_dict: PyTree, target_state_dict: PyTree, *,
   them as declared by `get_initial_variables`. Without a draft checkpoint (an n-gram lookup
   alone, whose model declares no draft parameters; a model draft without one is refused by
   `speculative_version`) the state is left as it is. A draft that cannot be read is a
-  ValueError naming its file; non-finite values in the draft, or in the target's arrays read by
-  now (those stored inline in its msgpack file), one naming the parameter
-  (`checkpoint_faults`)."""
+  ValueError naming its file, non-finite values in it one naming the file and the parameter
+  (`checkpoint_faults`; the draft is read whole here, so it is checked here, where its path is
+  known). The target's arrays are mostly not read yet (T5X reads TensorStore and Orbax arrays
+  after this transformation): `CheckedCheckpointManager` checks them once restored."""
   del target_state_dict, is_resuming  # the draft is added whatever is restored
-  # The target's arrays stored inline in its msgpack file are read by now (its TensorStore
-  # arrays are read by T5X after this transformation).
-  checkpoint_faults.check_finite_params(state_dict["target"], "CHECKPOINT_PATH (the target's)")
   if DRAFT_PARAMS_KEY in state_dict["target"] or not draft_checkpoint_path:
     return state_dict
   path = _check_draft_path(draft_checkpoint_path)
   draft = read_draft_params(path)
   checkpoint_faults.check_finite_params(draft, path)
   return {**state_dict, "target": {**state_dict["target"], DRAFT_PARAMS_KEY: draft}}
+
+
+class _CheckedRestore:
+  """Mixed in before a T5X checkpointer or checkpoint manager: every parameter of the train
+  state it restores (the target's and the draft's, whether stored inline, in TensorStore or by
+  Orbax, after T5X's cast to the restore dtype, which can overflow to infinity) is checked
+  finite where T5X placed it (`checkpoint_faults.check_finite_params`: one reduction per array,
+  on its devices), so a NaN is named before anything decodes."""
+
+  def restore(self, *args: Any, **kwargs: Any) -> Any:
+    state = super().restore(*args, **kwargs)  # pytype: disable=attribute-error
+    checkpoint_faults.check_finite_params(state.params,
+                                          str(kwargs.get("path") or "CHECKPOINT_PATH"))
+    return state
+
+
+class CheckedCheckpointManager(_CheckedRestore, t5x_checkpoints.OrbaxCheckpointManagerInterface):
+  """T5X's checkpoint manager (t5x.infer's and t5x.eval's with `use_orbax`, their default, for
+  T5X's legacy and Orbax checkpoints), its restores checked finite (`_CheckedRestore`)."""
+
+
+class CheckedCheckpointer(_CheckedRestore, t5x_checkpoints.Checkpointer):
+  """T5X's legacy checkpointer (the runs' without `use_orbax`), its restores checked finite
+  (`_CheckedRestore`)."""

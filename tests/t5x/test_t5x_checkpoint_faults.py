@@ -1,14 +1,17 @@
 """A broken draft or target checkpoint through `python -m t5x.infer` with the T5X hook: one line
-naming the file (and the parameter); non-finite values found in the hook's restore
-transformation.
+naming the file (and the parameter); non-finite values found in the draft as the hook's restore
+transformation reads it, and in every parameter T5X restores (`speculative.CheckedCheckpointManager`).
 
 The draft is test_t5x_runs's (its target, noisy, saved by T5X's own Checkpointer: a msgpack
 index and one TensorStore array per parameter), truncated, or the target given a NaN; the target
-is test_t5x_runs's, truncated.
+is test_t5x_runs's, truncated, or given a NaN and saved by T5X's Checkpointer (TensorStore
+arrays) or T5X's Orbax checkpoint manager.
 """
 
+import concurrent.futures
 import pathlib
 import shutil
+from typing import Any
 
 import jax
 import numpy as np
@@ -27,6 +30,8 @@ from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
 pytestmark = pytest.mark.slow
 
 PARAMETER = "decoder/layers_0/mlp/wo/kernel"
+# The target's NaN: where a NaN in the target went unnoticed by the restore transformation.
+TARGET_PARAMETER = "decoder/layers_0/self_attention/query/kernel"
 ARRAY_DIR = "target.decoder.layers_0.mlp.wo.kernel"  # where T5X's Checkpointer stores PARAMETER
 
 
@@ -81,17 +86,49 @@ def test_t5x_infer_names_a_truncated_target(setup, tmp_path):
          run.stderr.splitlines(), run.stderr[-3000:]
 
 
-def test_restore_transformation_checks_the_target_arrays_it_holds(setup, tmp_path):
-  """The target's arrays stored inline (read before the transformation) are checked; the draft's
-  non-finite values are named with the draft's path."""
+# How T5X saved the target given a NaN: its Checkpointer with the arrays inline in the msgpack
+# file or in TensorStore (its legacy format), or its Orbax checkpoint manager (its default).
+TARGET_SAVES = ("inline", "tensorstore", "orbax")
+
+
+@pytest.fixture(scope="module")
+def nan_target_runs(setup, tmp_path_factory) -> dict[str, tuple[str, Any]]:
+  """t5x.infer of a target with a NaN at TARGET_PARAMETER[1, 3], saved each way of
+  TARGET_SAVES (side by side: each run is mostly one busy core importing T5X): way -> (the
+  target's path, the run)."""
+  params = jax.tree_util.tree_map(np.array, setup["target_params"])  # writable copies
+  params["decoder"]["layers_0"]["self_attention"]["query"]["kernel"][1, 3] = np.nan
+  directory = tmp_path_factory.mktemp("nan_targets")
+  paths = {
+      "inline": t5x_setup.save_checkpoint(directory / "inline", RUN_CONFIG, params, inline=True),
+      "tensorstore": t5x_setup.save_checkpoint(directory / "tensorstore", RUN_CONFIG, params),
+      "orbax": t5x_setup.save_orbax_checkpoint(directory / "orbax", RUN_CONFIG, params)}
+  with concurrent.futures.ThreadPoolExecutor(max_workers=len(paths)) as pool:
+    futures = {way: pool.submit(run_t5x, setup, f"nan_target_{way}", speculative=True,
+                                bindings=(f"CHECKPOINT_PATH='{path}'",))
+               for way, path in paths.items()}
+    return {way: (paths[way], future.result()) for way, future in futures.items()}
+
+
+@pytest.mark.parametrize("saved_by", TARGET_SAVES)
+def test_t5x_infer_names_a_nan_in_the_target(setup, nan_target_runs, saved_by):
+  """T5X reads the target's TensorStore and Orbax arrays after the restore transformation; the
+  restore's own check names the NaN wherever it was stored, and nothing is predicted."""
+  path, run = nan_target_runs[saved_by]
+  assert run.returncode != 0
+  assert (f"ValueError: checkpoint {path}: parameter {TARGET_PARAMETER} has 1 non-finite value "
+          "(NaN or infinity), the first at index (1, 3)") in run.stderr.splitlines(), \
+      run.stderr[-3000:]
+  assert not list((setup["directory"] / f"nan_target_{saved_by}").glob("*.jsonl*"))
+
+
+def test_restore_transformation_checks_the_draft(setup, tmp_path):
+  """The draft's non-finite values are named with the draft's path, where the transformation
+  reads it; the target's arrays it is handed are left to the restore's check."""
   state = {"target": {"decoder": {"layers_0": {"mlp": {"wo": {
-      "kernel": np.array([[0.5, np.inf]], np.float32)}}}},
+      "kernel": np.array([[0.5, 1.0]], np.float32)}}}},
       "encoder": {"spec": {"driver": "zarr", "metadata": {"shape": [2]}}}}, "state": {}}
-  with pytest.raises(ValueError, match=rf"^checkpoint CHECKPOINT_PATH \(the target's\): parameter "
-                                       rf"{PARAMETER} has 1 non-finite value"):
-    speculative.restore_draft_params(state, None, draft_checkpoint_path=str(setup["draft"]))
   path = _draft_with_nan(setup, tmp_path / "nan_draft")
-  state["target"]["decoder"]["layers_0"]["mlp"]["wo"]["kernel"][0, 1] = 1.0
   with pytest.raises(ValueError, match=f"^checkpoint {path}: parameter {PARAMETER} has 1"):
     speculative.restore_draft_params(state, None, draft_checkpoint_path=path)
   restored = speculative.restore_draft_params(state, None,

@@ -143,6 +143,51 @@ def test_sampled_scores_are_t5xs(rescale_log_probs, sampling_settings, name, set
                              atol=1e-5)
 
 
+# A draft the target often rejects: another random bigram model. After a rejection the token
+# emitted is a residual draw (sampled) or the target's own (greedy), and the score goes on.
+OTHER_BIGRAM = np.random.default_rng(1).normal(0.0, 1.5, BIGRAM.shape).astype(np.float32)
+OTHER_BIGRAM[:, :, 0] = NEG
+
+
+def other_bigram_model(state):
+  position = jnp.minimum(state.cur_index, OTHER_BIGRAM.shape[0] - 1)
+  return jnp.asarray(OTHER_BIGRAM)[position, state.cur_token[:, 0]], state.cache
+
+
+@pytest.mark.parametrize("rescale_log_probs", [True, False])
+@pytest.mark.parametrize("sampling_settings,verifier", [
+    (dict(temperature=0.0, topk=0, topp=0.0), "token"),
+    (SAMPLED[2], "token"), (SAMPLED[0], "block")],
+    ids=lambda s: s if isinstance(s, str) else "_".join(f"{k}{v}" for k, v in s.items()))
+def test_scores_after_rejected_drafts_are_t5xs(rescale_log_probs, sampling_settings, verifier):
+  """With a draft the target rejects, every decode both draw has T5X's score (greedy: T5X's
+  decodes and scores)."""
+  greedy = sampling_settings["temperature"] == 0.0
+  num_decodes = 1 if greedy else 200
+  inputs = np.zeros((1 if not greedy else 3, 6 if greedy else 4), np.int32)
+  if greedy:
+    inputs[1, 1:3] = [4, 2]
+  want = t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0),
+      num_decodes=num_decodes, rescale_log_probs=rescale_log_probs, **sampling_settings)
+  got_decodes, got_scores, stats = loops.get("speculative_sample")(
+      inputs=jnp.asarray(inputs), cache={}, tokens_to_logits=engine_model(bigram_model),
+      eos_id=EOS_ID, draft_cache={}, draft_tokens_to_logits=engine_model(other_bigram_model),
+      gamma=3, verifier=verifier, num_decodes=num_decodes, decode_rng=jax.random.PRNGKey(1),
+      rescale_log_probs=rescale_log_probs, **sampling_settings)
+  assert np.sum(stats["accepted_tokens"]) < np.sum(stats["drafted_tokens"])  # drafts rejected
+  assert np.sum(stats["accepted_tokens"]) > 0
+  if greedy:
+    np.testing.assert_array_equal(got_decodes, want[0])
+    np.testing.assert_allclose(got_scores, want[1], rtol=1e-5, atol=1e-6)
+    return
+  want, got = _decodes_and_scores(*want), _decodes_and_scores(got_decodes, got_scores)
+  common = sorted(set(want) & set(got))
+  assert len(common) >= 5, "too few decodes in common to compare"
+  np.testing.assert_allclose([got[d] for d in common], [want[d] for d in common], rtol=1e-5,
+                             atol=1e-5)
+
+
 @pytest.mark.parametrize("rescale_log_probs", [True, False])
 @pytest.mark.parametrize("t5x_settings,engine_settings", [
     (dict(temperature=0.0, topk=0), dict(temperature=0.0)),

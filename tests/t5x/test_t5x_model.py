@@ -401,7 +401,8 @@ def test_prompt_with_targets_decodes_alike_in_every_runner(pairs):
 
 @pytest.mark.slow
 def test_a_registered_decode_loop_runs_through_the_hook(pairs):
-  """tests/toy_loop.py's loop, named by DECODE_LOOP with its own setting: T5X's greedy tokens."""
+  """tests/toy_loop.py's loop, named by DECODE_LOOP with its own setting, and its drafting
+  policy, named by DRAFT_POLICY: T5X's greedy tokens."""
   import toy_loop  # pylint: disable=g-import-not-at-top
   target_path, draft_path = pairs["t5x_tiny"]
   t5x_model = t5x_setup.t5x_model(t5x_setup.TINY)
@@ -417,3 +418,12 @@ def test_a_registered_decode_loop_runs_through_the_hook(pairs):
   assert toy_loop.TRACES["block"] > traces
   np.testing.assert_array_equal(np.asarray(decodes), expected)
   assert np.sum(aux["accepted_tokens"]) > 0
+  # tests/toy_loop.py's drafting policy, named by DRAFT_POLICY: one draft per target call.
+  traces = toy_loop.TRACES["one_draft"]
+  model = speculative.speculative_version(t5x_model, draft_path, gamma=3,
+                                          draft_policy="one_draft")
+  decodes, aux = jax.jit(model.predict_batch_with_aux)(_both_params(target_path, draft_path),
+                                                       batch)
+  assert toy_loop.TRACES["one_draft"] > traces
+  np.testing.assert_array_equal(np.asarray(decodes), expected)
+  assert 0 < np.sum(aux["drafted_tokens"]) <= np.sum(aux["target_calls"])

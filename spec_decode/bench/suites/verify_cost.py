@@ -126,7 +126,3 @@ def largest(suite: dict[str, Any]) -> dict[str, Any] | None:
   """The suite's model with the most parameters (the thresholds' subject)."""
   return max(suite["models"], key=lambda m: m["num_params"], default=None)
 
-
-def v_at(model: dict[str, Any], k: int) -> float | None:
-  """The measured v(k) of one model's entry, None when k was not measured."""
-  return next((row.get("v") for row in model["rows"] if row["k"] == k), None)
