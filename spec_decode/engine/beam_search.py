@@ -213,12 +213,13 @@ def beam_step(problem: BeamProblem, state: BeamState, log_probs: jax.Array,
 
 
 def gather_cache(cache: Any, parents: jax.Array, source_beams: int | None = None) -> Any:
-  """Each beam's row of every cache leaf ([B * S, ...], S = `source_beams`, default K) taken
-  from its parent [B, K]: the leaves become [B * K, ...]."""
+  """Each beam's row of every cache leaf with the batch leading ([B * S, ...], S =
+  `source_beams`, default K) taken from its parent [B, K]: those leaves become [B * K, ...]
+  (batch-free leaves are left as they are, `contract.map_rows`)."""
   batch_size, num_beams = parents.shape
   source_beams = num_beams if source_beams is None else source_beams
   rows = (jnp.arange(batch_size)[:, None] * source_beams + parents).reshape(-1)
-  return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), cache)
+  return contract.map_rows(lambda x: jnp.take(x, rows, axis=0), cache)
 
 
 def results(problem: BeamProblem, state: BeamState) -> tuple[jax.Array, jax.Array]:

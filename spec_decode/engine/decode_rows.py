@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode.engine import contract
 from spec_decode.engine import sampling
 
 # T5X's temperature_sample takes these as data: one compiled decoder serves every value.
@@ -69,10 +70,11 @@ def _capped(max_decode_steps: Any, hard_limit: int | None) -> Any:
 
 
 def expand(tree: Any, num_decodes: int) -> Any:
-  """Repeats every leaf num_decodes times along its leading (batch) axis."""
+  """Repeats every leaf num_decodes times along its leading (batch) axis, a cache's batch-free
+  leaves excepted (`contract.map_rows`)."""
   if num_decodes == 1:
     return tree
-  return jax.tree_util.tree_map(lambda x: jnp.repeat(x, num_decodes, axis=0), tree)
+  return contract.map_rows(lambda x: jnp.repeat(x, num_decodes, axis=0), tree)
 
 
 def setup(inputs: jax.Array, *, eos_id: int, num_decodes: int, initial_index: Any,
