@@ -400,3 +400,64 @@ def test_beam_search_with_a_min_log_prob_is_t5xs(min_log_prob):
   got, scores = _engine_loop("beam_search", bigram_model, inputs, **settings)
   np.testing.assert_array_equal(got, want)
   np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("max_decode_len", [3, 6])
+@pytest.mark.parametrize("name,settings", [("beam_search", {}),
+                                           ("speculative_beam_search", {"gamma": 2})])
+def test_beam_search_with_t5xs_max_decode_len_is_t5xs(max_decode_len, name, settings):
+  """T5X's beam_search.max_decode_len: decodes that long, whatever the inputs' length."""
+  inputs = np.zeros((2, 6), np.int32)
+  inputs[1, 1:3] = [3, 4]
+  want, want_scores = t5x_decoding.beam_search(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, num_decodes=2, alpha=0.6,
+      max_decode_len=max_decode_len)
+  assert want.shape == (2, 2, max_decode_len)
+  got, scores = _engine_loop(name, bigram_model, inputs, num_decodes=2, alpha=0.6,
+                             max_decode_len=max_decode_len, **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
+# T5X's decoding_test's prefilled beam search (test_beam_search_force_decode_prefix_with_
+# initial_index): batch 2, beams 2, prompts of lengths 1 and 2 in the cache, which holds a
+# batch-free relative-position bias as T5X's decoders cache it.
+PREFILLED_LOGITS = np.array([[NEG, -1e10, -0.1, -0.9, -1e4, -1e4, -1e4, -1e4],
+                             [NEG, -1.0, -0.9, -0.1, -1e4, -1e4, -1e4, -1e4]], np.float32)
+
+
+def prefilled_model(state):
+  """Example 0 prefers id 2 then 3, example 1 id 3, 2, then EOS (T5X's test's logits, each
+  beam's rows adjacent); the cache as it came, its bias checked to arrive unexpanded."""
+  assert state.cache["cached_bias"].shape == (1, 1024)
+  num_rows = state.cur_token.shape[0]
+  return jnp.repeat(jnp.asarray(PREFILLED_LOGITS), num_rows // 2, axis=0), state.cache
+
+
+def _prefilled_cache() -> dict:
+  return {"cached_bias": np.ones((1, 1024), np.float32),
+          "decoder/layers_0/self_attention/cached_key": np.ones((2, 1024), np.float32),
+          "decoder/layers_0/self_attention/cache_index": np.ones((2,), np.float32)}
+
+
+@pytest.mark.parametrize("max_decode_step", [-1, 2])
+@pytest.mark.parametrize("name,settings", [("beam_search", {}),
+                                           ("speculative_beam_search", {"gamma": 1}),
+                                           ("speculative_beam_search", {"gamma": 3})])
+def test_t5xs_prefilled_beam_search_case_is_t5xs(max_decode_step, name, settings):
+  inputs = np.array([[0, 7, 0, 0, 0], [0, 4, 5, 0, 0]], np.int32)
+  initial_index = jnp.asarray([1, 2], jnp.int32)
+  want, want_scores = t5x_decoding.beam_search(
+      jnp.asarray(inputs), _prefilled_cache(), prefilled_model, EOS_ID, num_decodes=2, alpha=0,
+      initial_index=initial_index, max_decode_step=max_decode_step)
+  loop = loops.get(name)
+  draft = {}
+  if loop.uses_draft:
+    draft = dict(draft_cache=_prefilled_cache(), draft_tokens_to_logits=engine_model(
+        prefilled_model), **settings)
+  got, scores, _ = loop(inputs=jnp.asarray(inputs), cache=_prefilled_cache(),
+                        tokens_to_logits=engine_model(prefilled_model), eos_id=EOS_ID,
+                        num_decodes=2, alpha=0, initial_index=initial_index,
+                        max_decode_step=max_decode_step, **draft)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, atol=1e-5)
