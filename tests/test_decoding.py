@@ -209,6 +209,10 @@ def _call(**overrides):
     (dict(max_decode_steps=0), "max_decode_steps"), (dict(verifier="nope"), "verifier"),
     (dict(draft_policy="nope"), "draft_policy"),
     (dict(temperature=np.ones(3)), r"temperature must be a number or one per example \(1\)"),
+    (dict(max_decode_steps=np.ones(3, np.int32)),
+     r"max_decode_steps must be a number or one per example \(1\)"),
+    (dict(max_decode_steps=np.array([0])), "max_decode_steps must be an integer >= 1"),
+    (dict(topk=2, topp=0.5), "at most one of topk"),
     (dict(rescale_log_probs=1), "rescale_log_probs"),
     (dict(logit_callback_fn="ban_eos"), "logit_callback_fn must be a function")])
 def test_bad_arguments_raise_before_compiling(overrides, name):

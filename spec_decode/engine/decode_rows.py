@@ -52,9 +52,10 @@ class Problem:
 def _validate(inputs, eos_id, num_decodes, **sampling_settings):
   if inputs.ndim != 2:
     raise ValueError(f"inputs must be [batch, max_decode_len], got shape {inputs.shape}")
-  if np.shape(sampling_settings["temperature"]) not in ((), inputs.shape[:1]):
-    raise ValueError(f"temperature must be a number or one per example ({inputs.shape[0]}), "
-                     f"got shape {np.shape(sampling_settings['temperature'])}")
+  for name in ("temperature", "max_decode_steps"):
+    if np.shape(sampling_settings[name]) not in ((), inputs.shape[:1]):
+      raise ValueError(f"{name} must be a number or one per example ({inputs.shape[0]}), got "
+                       f"shape {np.shape(sampling_settings[name])}")
   if int(eos_id) != eos_id or eos_id < 0:
     raise ValueError(f"eos_id must be a non-negative integer, got {eos_id!r}")
   if int(num_decodes) != num_decodes or num_decodes < 1:
@@ -107,6 +108,8 @@ def setup(inputs: jax.Array, *, eos_id: int, num_decodes: int, initial_index: An
     index = expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
   end = jnp.full((num_rows,), max_decode_len, jnp.int32)
   if max_decode_steps is not None:
+    if np.ndim(max_decode_steps) == 1:  # one per example: per row
+      max_decode_steps = expand(jnp.asarray(max_decode_steps, jnp.int32), num_decodes)
     prompt_end = jnp.maximum(jnp.max(jnp.where(forced > 0, positions, 0), axis=1), index)
     end = jnp.minimum(end, prompt_end + max_decode_steps)
   rows = Rows(index=index, done=index >= end, sequences=sequences,

@@ -4,6 +4,8 @@ written in T5X's `tokens_to_logits` convention and given to the engine through `
 an adapter to the engine's contract in its first form (chain calls, none of its optional
 fields). Every expected value comes from T5X."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -461,3 +463,54 @@ def test_t5xs_prefilled_beam_search_case_is_t5xs(max_decode_step, name, settings
                         max_decode_step=max_decode_step, **draft)
   np.testing.assert_array_equal(got, want)
   np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,settings", [("temperature_sample", {}),
+                                           ("speculative_sample", {"gamma": 2})])
+def test_traced_topk_and_topp_together_are_t5xs(name, settings):
+  """T5X checks topk and topp only where both are known: traced, it masks top-k, then top-p
+  within it. Every decode both draw (200 samples each) has T5X's score."""
+  inputs = np.zeros((1, 4), np.int32)
+  t5x_sample = jax.jit(lambda topk, topp: t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0), num_decodes=200,
+      temperature=1.2, topk=topk, topp=topp))
+  engine_sample = jax.jit(lambda topk, topp: _decode(
+      name, bigram_model, inputs, num_decodes=200, rng=jax.random.PRNGKey(1), temperature=1.2,
+      topk=topk, topp=topp, **settings))
+  want = _decodes_and_scores(*t5x_sample(jnp.int32(3), jnp.float32(0.7)))
+  got = _decodes_and_scores(*engine_sample(jnp.int32(3), jnp.float32(0.7)))
+  common = sorted(set(want) & set(got))
+  assert len(common) >= 5, "too few decodes in common to compare"
+  np.testing.assert_allclose([got[d] for d in common], [want[d] for d in common], rtol=1e-5,
+                             atol=1e-5)
+  with pytest.raises(ValueError, match="at most one of topk"):
+    _decode(name, bigram_model, inputs, temperature=1.2, topk=3, topp=0.7, **settings)
+
+
+@pytest.mark.parametrize("name,settings", [("temperature_sample", {}),
+                                           ("speculative_sample", {"gamma": 3})])
+def test_per_example_max_decode_steps_in_one_compiled_decoder_are_t5xs(name, settings):
+  """max_decode_steps [B], traced, as T5X's temperature_sample takes it: T5X's decodes and
+  scores for each value, one trace; with num_decodes (which T5X cannot combine with it) each
+  example's rows keep its limit."""
+  inputs = np.zeros((3, 7), np.int32)
+  inputs[1, 1:3] = [4, 2]
+  traces = []
+
+  @functools.partial(jax.jit, static_argnames="num_decodes")
+  def decode(max_decode_steps, num_decodes=1):
+    traces.append(num_decodes)
+    return _decode(name, bigram_model, inputs, num_decodes=num_decodes, temperature=0.0,
+                   max_decode_steps=max_decode_steps, **settings)
+
+  t5x_sample = jax.jit(lambda max_decode_steps: t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0), temperature=0.0,
+      topk=0, max_decode_steps=max_decode_steps))
+  for steps in ([1, 3, 5], [4, 2, 1]):
+    want, want_scores = t5x_sample(jnp.asarray(steps, jnp.int32))
+    got, scores = decode(jnp.asarray(steps, jnp.int32))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-6)
+  assert len(traces) == 1
+  got, _ = decode(jnp.asarray([4, 2, 1], jnp.int32), num_decodes=2)
+  np.testing.assert_array_equal(np.asarray(got), np.repeat(np.asarray(want), 2, axis=1))
