@@ -9,7 +9,8 @@ A model is `tokens_to_logits(state: DecodingState) -> (logits, new_cache)` where
   state.sequences  [B, S] int32  the engine's token buffer (position 0 is BOS = 0);
   state.cache      the model's pytree: every leaf has the batch as its leading axis, except
                    the leaves T5X's cache convention names batch-free (below).
-`logits [B, k, V]`: row j predicts the token at position cur_index + j + 1 and attends to every
+`logits [B, k, V]` (a JAX array, or a NumPy one, which a loop hands a logit callback
+unconverted: see `decoding`'s conventions): row j predicts the token at position cur_index + j + 1 and attends to every
 position <= cur_index + j and to nothing beyond. The cache is written by overwriting positions
 [cur_index, cur_index + k); the engine rolls a row back simply by passing a smaller cur_index
 next time, so entries at positions >= cur_index are stale and must never be read. Writes at

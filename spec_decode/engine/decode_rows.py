@@ -148,9 +148,11 @@ LogitCallback = Callable[[jax.Array, LogitCallbackState], jax.Array]
 
 def through_logit_callback(problem: Problem, logits: jax.Array, *, sequences: jax.Array,
                            index: jax.Array, cache: Any = None) -> jax.Array:
-  """`logits [N, C, V]` of positions index + 1 .. index + C, each offset c through the logit
-  callback with the state of the prefix up to index + c as `sequences [N, S]` holds it (the
-  committed tokens, then any drafts); unchanged without a callback."""
+  """`logits [N, C, V]` of positions index + 1 .. index + C, each offset c's slice
+  `logits[:, c]` through the logit callback with the state of the prefix up to index + c as
+  `sequences [N, S]` holds it (the committed tokens, then any drafts); unchanged without a
+  callback. The slice is of the logits as the model returned them, unconverted: a NumPy
+  array's is a view, which a callback may write into, as T5X's loop allows."""
   if problem.logit_callback is None:
     return logits
   width = problem.max_decode_len + 2  # T5X's buffer: two scratch columns past position L
