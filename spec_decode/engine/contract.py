@@ -10,18 +10,18 @@ A model is `tokens_to_logits(state: DecodingState) -> (logits, new_cache)` where
   state.cache      the model's pytree: every leaf has the batch as its leading axis, except
                    the leaves T5X's cache convention names batch-free (below).
 `logits [B, k, V]` (a JAX array, or a NumPy one, which a loop hands a logit callback
-unconverted: see `decoding`'s conventions): row j predicts the token at position cur_index + j + 1 and attends to every
-position <= cur_index + j and to nothing beyond. The cache is written by overwriting positions
+unconverted: see `decoding`'s conventions): row j predicts the token at position
+cur_index + j + 1 and attends to every position <= cur_index + j and to nothing beyond. The cache is written by overwriting positions
 [cur_index, cur_index + k); the engine rolls a row back simply by passing a smaller cur_index
 next time, so entries at positions >= cur_index are stale and must never be read. Writes at
 positions >= the cache length are dropped; a cache of length L = max_decode_len is enough.
 
-The cache's batch-free leaves (T5X's convention: `t5x.decoding.cache_map`'s exclusion list,
-`BATCH_FREE_LEAVES`): a leaf whose name (its dict key, or its attribute) is `cached_bias` (the
-relative-position bias T5X's decoders cache, [1, ...]) or `position_embedder_index` (an absolute
-position embedder's index) has no batch axis. Every loop hands the model such a leaf as the
-model gave it: never expanded to num_decodes rows or beams, gathered per row or beam, nor
-rolled back (`map_rows` is how a loop touches a cache's rows).
+The cache's batch-free leaves (T5X's convention): a leaf whose name (its dict key, or its
+attribute) is in `BATCH_FREE_LEAVES`, T5X's `cache_map` exclusion list (the relative-position
+bias T5X's decoders cache, [1, ...], and an absolute position embedder's index), has no batch
+axis. Every loop hands the model such a leaf as the model gave it: never expanded to
+num_decodes rows or beams, gathered per row or beam, nor rolled back (`map_rows` is how a loop
+touches a cache's rows).
 
 A tree call gives two more fields, both or neither (`speculative_beam_search` gives them to
 its target; `network.Transformer` and `toy.PrefixHashModel` take them):
