@@ -11,9 +11,9 @@ with the reason (`NOT_COMPARABLE`)."""
 
 import inspect
 import types
+from typing import Callable
 import unittest
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -40,7 +40,7 @@ def _stack(rows: list) -> object:
   return jnp.stack(rows, axis=1)
 
 
-def engine_model(t5x_tokens_to_logits, wrong: bool = False):
+def engine_model(t5x_tokens_to_logits: Callable, wrong: bool = False) -> Callable:
   """The engine's tokens_to_logits for a T5X one: each fed token in turn, at its position;
   `wrong`: the logits moved one id up, so that a draft proposes wrong tokens."""
 
@@ -60,7 +60,7 @@ def _peer_decoding(mode: str) -> types.ModuleType:
   """`t5x.decoding` with its decode loops replaced by the engine's in `mode`."""
   sampler, beam_search, speculative = MODES[mode]
 
-  def run(name, t5x_fn, args, kwargs, runner_names):
+  def run(name, t5x_fn, args, kwargs):
     bound = inspect.signature(t5x_fn).bind(*args, **kwargs)
     bound.apply_defaults()
     arguments = dict(bound.arguments)
@@ -68,7 +68,8 @@ def _peer_decoding(mode: str) -> types.ModuleType:
       raise ValueError("cache_offset: the engine's caches have the batch leading")
     if arguments.get("state_callback_fn") is None:
       arguments.pop("state_callback_fn", None)
-    runner = {key: arguments.pop(key) for key in runner_names}
+    runner = {key: arguments.pop(key)
+              for key in ("inputs", "cache", "tokens_to_logits", "eos_id")}
     loop = loops.get(name)
     draft = {}
     if loop.uses_draft:
@@ -79,26 +80,23 @@ def _peer_decoding(mode: str) -> types.ModuleType:
                               eos_id=runner["eos_id"], **arguments, **draft)
     return decodes, scores
 
-  runner_names = ("inputs", "cache", "tokens_to_logits", "eos_id")
-
   def temperature_sample(*args, **kwargs):
-    return run(sampler, t5x_decoding.temperature_sample, args, kwargs, runner_names)
+    return run(sampler, t5x_decoding.temperature_sample, args, kwargs)
 
   def temperature_sample_single_trial(*args, **kwargs):
     bound = inspect.signature(t5x_decoding._temperature_sample_single_trial).bind(  # pylint: disable=protected-access
         *args, **kwargs)
+    bound.apply_defaults()  # the single trial's own, topk's among them
     arguments = dict(bound.arguments)
     arguments["decode_rng"] = arguments.pop("prng_key")
     # T5X's rows, already expanded: one decode each (num_decodes only repeats temperatures).
-    num_decodes = arguments.pop("num_decodes", 1)
-    if num_decodes != 1:
+    if arguments.pop("num_decodes") != 1:
       raise ValueError("a single trial of expanded rows")
-    arguments.setdefault("topk", 20)  # the single trial's own default
     decodes, scores = temperature_sample(**arguments)
     return decodes[:, 0], scores[:, 0]
 
   def beam(*args, **kwargs):
-    return run(beam_search, t5x_decoding.beam_search, args, kwargs, runner_names)
+    return run(beam_search, t5x_decoding.beam_search, args, kwargs)
 
   peer = types.ModuleType("t5x_decoding_peer")
   peer.__dict__.update(vars(t5x_decoding))
