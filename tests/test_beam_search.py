@@ -125,10 +125,14 @@ def test_equals_t5x_on_a_tiny_t5(num_beams, alpha, batch_size):
 
 def test_it_is_a_registered_loop_with_checked_settings():
   loop = loops.get("beam_search")
-  assert not loop.uses_draft and loop.setting_names == ("alpha", "max_decode_step",
-                                                        "min_log_prob")
+  assert not loop.uses_draft and loop.setting_names == ("alpha", "max_decode_len",
+                                                        "max_decode_step", "min_log_prob")
   with pytest.raises(ValueError, match="min_log_prob must be a number, got 'low'"):
     loop.check({"min_log_prob": "low"})
+  with pytest.raises(ValueError, match="max_decode_len must be an integer >= 1 or None"):
+    loop.check({"max_decode_len": 0})
+  with pytest.raises(ValueError, match=r"max_decode_len \(5\) is past the inputs' length 4"):
+    beam_search.beam_search(jnp.zeros((1, 4), jnp.int32), None, None, 1, max_decode_len=5)
   config = tiny_t5.tiny_config(64, tiny_t5.SHRINK)
   with pytest.raises(ValueError, match="alpha .* must be a number >= 0, got -1"):
     core.Decoder.create("beam_search", network.Transformer(config), alpha=-1)

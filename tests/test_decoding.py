@@ -261,6 +261,10 @@ def _call(**overrides):
     (dict(max_decode_steps=0), "max_decode_steps"), (dict(verifier="nope"), "verifier"),
     (dict(draft_policy="nope"), "draft_policy"),
     (dict(temperature=np.ones(3)), r"temperature must be a number or one per example \(1\)"),
+    (dict(max_decode_steps=np.ones(3, np.int32)),
+     r"max_decode_steps must be a number or one per example \(1\)"),
+    (dict(max_decode_steps=np.array([0])), "max_decode_steps must be an integer >= 1"),
+    (dict(topk=2, topp=0.5), "at most one of topk"),
     (dict(rescale_log_probs=1), "rescale_log_probs"),
     (dict(logit_callback_fn="ban_eos"), "logit_callback_fn must be a function")])
 def test_bad_arguments_raise_before_compiling(overrides, name):
@@ -290,3 +294,27 @@ def test_vocabulary_mismatch_is_named():
   other, _ = toy_setup.make_pair(VOCAB + 1, "same")
   with pytest.raises(ValueError, match="vocabulary sizes differ.*12.*13"):
     _call(draft_cache=other.init_cache(1, LENGTH), draft_tokens_to_logits=other.tokens_to_logits)
+
+
+@pytest.mark.parametrize("name,settings", [("temperature_sample", {}),
+                                           ("speculative_sample", {"gamma": 2})])
+def test_a_logit_callback_writes_in_place_into_a_numpy_models_logits(name, settings):
+  """T5X's loop hands the callback what the model returned: a model returning NumPy logits
+  and a callback writing into them (T5X's decoding_test does) decode as the callback says."""
+
+  def model(state):  # every id at -1e7: only what the callback writes can win
+    return np.full(state.cur_token.shape + (4,), -1e7, np.float32), state.cache
+
+  def callback(logits, state):
+    del state
+    logits[0, 2] = 0
+    logits[1, 3] = 0
+    return logits
+
+  loop = loops.get(name)
+  draft = dict(draft_cache={}, draft_tokens_to_logits=model) if loop.uses_draft else {}
+  inputs = jnp.array([[0, 5, 6, 7, 0], [0, 8, 9, 0, 0]], jnp.int32)
+  decodes, _, _ = loop(inputs=inputs, cache={}, tokens_to_logits=model, eos_id=EOS,
+                       num_decodes=1, temperature=0.0, logit_callback_fn=callback,
+                       **draft, **settings)
+  np.testing.assert_array_equal(decodes[:, 0], [[5, 6, 7, 2, 2], [8, 9, 3, 3, 3]])

@@ -74,10 +74,19 @@ def test_top_p_keeps_the_smallest_set_reaching_topp():
     (dict(temperature=1.0, topk=0, topp=-0.1), "topp"),
     (dict(temperature=np.array([1.0, -0.5]), topk=0, topp=0.0), "temperature"),
     (dict(temperature=np.ones((2, 2)), topk=0, topp=0.0), "temperature"),
-    (dict(temperature=1.0, topk=np.array([1, 2]), topp=0.0), "topk")])
+    (dict(temperature=1.0, topk=np.array([1, 2]), topp=0.0), "topk"),
+    (dict(temperature=1.0, topk=3, topp=0.5), r"at most one of topk \(3\) and topp \(0.5\)"),
+    (dict(temperature=0.0, topk=1, topp=np.float32(0.9)), "at most one of topk")])
 def test_bad_arguments_are_named(kwargs, name):
   with pytest.raises(ValueError, match=name):
     sampling.validate_sampling_args(**kwargs)
+
+
+def test_topk_and_topp_together_are_checked_only_where_both_are_known():
+  """As in T5X's temperature_sample: where either is traced nothing is checked, and the
+  transform masks top-k, then top-p within it."""
+  jax.jit(lambda topk: sampling.validate_sampling_args(1.0, topk, 0.5))(jnp.int32(3))
+  jax.jit(lambda topp: sampling.validate_sampling_args(1.0, 3, topp))(jnp.float32(0.5))
 
 
 def test_sample_draws_each_row_from_its_own_unnormalized_law():

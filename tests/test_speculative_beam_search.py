@@ -171,14 +171,16 @@ def test_a_replay_past_coverage_fails(monkeypatch):
 
 def test_it_is_a_registered_loop_with_checked_settings():
   loop = loops.get("speculative_beam_search")
-  assert loop.uses_draft and loop.setting_names == ("gamma", "alpha", "max_decode_step",
-                                                    "nodes_per_beam", "draft_beams",
-                                                    "min_log_prob")
+  assert loop.uses_draft and loop.setting_names == ("gamma", "alpha", "max_decode_len",
+                                                    "max_decode_step", "nodes_per_beam",
+                                                    "draft_beams", "min_log_prob")
   with pytest.raises(ValueError, match="takes only T5X's default min_log_prob .*, got -5.0: "
                                        "T5X stops a whole batch"):
     loop.check({"gamma": 2, "min_log_prob": -5.0})
   with pytest.raises(ValueError, match="gamma must be an integer >= 1, got 0"):
     loop.check({"gamma": 0})
+  with pytest.raises(ValueError, match="max_decode_len must be an integer >= 1 or None"):
+    loop.check({"gamma": 2, "max_decode_len": 1.5})
   with pytest.raises(ValueError, match="alpha .* must be a number >= 0"):
     loop.check({"gamma": 2, "alpha": -0.5})
   with pytest.raises(ValueError, match="nodes_per_beam must be an integer >= 1 or None, got 0"):

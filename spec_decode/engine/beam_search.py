@@ -76,11 +76,17 @@ def brevity_penalty(alpha: float, length: Any) -> jax.Array:
 
 
 def check_beam_settings(alpha: float = 0.6, max_decode_step: int = -1,
-                        min_log_prob: float = DEFAULT_MIN_LOG_PROB, **_: Any) -> None:
-  """ValueError for a brevity alpha, step cap or min_log_prob beam search cannot run with."""
+                        min_log_prob: float = DEFAULT_MIN_LOG_PROB,
+                        max_decode_len: int | None = None, **_: Any) -> None:
+  """ValueError for a brevity alpha, step cap, min_log_prob or decode length beam search
+  cannot run with."""
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
     raise ValueError(f"alpha (the brevity penalty's exponent) must be a number >= 0, got "
                      f"{alpha!r}")
+  if max_decode_len is not None and (isinstance(max_decode_len, bool) or
+                                     not isinstance(max_decode_len, int) or max_decode_len < 1):
+    raise ValueError(f"max_decode_len must be an integer >= 1 or None (the inputs' length), "
+                     f"got {max_decode_len!r}")
   if isinstance(max_decode_step, bool) or not isinstance(max_decode_step, int):
     raise ValueError(f"max_decode_step must be an integer (<= 0: no cap), got "
                      f"{max_decode_step!r}")
@@ -89,8 +95,10 @@ def check_beam_settings(alpha: float = 0.6, max_decode_step: int = -1,
     raise ValueError(f"min_log_prob must be a number, got {min_log_prob!r}")
 
 
-def validate(inputs: jax.Array, eos_id: int, num_decodes: int, initial_index: Any) -> None:
-  """ValueError for arguments no beam search takes."""
+def validate(inputs: jax.Array, eos_id: int, num_decodes: int, initial_index: Any,
+             max_decode_len: int | None = None) -> jax.Array:
+  """ValueError for arguments no beam search takes; else the inputs cut to T5X's
+  `max_decode_len` (the decode's length, None: the inputs' own)."""
   if initial_index is not None and np.shape(initial_index) != inputs.shape[:1]:
     raise ValueError(f"initial_index must be one position per example ({inputs.shape[0]}), "
                      f"got shape {np.shape(initial_index)}")
@@ -101,6 +109,12 @@ def validate(inputs: jax.Array, eos_id: int, num_decodes: int, initial_index: An
   if isinstance(num_decodes, bool) or int(num_decodes) != num_decodes or num_decodes < 1:
     raise ValueError(f"num_decodes (the beam size) must be an integer >= 1, got "
                      f"{num_decodes!r}")
+  if max_decode_len is None:
+    return inputs
+  if max_decode_len > inputs.shape[1]:
+    raise ValueError(f"max_decode_len ({max_decode_len}) is past the inputs' length "
+                     f"{inputs.shape[1]}, which the model's caches are built for")
+  return inputs[:, :max_decode_len]
 
 
 def init(inputs: jax.Array, num_beams: int, eos_id: int, alpha: float, scratch: int, *,
@@ -213,12 +227,13 @@ def beam_step(problem: BeamProblem, state: BeamState, log_probs: jax.Array,
 
 
 def gather_cache(cache: Any, parents: jax.Array, source_beams: int | None = None) -> Any:
-  """Each beam's row of every cache leaf ([B * S, ...], S = `source_beams`, default K) taken
-  from its parent [B, K]: the leaves become [B * K, ...]."""
+  """Each beam's row of every cache leaf with the batch leading ([B * S, ...], S =
+  `source_beams`, default K) taken from its parent [B, K]: those leaves become [B * K, ...]
+  (batch-free leaves are left as they are, `contract.map_rows`)."""
   batch_size, num_beams = parents.shape
   source_beams = num_beams if source_beams is None else source_beams
   rows = (jnp.arange(batch_size)[:, None] * source_beams + parents).reshape(-1)
-  return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), cache)
+  return contract.map_rows(lambda x: jnp.take(x, rows, axis=0), cache)
 
 
 def results(problem: BeamProblem, state: BeamState) -> tuple[jax.Array, jax.Array]:
@@ -238,18 +253,19 @@ def flat(x: jax.Array) -> jax.Array:
 @loops.register("beam_search", uses_draft=False, check_settings=check_beam_settings)
 def beam_search(inputs: jax.Array, cache: Any, tokens_to_logits: contract.TokensToLogits,
                 eos_id: int, decode_rng: jax.Array | None = None, num_decodes: int = 4,
-                alpha: float = 0.6, max_decode_step: int = -1,
-                min_log_prob: float = DEFAULT_MIN_LOG_PROB,
+                alpha: float = 0.6, max_decode_len: int | None = None,
+                max_decode_step: int = -1, min_log_prob: float = DEFAULT_MIN_LOG_PROB,
                 initial_index: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """T5X's beam search, num_decodes beams, one target call per step (all beams of all rows),
   the rows stepping together until T5X's loop condition stops the batch.
 
   Returns (decodes [B, num_decodes, L], scores [B, num_decodes]): T5X's beam_search output,
-  sorted ascending (the best last). `decode_rng` is unused, as in T5X.
+  sorted ascending (the best last); L is `max_decode_len` where given (T5X's: at most the
+  inputs' length). `decode_rng` is unused, as in T5X.
   """
   del decode_rng
-  validate(inputs, eos_id, num_decodes, initial_index)
-  check_beam_settings(alpha, max_decode_step, min_log_prob)
+  check_beam_settings(alpha, max_decode_step, min_log_prob, max_decode_len)
+  inputs = validate(inputs, eos_id, num_decodes, initial_index, max_decode_len)
   problem, state = init(inputs, num_decodes, eos_id, alpha, scratch=0,
                         max_decode_step=max_decode_step, initial_index=initial_index)
 

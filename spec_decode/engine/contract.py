@@ -7,12 +7,21 @@ A model is `tokens_to_logits(state: DecodingState) -> (logits, new_cache)` where
   state.cur_index  [B] int32     decoder position of state.cur_token[:, 0], per row;
   state.cur_token  [B, k] int32  k >= 1 tokens to feed (positions cur_index .. cur_index+k-1);
   state.sequences  [B, S] int32  the engine's token buffer (position 0 is BOS = 0);
-  state.cache      the model's pytree; EVERY leaf has the batch as its leading axis.
-`logits [B, k, V]`: row j predicts the token at position cur_index + j + 1 and attends to every
-position <= cur_index + j and to nothing beyond. The cache is written by overwriting positions
+  state.cache      the model's pytree: every leaf has the batch as its leading axis, except
+                   the leaves T5X's cache convention names batch-free (below).
+`logits [B, k, V]` (a JAX array, or a NumPy one, which a loop hands a logit callback
+unconverted: see `decoding`'s conventions): row j predicts the token at position
+cur_index + j + 1 and attends to every position <= cur_index + j and to nothing beyond. The cache is written by overwriting positions
 [cur_index, cur_index + k); the engine rolls a row back simply by passing a smaller cur_index
 next time, so entries at positions >= cur_index are stale and must never be read. Writes at
 positions >= the cache length are dropped; a cache of length L = max_decode_len is enough.
+
+The cache's batch-free leaves (T5X's convention): a leaf whose name (its dict key, or its
+attribute) is in `BATCH_FREE_LEAVES`, T5X's `cache_map` exclusion list (the relative-position
+bias T5X's decoders cache, [1, ...], and an absolute position embedder's index), has no batch
+axis. Every loop hands the model such a leaf as the model gave it: never expanded to
+num_decodes rows or beams, gathered per row or beam, nor rolled back (`map_rows` is how a loop
+touches a cache's rows).
 
 A tree call gives two more fields, both or neither (`speculative_beam_search` gives them to
 its target; `network.Transformer` and `toy.PrefixHashModel` take them):
@@ -51,6 +60,23 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+
+
+# T5X's `cache_map` exclusion list: the cache leaves that have no batch axis.
+BATCH_FREE_LEAVES = ("cached_bias", "position_embedder_index")
+
+
+def _leaf_name(path: tuple) -> Any:
+  last = path[-1] if path else None
+  return getattr(last, "key", getattr(last, "name", None))
+
+
+def map_rows(fn: Callable[[jax.Array], jax.Array], cache: Any) -> Any:
+  """`fn` over the leaves of `cache` that have the batch leading, its batch-free leaves
+  (`BATCH_FREE_LEAVES`) passed through as they are: how a loop expands or gathers a cache's
+  rows."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: leaf if _leaf_name(path) in BATCH_FREE_LEAVES else fn(leaf), cache)
 
 
 @flax.struct.dataclass

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode.engine import contract
 from spec_decode.engine import sampling
 
 # T5X's temperature_sample takes these as data: one compiled decoder serves every value.
@@ -51,9 +52,10 @@ class Problem:
 def _validate(inputs, eos_id, num_decodes, **sampling_settings):
   if inputs.ndim != 2:
     raise ValueError(f"inputs must be [batch, max_decode_len], got shape {inputs.shape}")
-  if np.shape(sampling_settings["temperature"]) not in ((), inputs.shape[:1]):
-    raise ValueError(f"temperature must be a number or one per example ({inputs.shape[0]}), "
-                     f"got shape {np.shape(sampling_settings['temperature'])}")
+  for name in ("temperature", "max_decode_steps"):
+    if np.shape(sampling_settings[name]) not in ((), inputs.shape[:1]):
+      raise ValueError(f"{name} must be a number or one per example ({inputs.shape[0]}), got "
+                       f"shape {np.shape(sampling_settings[name])}")
   if int(eos_id) != eos_id or eos_id < 0:
     raise ValueError(f"eos_id must be a non-negative integer, got {eos_id!r}")
   if int(num_decodes) != num_decodes or num_decodes < 1:
@@ -69,10 +71,11 @@ def _capped(max_decode_steps: Any, hard_limit: int | None) -> Any:
 
 
 def expand(tree: Any, num_decodes: int) -> Any:
-  """Repeats every leaf num_decodes times along its leading (batch) axis."""
+  """Repeats every leaf num_decodes times along its leading (batch) axis, a cache's batch-free
+  leaves excepted (`contract.map_rows`)."""
   if num_decodes == 1:
     return tree
-  return jax.tree_util.tree_map(lambda x: jnp.repeat(x, num_decodes, axis=0), tree)
+  return contract.map_rows(lambda x: jnp.repeat(x, num_decodes, axis=0), tree)
 
 
 def setup(inputs: jax.Array, *, eos_id: int, num_decodes: int, initial_index: Any,
@@ -105,6 +108,8 @@ def setup(inputs: jax.Array, *, eos_id: int, num_decodes: int, initial_index: An
     index = expand(jnp.asarray(initial_index, jnp.int32), num_decodes)
   end = jnp.full((num_rows,), max_decode_len, jnp.int32)
   if max_decode_steps is not None:
+    if np.ndim(max_decode_steps) == 1:  # one per example: per row
+      max_decode_steps = expand(jnp.asarray(max_decode_steps, jnp.int32), num_decodes)
     prompt_end = jnp.maximum(jnp.max(jnp.where(forced > 0, positions, 0), axis=1), index)
     end = jnp.minimum(end, prompt_end + max_decode_steps)
   rows = Rows(index=index, done=index >= end, sequences=sequences,
@@ -143,9 +148,11 @@ LogitCallback = Callable[[jax.Array, LogitCallbackState], jax.Array]
 
 def through_logit_callback(problem: Problem, logits: jax.Array, *, sequences: jax.Array,
                            index: jax.Array, cache: Any = None) -> jax.Array:
-  """`logits [N, C, V]` of positions index + 1 .. index + C, each offset c through the logit
-  callback with the state of the prefix up to index + c as `sequences [N, S]` holds it (the
-  committed tokens, then any drafts); unchanged without a callback."""
+  """`logits [N, C, V]` of positions index + 1 .. index + C, each offset c's slice
+  `logits[:, c]` through the logit callback with the state of the prefix up to index + c as
+  `sequences [N, S]` holds it (the committed tokens, then any drafts); unchanged without a
+  callback. The slice is of the logits as the model returned them, unconverted: a NumPy
+  array's is a view, which a callback may write into, as T5X's loop allows."""
   if problem.logit_callback is None:
     return logits
   width = problem.max_decode_len + 2  # T5X's buffer: two scratch columns past position L

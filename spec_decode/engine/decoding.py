@@ -25,11 +25,18 @@ The num_decodes samples of each example are sorted by log_prob, ascending (the b
 as in T5X.
 `initial_index [B]`: rows start at that position; the caches must already hold positions
 < initial_index (a prefill) and `inputs` holds the prompt up to and including initial_index.
-`max_decode_steps`: each row samples at most that many positions past its prompt, and at most
+`max_decode_steps` (a number, or one per example [B], as T5X takes it; traced or not): each
+row samples at most that many positions past its prompt, and at most
 `max_decode_steps_hard_limit` (a Python int, T5X's static bound on a traced max_decode_steps).
+`temperature` is a number or one per example [B]; `topk` and `topp` are numbers, one for the
+whole batch as in T5X, and both non-zero are refused as T5X refuses them (`sampling`).
 `logit_callback_fn(logits [N, V], state) -> logits` (T5X's): every scored position's target
 logits pass through it before temperature, top-k and top-p, and the law sampled and scored is
-the one of the logits it returns. `state` is a `LogitCallbackState`: T5X's `cur_index`,
+the one of the logits it returns. Its `logits` are position c's slice `logits[:, c]` of the
+array the target's call returned, unconverted, as T5X's loop hands its callback what the model
+returned: of a NumPy array, a NumPy view that a callback may write into in place
+(`speculative_sample`'s verification call returns k positions' logits in one array, each
+callback given its position's slice). `state` is a `LogitCallbackState`: T5X's `cur_index`,
 `sequences` [N, L + 2] and `cur_token` of the prefix the logits condition on, as T5X's loop
 state has them at that prefix (the prefix, then the prompt's forced tokens, then 0), and `cache`
 (`temperature_sample`: the cache given to that step's call, as in T5X; `speculative_sample`:

@@ -12,13 +12,15 @@ Conventions (T5X's, except the topk default, see `decoding.temperature_sample`):
 - topk > 0 keeps the k largest logits (every logit equal to the k-th is kept as well).
 - 0 < topp < 1 keeps the smallest set of most likely tokens whose total probability is
   >= topp (ties at the boundary are kept); topp in {0, 1} keeps everything.
-- topk and topp together: top-k first, then top-p within what top-k kept.
+- topk and topp both non-zero are refused (`validate_sampling_args`) as T5X's
+  temperature_sample refuses them, where both are known; where either is traced T5X checks
+  nothing and masks top-k, then top-p within what top-k kept, and so does `logits_to_probs`.
 
 The settings are data, as in T5X: Python numbers (the transform is then specialized to them
 when traced: a greedy temperature reads the argmax, no truncation costs nothing) or arrays,
 traced ones included, so one compiled decoder serves every setting: `temperature` a scalar or
 one per row ([N] for logits [N, ..., V]: T5X's per-example temperatures), `topk` and `topp`
-scalars.
+scalars (T5X's are: one k and one p for the whole batch).
 """
 
 import math
@@ -52,13 +54,16 @@ def validate_sampling_args(temperature: Any, topk: Any, topp: Any) -> None:
   known = known_value(temperature)
   if known is not None and not np.all(known >= 0):
     raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-  known = known_value(topk)
-  if known is not None and (isinstance(topk, bool) or known.dtype == bool
-                            or int(known) != known or known < 0):
+  known_topk = known_value(topk)
+  if known_topk is not None and (isinstance(topk, bool) or known_topk.dtype == bool
+                                 or int(known_topk) != known_topk or known_topk < 0):
     raise ValueError(f"topk must be an integer >= 0, got {topk!r}")
-  known = known_value(topp)
-  if known is not None and not 0.0 <= known <= 1.0:
+  known_topp = known_value(topp)
+  if known_topp is not None and not 0.0 <= known_topp <= 1.0:
     raise ValueError(f"topp must be in [0, 1], got {topp!r}")
+  if known_topk is not None and known_topp is not None and known_topk and known_topp:
+    raise ValueError(f"at most one of topk ({topk!r}) and topp ({topp!r}) may be non-zero, as "
+                     f"in T5X's temperature_sample")
 
 
 def check_settings(temperature: Any = 1.0, topk: Any = 0, topp: Any = 0.0,
@@ -66,8 +71,9 @@ def check_settings(temperature: Any = 1.0, topk: Any = 0, topp: Any = 0.0,
                    rescale_log_probs: bool = True, logit_callback_fn: Any = None,
                    **_: Any) -> None:
   """ValueError for settings of T5X's temperature_sample no decoder can use: the transform's
-  (`validate_sampling_args`), the decode's length, its scores (traced ones: their shapes) and
-  the logit callback."""
+  (`validate_sampling_args`), the decode's length (`max_decode_steps` a number, or one per
+  example [B], traced or not, as T5X takes it), its scores (traced ones: their shapes) and the
+  logit callback."""
   validate_sampling_args(temperature, topk, topp)
   if logit_callback_fn is not None and not callable(logit_callback_fn):
     raise ValueError(f"logit_callback_fn must be a function (logits, state) -> logits or None, "
@@ -81,10 +87,11 @@ def check_settings(temperature: Any = 1.0, topk: Any = 0, topp: Any = 0.0,
   if max_decode_steps is None:
     return
   known = known_value(max_decode_steps)
-  if np.ndim(max_decode_steps) != 0 or isinstance(max_decode_steps, bool) or (
-      known is not None and (known.dtype == bool or int(known) != known or known < 1)):
-    raise ValueError(f"max_decode_steps must be an integer >= 1 or None, got "
-                     f"{max_decode_steps!r}")
+  if np.ndim(max_decode_steps) > 1 or isinstance(max_decode_steps, bool) or (
+      known is not None and (known.dtype == bool or np.any(known.astype(int) != known)
+                             or np.any(known < 1))):
+    raise ValueError(f"max_decode_steps must be an integer >= 1, one per example, or None, "
+                     f"got {max_decode_steps!r}")
 
 
 def first_argmax(x: jax.Array) -> jax.Array:

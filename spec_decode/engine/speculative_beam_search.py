@@ -79,11 +79,12 @@ class _Tree:
 def check_speculative_beam_settings(
     gamma: int | None = None, alpha: float = 0.6, max_decode_step: int = -1,
     nodes_per_beam: int | None = None, draft_beams: int | None = None,
-    min_log_prob: float = beam_search.DEFAULT_MIN_LOG_PROB, **_: Any) -> None:
-  """ValueError for a gamma, alpha, node budget, draft beam count or min_log_prob speculative
-  beam search cannot run with."""
+    min_log_prob: float = beam_search.DEFAULT_MIN_LOG_PROB, max_decode_len: int | None = None,
+    **_: Any) -> None:
+  """ValueError for a gamma, alpha, node budget, draft beam count, min_log_prob or decode
+  length speculative beam search cannot run with."""
   speculative_sampling.check_speculative_settings(gamma)
-  beam_search.check_beam_settings(alpha, max_decode_step, min_log_prob)
+  beam_search.check_beam_settings(alpha, max_decode_step, min_log_prob, max_decode_len)
   if min_log_prob != beam_search.DEFAULT_MIN_LOG_PROB:
     raise ValueError(f"speculative_beam_search takes only T5X's default min_log_prob "
                      f"({beam_search.DEFAULT_MIN_LOG_PROB}), got {min_log_prob!r}: T5X stops a "
@@ -339,14 +340,14 @@ def speculative_beam_search(inputs: jax.Array, cache: Any,
                             draft_cache: Any, draft_tokens_to_logits: contract.TokensToLogits,
                             gamma: int, decode_rng: jax.Array | None = None,
                             num_decodes: int = 4, alpha: float = 0.6,
-                            max_decode_step: int = -1,
+                            max_decode_len: int | None = None, max_decode_step: int = -1,
                             nodes_per_beam: int | None = None,
                             draft_beams: int | None = None,
                             min_log_prob: float = beam_search.DEFAULT_MIN_LOG_PROB,
                             initial_index: jax.Array | None = None
                             ) -> tuple[jax.Array, jax.Array, BeamSearchStats]:
-  """`beam_search.beam_search`'s output (num_decodes beams, brevity alpha, step cap
-  max_decode_step), the draft proposing up to gamma steps per target call (see the module
+  """`beam_search.beam_search`'s output (num_decodes beams, brevity alpha, decode length
+  max_decode_len, step cap max_decode_step), the draft proposing up to gamma steps per target call (see the module
   docstring). The draft's own
   search keeps `draft_beams` >= num_decodes beams (None: num_decodes), so its tree has
   draft_beams * gamma nodes; each beam's target call scores at most `nodes_per_beam` of them
@@ -356,9 +357,9 @@ def speculative_beam_search(inputs: jax.Array, cache: Any,
   fields). `decode_rng` is unused, as in T5X.
   """
   del decode_rng
-  beam_search.validate(inputs, eos_id, num_decodes, initial_index)
   check_speculative_beam_settings(gamma, alpha, max_decode_step, nodes_per_beam, draft_beams,
-                                  min_log_prob)
+                                  min_log_prob, max_decode_len)
+  inputs = beam_search.validate(inputs, eos_id, num_decodes, initial_index, max_decode_len)
   width = num_decodes if draft_beams is None else draft_beams
   if width < num_decodes:
     raise ValueError(f"draft_beams ({draft_beams}) must be at least the beam count "

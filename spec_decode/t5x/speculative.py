@@ -76,6 +76,7 @@ from spec_decode.checkpoints import architecture
 from spec_decode.checkpoints import checkpoint_faults
 from spec_decode.checkpoints import formats
 from spec_decode.checkpoints import t5x_format
+from spec_decode.engine import loops
 from spec_decode.t5 import network
 
 PyTree = Any
@@ -150,19 +151,28 @@ def draft_config_from_checkpoint(draft_checkpoint_path: str,
                                          target_config, path)
 
 
-# The arguments of T5X's decode functions this model keeps at T5X's defaults: binding another
-# value is refused, since it could not take effect. (The model fills in inputs, cache,
-# tokens_to_logits, eos_id, num_decodes, decode_rng, initial_index and max_decode_len itself.)
-_FIXED_ARGUMENTS = {
-    t5x_decoding.beam_search: ("cache_offset",),
-    t5x_decoding.temperature_sample: ("cache_offset", "state_callback_fn"),
+# The speculative form of each T5X decode function, and the arguments passed on to it whatever
+# their value (the law sampled, whose topk default differs from the loops'; the brevity alpha).
+_SPECULATIVE_FORMS = {
+    t5x_decoding.temperature_sample: ("speculative_sample",
+                                      ("temperature", "topk", "topp", "max_decode_steps")),
+    t5x_decoding.beam_search: ("speculative_beam_search", ("alpha",)),
 }
-# Why an argument cannot take effect.
-_WHY_NOT = {
+# The arguments this model keeps at T5X's defaults, and why another value cannot take effect.
+_FIXED_ARGUMENTS = {
+    "cache_offset": "speculative decoding keeps T5X's default 0 (its caches have the batch "
+                    "leading)",
     "state_callback_fn": "it edits T5X's per-token loop state before each step, and a "
                          "speculative iteration commits up to gamma + 1 tokens from one target "
                          "call without building that state",
 }
+
+
+def _at_default(value: Any, default: Any) -> bool:
+  try:
+    return value is default or bool(value == default)
+  except ValueError:  # an array compares elementwise: bound, so not T5X's default
+    return False
 
 
 def _bound_arguments(decode_fn: Callable[..., Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
@@ -190,41 +200,34 @@ def decode_fn_settings(decode_fn: Callable[..., Any]) -> tuple[str, dict[str, An
   'speculative_sample' with its temperature/topk/topp/max_decode_steps, temperature 0 where
   topk is 1 (T5X's default: greedy at any temperature, and the engine's greedy path where no
   temperature given at run time in decoder_params overrides it; topk 1 stays, so one that does
-  samples T5X's argmax too), and `rescale_log_probs`, `max_decode_steps_hard_limit` and
-  `logit_callback_fn` where bound to other values than T5X's defaults (the engine's too; a
-  callback is given T5X's state of each prefix, `spec_decode.engine.decoding`).
-  `t5x.decoding.beam_search`: 'speculative_beam_search' with its alpha and a bound
-  max_decode_step or min_log_prob (the beam size is T5X's num_decodes; the loop's settings
-  check refuses what it cannot honour). An argument of `_FIXED_ARGUMENTS`
-  bound to another value than T5X's default is refused, saying why. Any other decode_fn:
-  ValueError.
+  samples T5X's argmax too). `t5x.decoding.beam_search`: 'speculative_beam_search' with its
+  alpha (the beam size is T5X's num_decodes). Every other argument of T5X's function bound to
+  another value than T5X's default is passed on (the loop's settings check, run when the model
+  is built, refuses by name what the loop cannot honour), or refused here saying why: one the
+  model gives the loop itself (`loops.RUNNER_ARGUMENTS`: the batch, DecoderParams' num_decodes,
+  the rng, a language model's prompt lengths) or one of `_FIXED_ARGUMENTS`. Any other
+  decode_fn: ValueError.
   """
   original, arguments = _bound_arguments(decode_fn)
-  if original not in _FIXED_ARGUMENTS:
+  if original not in _SPECULATIVE_FORMS:
     raise ValueError(f"speculative decoding reproduces t5x.decoding.temperature_sample or "
                      f"beam_search, not {getattr(original, '__name__', original)!r}")
+  loop, always_passed = _SPECULATIVE_FORMS[original]
   defaults = {name: parameter.default
               for name, parameter in inspect.signature(original).parameters.items()}
-  for name in _FIXED_ARGUMENTS[original]:
-    if arguments[name] != defaults[name]:
-      why = _WHY_NOT.get(name, f"speculative decoding keeps T5X's default {defaults[name]!r}")
-      raise ValueError(f"t5x.decoding.{original.__name__}.{name} = {arguments[name]!r} cannot "
-                       f"take effect: {why}")
-  if original is t5x_decoding.beam_search:
-    settings = {"alpha": arguments["alpha"]}
-    for name in ("max_decode_step", "min_log_prob"):
-      if arguments[name] != defaults[name]:
-        settings[name] = arguments[name]
-    return "speculative_beam_search", settings
-  settings = {name: arguments[name]
-              for name in ("temperature", "topk", "topp", "max_decode_steps")}
-  if settings["topk"] == 1:
+  settings = {}
+  for name, value in arguments.items():
+    if name not in always_passed and _at_default(value, defaults[name]):
+      continue
+    why = ("the model gives it to the loop itself" if name in loops.RUNNER_ARGUMENTS
+           else _FIXED_ARGUMENTS.get(name))
+    if why is not None:
+      raise ValueError(f"t5x.decoding.{original.__name__}.{name} = {value!r} cannot take "
+                       f"effect: {why}")
+    settings[name] = value
+  if original is t5x_decoding.temperature_sample and settings["topk"] == 1:
     settings["temperature"] = 0.0
-  # Bound to other values than T5X's defaults (which are the engine's too): passed on.
-  for name in ("rescale_log_probs", "max_decode_steps_hard_limit", "logit_callback_fn"):
-    if arguments[name] != defaults[name]:
-      settings[name] = arguments[name]
-  return "speculative_sample", settings
+  return loop, settings
 
 
 def _replicated(axes: PyTree) -> PyTree:

@@ -4,6 +4,8 @@ written in T5X's `tokens_to_logits` convention and given to the engine through `
 an adapter to the engine's contract in its first form (chain calls, none of its optional
 fields). Every expected value comes from T5X."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -445,3 +447,114 @@ def test_beam_search_with_a_min_log_prob_is_t5xs(min_log_prob):
   got, scores = _engine_loop("beam_search", bigram_model, inputs, **settings)
   np.testing.assert_array_equal(got, want)
   np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,settings", [("beam_search", {}),
+                                           ("speculative_beam_search", {"gamma": 2})])
+def test_beam_search_with_t5xs_max_decode_len_is_t5xs(name, settings):
+  """T5X's beam_search.max_decode_len: decodes that long, shorter than the inputs."""
+  max_decode_len = 3
+  inputs = np.zeros((2, 6), np.int32)
+  inputs[1, 1:3] = [3, 4]
+  want, want_scores = t5x_decoding.beam_search(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, num_decodes=2, alpha=0.6,
+      max_decode_len=max_decode_len)
+  assert want.shape == (2, 2, max_decode_len)
+  got, scores = _engine_loop(name, bigram_model, inputs, num_decodes=2, alpha=0.6,
+                             max_decode_len=max_decode_len, **settings)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
+# T5X's decoding_test's prefilled beam search (test_beam_search_force_decode_prefix_with_
+# initial_index): batch 2, beams 2, prompts of lengths 1 and 2 in the cache, which holds a
+# batch-free relative-position bias as T5X's decoders cache it.
+PREFILLED_LOGITS = np.array([[NEG, -1e10, -0.1, -0.9, -1e4, -1e4, -1e4, -1e4],
+                             [NEG, -1.0, -0.9, -0.1, -1e4, -1e4, -1e4, -1e4]], np.float32)
+
+
+def prefilled_model(state):
+  """Example 0 prefers id 2 then 3, example 1 id 3, 2, then EOS (T5X's test's logits, each
+  beam's rows adjacent); the cache as it came, its bias checked to arrive unexpanded."""
+  assert state.cache["cached_bias"].shape == (1, 1024)
+  num_rows = state.cur_token.shape[0]
+  return jnp.repeat(jnp.asarray(PREFILLED_LOGITS), num_rows // 2, axis=0), state.cache
+
+
+def _prefilled_cache() -> dict:
+  return {"cached_bias": np.ones((1, 1024), np.float32),
+          "decoder/layers_0/self_attention/cached_key": np.ones((2, 1024), np.float32),
+          "decoder/layers_0/self_attention/cache_index": np.ones((2,), np.float32)}
+
+
+@pytest.mark.parametrize("max_decode_step", [-1, 2])
+@pytest.mark.parametrize("name,settings", [("beam_search", {}),
+                                           ("speculative_beam_search", {"gamma": 2})])
+def test_t5xs_prefilled_beam_search_case_is_t5xs(max_decode_step, name, settings):
+  inputs = np.array([[0, 7, 0, 0, 0], [0, 4, 5, 0, 0]], np.int32)
+  initial_index = jnp.asarray([1, 2], jnp.int32)
+  want, want_scores = t5x_decoding.beam_search(
+      jnp.asarray(inputs), _prefilled_cache(), prefilled_model, EOS_ID, num_decodes=2, alpha=0,
+      initial_index=initial_index, max_decode_step=max_decode_step)
+  loop = loops.get(name)
+  draft = {}
+  if loop.uses_draft:
+    draft = dict(draft_cache=_prefilled_cache(), draft_tokens_to_logits=engine_model(
+        prefilled_model), **settings)
+  got, scores, _ = loop(inputs=jnp.asarray(inputs), cache=_prefilled_cache(),
+                        tokens_to_logits=engine_model(prefilled_model), eos_id=EOS_ID,
+                        num_decodes=2, alpha=0, initial_index=initial_index,
+                        max_decode_step=max_decode_step, **draft)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,settings", [("temperature_sample", {}),
+                                           ("speculative_sample", {"gamma": 2})])
+def test_traced_topk_and_topp_together_are_t5xs(name, settings):
+  """T5X checks topk and topp only where both are known: traced, it masks top-k, then top-p
+  within it. Every decode both draw (200 samples each) has T5X's score."""
+  inputs = np.zeros((1, 4), np.int32)
+  t5x_sample = jax.jit(lambda topk, topp: t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0), num_decodes=200,
+      temperature=1.2, topk=topk, topp=topp))
+  engine_sample = jax.jit(lambda topk, topp: _decode(
+      name, bigram_model, inputs, num_decodes=200, rng=jax.random.PRNGKey(1), temperature=1.2,
+      topk=topk, topp=topp, **settings))
+  want = _decodes_and_scores(*t5x_sample(jnp.int32(3), jnp.float32(0.7)))
+  got = _decodes_and_scores(*engine_sample(jnp.int32(3), jnp.float32(0.7)))
+  common = sorted(set(want) & set(got))
+  assert len(common) >= 5, "too few decodes in common to compare"
+  np.testing.assert_allclose([got[d] for d in common], [want[d] for d in common], rtol=1e-5,
+                             atol=1e-5)
+  with pytest.raises(ValueError, match="at most one of topk"):
+    _decode(name, bigram_model, inputs, temperature=1.2, topk=3, topp=0.7, **settings)
+
+
+@pytest.mark.parametrize("name,settings", [("temperature_sample", {}),
+                                           ("speculative_sample", {"gamma": 3})])
+def test_per_example_max_decode_steps_in_one_compiled_decoder_are_t5xs(name, settings):
+  """max_decode_steps [B], traced, as T5X's temperature_sample takes it: T5X's decodes and
+  scores for each value, one trace; with num_decodes (which T5X cannot combine with it) each
+  example's rows keep its limit."""
+  inputs = np.zeros((3, 7), np.int32)
+  inputs[1, 1:3] = [4, 2]
+  traces = []
+
+  @functools.partial(jax.jit, static_argnames="num_decodes")
+  def decode(max_decode_steps, num_decodes=1):
+    traces.append(num_decodes)
+    return _decode(name, bigram_model, inputs, num_decodes=num_decodes, temperature=0.0,
+                   max_decode_steps=max_decode_steps, **settings)
+
+  t5x_sample = jax.jit(lambda max_decode_steps: t5x_decoding.temperature_sample(
+      jnp.asarray(inputs), {}, bigram_model, EOS_ID, jax.random.PRNGKey(0), temperature=0.0,
+      topk=0, max_decode_steps=max_decode_steps))
+  for steps in ([1, 3, 5], [4, 2, 1]):
+    want, want_scores = t5x_sample(jnp.asarray(steps, jnp.int32))
+    got, scores = decode(jnp.asarray(steps, jnp.int32))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-6)
+  assert len(traces) == 1
+  got, _ = decode(jnp.asarray([4, 2, 1], jnp.int32), num_decodes=2)
+  np.testing.assert_array_equal(np.asarray(got), np.repeat(np.asarray(want), 2, axis=1))

@@ -6,6 +6,7 @@ T5.1.1); scores are the target's; the parameter tree is T5X's plus the draft's; 
 config is read from its checkpoint; the sampled distribution follows the T5X decode_fn."""
 
 import functools
+import inspect
 
 import gin
 
@@ -359,6 +360,66 @@ def test_sampling_settings_read_gin_bindings():
     decode_fn = gin.query_parameter("%DECODE_FN").scoped_configurable_fn
     assert speculative.decode_fn_settings(decode_fn) == ("speculative_sample", {
         "temperature": 1.0, "topk": 40, "topp": 0.0, "max_decode_steps": None})
+  finally:
+    gin.clear_config()
+
+
+# For every argument of T5X's decode functions that has a default, another value.
+OTHER_VALUES = {
+    "decode_rng": jax.random.PRNGKey(1), "num_decodes": 3, "temperature": 0.5, "topk": 3,
+    "topp": 0.5, "cache_offset": 1, "initial_index": np.array([1]), "max_decode_steps": 3,
+    "max_decode_steps_hard_limit": 2, "rescale_log_probs": False,
+    "state_callback_fn": lambda state: state, "logit_callback_fn": no_repeats, "alpha": 0.3,
+    "max_decode_len": 5, "max_decode_step": 2, "min_log_prob": -3.0}
+
+
+@pytest.mark.parametrize("decode_fn", [t5x_decoding.temperature_sample,
+                                       t5x_decoding.beam_search])
+def test_every_argument_of_t5xs_decode_functions_is_honoured_or_refused(decode_fn):
+  """T5X's signatures walked: each argument bound to another value than T5X's default either
+  reaches the loop with that value and passes the loop's settings check (run when the model is
+  built), or is refused in one line naming it: by the hook (`decode_fn_settings`) or by the
+  loop's check. None is dropped."""
+  from spec_decode.engine import loops  # pylint: disable=g-import-not-at-top
+  refused = set()
+  for name, parameter in inspect.signature(decode_fn).parameters.items():
+    if parameter.default is inspect.Parameter.empty:
+      assert name in loops.RUNNER_ARGUMENTS  # the model gives it
+      continue
+    value = OTHER_VALUES[name]  # a new argument of T5X's needs a value here
+    binding = f"t5x.decoding.{decode_fn.__name__}.{name} = "
+    # T5X's topk default 1 means greedy whatever the temperature, and refuses a topp beside it.
+    untruncated = {"topk": 0} if decode_fn is t5x_decoding.temperature_sample else {}
+    try:
+      loop, settings = speculative.decode_fn_settings(functools.partial(
+          decode_fn, **{**untruncated, name: value}))
+    except ValueError as e:
+      assert str(e).startswith(binding) and "\n" not in str(e), str(e)
+      refused.add(name)
+      continue
+    assert settings[name] is value, name
+    try:
+      loops.get(loop).check({**settings, "gamma": 2})
+    except ValueError as e:
+      assert name in str(e) and "\n" not in str(e), str(e)
+      refused.add(name)
+  assert refused == {"decode_rng", "num_decodes", "initial_index", "cache_offset"} | (
+      {"state_callback_fn"} if decode_fn is t5x_decoding.temperature_sample
+      else {"min_log_prob"})
+
+
+def test_a_gin_bound_max_decode_len_reaches_beam_search():
+  with gin.unlock_config():
+    gin.parse_config("""
+        from __gin__ import dynamic_registration
+        from t5x import decoding
+        decoding.beam_search.max_decode_len = 7
+        DECODE_FN = @decoding.beam_search
+    """)
+  try:
+    decode_fn = gin.query_parameter("%DECODE_FN").scoped_configurable_fn
+    assert speculative.decode_fn_settings(decode_fn) == (
+        "speculative_beam_search", {"alpha": 0.6, "max_decode_len": 7})
   finally:
     gin.clear_config()
 
