@@ -87,8 +87,9 @@ def test_t5x_infer_names_a_truncated_target(setup, tmp_path):
 
 
 # How T5X saved the target given a NaN: its Checkpointer with the arrays inline in the msgpack
-# file or in TensorStore (its legacy format), or its Orbax checkpoint manager (its default).
-TARGET_SAVES = ("inline", "tensorstore", "orbax")
+# file or in TensorStore (its legacy format), or its Orbax checkpoint manager (its default); and
+# the TensorStore one restored by the legacy checkpointer t5x.infer uses without `use_orbax`.
+TARGET_SAVES = ("inline", "tensorstore", "orbax", "tensorstore_legacy_restore")
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +104,12 @@ def nan_target_runs(setup, tmp_path_factory) -> dict[str, tuple[str, Any]]:
       "inline": t5x_setup.save_checkpoint(directory / "inline", RUN_CONFIG, params, inline=True),
       "tensorstore": t5x_setup.save_checkpoint(directory / "tensorstore", RUN_CONFIG, params),
       "orbax": t5x_setup.save_orbax_checkpoint(directory / "orbax", RUN_CONFIG, params)}
+  paths["tensorstore_legacy_restore"] = paths["tensorstore"]
+  legacy = ("__main__.infer.use_orbax=False",)
   with concurrent.futures.ThreadPoolExecutor(max_workers=len(paths)) as pool:
     futures = {way: pool.submit(run_t5x, setup, f"nan_target_{way}", speculative=True,
-                                bindings=(f"CHECKPOINT_PATH='{path}'",))
+                                bindings=(f"CHECKPOINT_PATH='{path}'",
+                                          *(legacy if way.endswith("legacy_restore") else ())))
                for way, path in paths.items()}
     return {way: (paths[way], future.result()) for way, future in futures.items()}
 
