@@ -9,6 +9,7 @@ import pytest
 
 from spec_decode.engine import decoding, drafting, lookup, loops, verify
 import tiers
+import toy_loop  # pylint: disable=unused-import  # a user's policy among the registered ones
 import toy_setup
 from toy_setup import EOS
 

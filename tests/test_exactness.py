@@ -45,6 +45,9 @@ from spec_decode.engine import decoding, drafting, sampling, toy, verify
 from spec_decode.engine import lookup as engine_lookup
 import test_verify
 import tiers
+# A user's policy (one_draft), registered outside the package, runs through the suite like the
+# package's own; imported here so that every run of this file sees the same policies.
+import toy_loop  # pylint: disable=unused-import
 import toy_setup
 from toy_setup import EOS
 
@@ -180,9 +183,12 @@ def test_sequences_follow_the_target_law(case, verifier, draft_policy):
 # policy, greedy and at temperature 1. Half the rows have a random encoder source to copy from,
 # half an empty one (only their own output can match), so rows with and without proposals share
 # every batch; the law over outputs is the target's whatever the source.
+# one_draft is left out of the combined drafter's greedy case: its two-token output is decoded by
+# the model's one draft and the bonus token, so the lookup never has a position to propose at.
 LOOKUP_DECODERS = [(drafter, temperature, rule, policy) for drafter in ("lookup", "lookup+near")
                    for temperature in (0.0, 1.0) for rule in sorted(verify.EXACT_RULES)
-                   for policy in sorted(drafting.POLICIES)]
+                   for policy in sorted(drafting.POLICIES)
+                   if (drafter, temperature, policy) != ("lookup+near", 0.0, "one_draft")]
 
 
 def lookup_sources(num_rows: int, length: int = 6, seed: int = 0) -> np.ndarray:
