@@ -1,7 +1,11 @@
-"""Every command line in the README's shell code blocks, as a user copies it into a shell at the
+"""The README and the pages of docs/ as a user reads them.
+
+Every command line in their shell code blocks, as a user copies it into a shell at the
 repository's root: each `python -m spec_decode...` and `python -m t5x...` command names only
 flags its program defines, and every gin file it names exists where that program looks for it
-(T5X's: where gin finds it, as `python -m t5x.infer` parses it).
+(T5X's: where gin finds it, as `python -m t5x.infer` parses it). Every relative link leads to a
+file that exists, and to a heading of it where it names one. The README stays a page a user reads
+in minutes: at most README_MOST_LINES lines, the rest in docs/.
 
 Read, not run: the commands need TPUs, checkpoints and data. A `<name>` in a path stands for a
 choice among existing files (it must match one); a shell variable or an absolute path (a file an
@@ -12,6 +16,7 @@ import argparse
 import glob
 import importlib.util
 import os
+import pathlib
 import re
 import runpy
 import shlex
@@ -24,14 +29,16 @@ import pytest
 from spec_decode import paths
 
 README = paths.ROOT / "README.md"
+PAGES = [README, *sorted((paths.ROOT / "docs").rglob("*.md"))]
+README_MOST_LINES = 250
 # The documented search path for T5X (`--gin_search_paths="$(python -m spec_decode.paths)"`).
 PATHS_COMMAND = "$(python -m spec_decode.paths)"
 SEPARATORS = {"&&", "||", ";", "|", "do", "then", "(", ")"}
 
 
 def _commands() -> list[list[str]]:
-  """The README's `python -m` commands of spec_decode or T5X, each as its words."""
-  text = README.read_text()
+  """The pages' `python -m` commands of spec_decode or T5X, each as its words."""
+  text = "\n".join(page.read_text() for page in PAGES)
   commands = []
   for language, block in re.findall(r"```(\w*)\n(.*?)```", text, re.DOTALL):
     if language not in ("", "bash", "sh", "shell"):
@@ -124,6 +131,42 @@ def _values(words: list[str], flag: str) -> list[str]:
     elif word == flag and i + 1 < len(words):
       values.append(words[i + 1])
   return values
+
+
+def _anchor(heading: str) -> str:
+  """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as '-'."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: pathlib.Path) -> set[str]:
+  text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+  return {_anchor(heading) for heading in re.findall(r"(?m)^#+ (.*)$", text)}
+
+
+def _links(page: pathlib.Path) -> list[str]:
+  """The targets of the page's Markdown links, outside its code blocks."""
+  text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+  return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+def test_the_readme_is_short():
+  lines = len(README.read_text().splitlines())
+  assert lines <= README_MOST_LINES, f"README.md has {lines} lines: move detail to docs/"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(paths.ROOT)))
+def test_every_relative_link_leads_somewhere(page):
+  broken = []
+  for link in _links(page):
+    if re.match(r"[a-z]+:", link):
+      continue  # a URL
+    target, _, anchor = link.partition("#")
+    path = (page.parent / target).resolve() if target else page
+    if not path.exists():
+      broken.append(f"{link} (no such file)")
+    elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+      broken.append(f"{link} (no such heading)")
+  assert not broken, f"{page.relative_to(paths.ROOT)}: {broken}"
 
 
 def test_the_readme_has_commands_to_check():
