@@ -69,10 +69,10 @@ def layout(tpu_devices):
 
 @needs_tpu_compiler
 def test_the_platform_follows_the_devices_not_the_host(layout):
-  """TPU devices of a topology get plain XLA on whatever host compiles for them (this
-  suite's CPU, a GPU host)."""
+  """TPU devices of a topology get the TPU's products (XLA's) on whatever host compiles for
+  them (this suite's CPU, a GPU host)."""
   assert layout.platform == platforms.Platform("tpu", 2)
-  assert layout.platform.module(TARGET).ops == network.Ops()
+  assert layout.platform.module(TARGET).ops == platforms.TPU_OPS
 
 
 def _compile(layout, decoder, num_decodes=1):
@@ -122,6 +122,49 @@ def test_the_same_decode_on_this_cpu_holds_the_kernel():
   decoder = core.Decoder.create("speculative_sample", network.Transformer(TARGET),
                                 network.Transformer(DRAFT), gamma=3, temperature=1.0)
   assert cpu_kernels.TARGET_NAME in _compile(cpu, decoder).custom_calls
+
+
+def _decoder_kernels(config: network.T5Config, tree: str) -> set[str]:
+  """The kernels the decode loop projects its fed tokens with: each decoder layer's
+  self-attention query, key and value and its cross-attention query."""
+  return {f"{tree}/decoder/layers_{i}/{block}/{name}/kernel"
+          for i in range(config.num_decoder_layers)
+          for block, names in (("self_attention", ("query", "key", "value")),
+                               ("encoder_decoder_attention", ("query",)))
+          for name in names}
+
+
+@needs_tpu_compiler
+def test_the_tpu_decode_copies_no_decoder_kernel_for_its_loop(monkeypatch):
+  """A greedy speculative decode (gamma 7, bfloat16 as the Table 2 runs) on one v4 chip: with
+  the TPU's products, no weight matrix is copied before the loop and held through it (the
+  relative-position tables, [heads, buckets], are: a few hundred bytes); with plain XLA (the
+  control, what TPU programs took before) XLA:TPU makes transposed copies of exactly the
+  decoder's projection kernels of both models, which a T5.1.1-XXL decode holds as 3 GiB."""
+  bf16 = dict(TPU_SHAPED, dtype="bfloat16")
+  target = tiny_t5.tiny_config(VOCAB_SIZE, dict(bf16, num_decoder_layers=2))
+  draft = tiny_t5.tiny_config(VOCAB_SIZE, dict(bf16, mlp_dim=128))
+  one_chip = decode_layout.decode_layout(
+      partitioning.PjitPartitioner(num_partitions=1,
+                                   devices=topologies.topology("v4:1x1x1").devices()),
+      target, draft)
+  decoder = core.Decoder.create("speculative_sample", network.Transformer(target),
+                                network.Transformer(draft), gamma=7, temperature=0.0)
+
+  def relaid_kernels():
+    program = programs.predict_program(
+        one_chip, decoder, eos_id=1, num_decodes=1, batch_size=1, input_length=INPUT_LENGTH,
+        target_length=TARGET_LENGTH, param_dtype="bfloat16")
+    return {name: size for name, size in program.loop_relaid_parameters
+            if name.endswith("/kernel")}
+
+  assert relaid_kernels() == {}
+  monkeypatch.setattr(platforms, "TPU_OPS", network.Ops())
+  relaid = relaid_kernels()
+  assert set(relaid) == _decoder_kernels(target, "params") | _decoder_kernels(draft,
+                                                                              "draft_params")
+  joined_kv = TPU_SHAPED["num_heads"] * TPU_SHAPED["head_dim"]
+  assert set(relaid.values()) == {TPU_SHAPED["emb_dim"] * joined_kv * 2}  # bfloat16 [E, H*D]
 
 
 @needs_tpu_compiler
