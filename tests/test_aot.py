@@ -2,8 +2,11 @@
 compile-only client): the speculative decode, its baseline and speculative beam search compile
 for TPU v4 devices with no CPU custom call (the platform follows the devices, not the host), as
 does a decoder-only language model's run, XLA's memory analysis agrees with the plan's formula,
-and the command reports it."""
+the decode holds no copy of a decoder kernel through its loop (the TPU's decoder projections),
+the plan bisects to the largest batch that fits, and the command reports it."""
 
+import argparse
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -22,6 +25,7 @@ from spec_decode import plan
 from spec_decode.runtime import platforms
 from spec_decode.aot import cli
 from spec_decode.aot import programs
+from spec_decode.aot import runs
 from spec_decode.aot import topologies
 from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import network
@@ -231,6 +235,34 @@ def test_plan_prints_xlas_temporaries_beside_its_formula(capsys):
   compiled = [line for line in printed.splitlines() if line.startswith("P=")
               and "temporaries" in line]
   assert [line.split(":")[0] for line in compiled] == ["P=1", "P=2", "P=4"], printed
+
+
+@needs_tpu_compiler
+def test_plan_bisects_to_the_largest_batch_that_fits(monkeypatch, capsys):
+  """A v4 chip whose HBM lies halfway between what the demo's decode takes at batch 4 and at
+  batch 5 (compiled here first): the plan's bisection up to 5 (5, 1, 3, 4 compiled) answers 4,
+  with batch 5's figures beside. Memory grows with the batch: each row's caches and logits."""
+  devices = topologies.topology("v4:1x1x1").devices()
+
+  def device_bytes(batch_size):
+    run = runs.read_run(argparse.Namespace(
+        gin_file=["configs/demo/infer.gin"], draft_gin_file=None, num_partitions=1,
+        batch_size=batch_size, input_length=None, target_length=None), [], devices)
+    return programs.predict_program(
+        run.layout, run.model.decoder, eos_id=runs.EOS_ID, num_decodes=1,
+        batch_size=batch_size, input_length=run.input_length, target_length=run.target_length,
+        param_dtype=run.checkpoint_dtype).device_bytes
+
+  four, five = device_bytes(4), device_bytes(5)
+  assert four < five
+  monkeypatch.setitem(topologies.CHIPS, "v4", dataclasses.replace(
+      topologies.CHIPS["v4"], hbm_bytes=(four + five) // 2))
+  assert plan.main(["--gin_file=configs/demo/infer.gin", "--compile_for=v4:1x1x1",
+                    "--largest_batch_up_to=5"]) == 0
+  found = [line for line in capsys.readouterr().out.splitlines() if "largest batch" in line]
+  assert len(found) == 1 and found[0].startswith("P=1: largest batch up to 5 that fits "), found
+  assert ": 4 (arguments " in found[0] and "; batch 5: arguments " in found[0], found
+  assert found[0].endswith("; 4 compiled"), found
 
 
 @pytest.mark.skipif(not _installed("jax_plugins.xla_cuda13"),

@@ -181,7 +181,8 @@ def format_relaid(program: programs.Program, shown: int = 4) -> str:
     return f"{program.name}: no weight copied before its loop and live across it"
   names = ", ".join(name for name, _ in relaid[:shown])
   more = f", ... ({len(relaid) - shown} more)" if len(relaid) > shown else ""
-  return (f"{program.name}: {len(relaid)} weights copied into another layout before its loop "
+  weights = "weight" if len(relaid) == 1 else "weights"
+  return (f"{program.name}: {len(relaid)} {weights} copied into another layout before its loop "
           f"and live across it, {_gib(program.loop_relaid_bytes)} GiB of its temporaries: "
           f"{names}{more}")
 
