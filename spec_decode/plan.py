@@ -401,7 +401,9 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
       return programs.predict_program(
           run.layout, run.model.decoder, eos_id=runs.EOS_ID, num_decodes=run.model.num_decodes,
           batch_size=run.batch_size, input_length=run.input_length,
-          target_length=run.target_length, param_dtype=run.checkpoint_dtype)
+          target_length=run.target_length, param_dtype=run.checkpoint_dtype,
+          progress=lambda message: print(f"P={row.num_partitions} batch {run.batch_size}: "
+                                         f"{message}", file=sys.stderr, flush=True))
 
     def describe(program: programs.Program) -> str:
       return (f"arguments {format_bytes(program.argument_bytes)}, temporaries "

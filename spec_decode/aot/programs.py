@@ -18,6 +18,7 @@ such a copy stays live for the whole loop, temporaries the plan's formula does n
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from collections.abc import Callable
@@ -223,6 +224,15 @@ class _Instruction:
     return f"{self.opcode} {self.custom_call_target}".strip()
 
 
+def _closing(text: str, depth: int) -> int:
+  """The index in `text` of the parenthesis that closes `depth` open ones."""
+  for end, char in enumerate(text):
+    depth += {"(": 1, ")": -1}.get(char, 0)
+    if depth == 0:
+      return end
+  return len(text)
+
+
 def _entry_instructions(hlo: str) -> dict[str, _Instruction]:
   """The instructions of a compiled HLO module's entry computation, by name."""
   found: dict[str, _Instruction] = {}
@@ -240,20 +250,12 @@ def _entry_instructions(hlo: str) -> dict[str, _Instruction]:
       continue
     rest = line[match.end():]
     if rest.startswith("("):  # a tuple shape: up to its closing parenthesis
-      depth = 0
-      for end, char in enumerate(rest):
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth == 0:
-          break
+      end = _closing(rest, 0)
       shape, rest = rest[:end + 1], rest[end + 2:]
     else:
       shape, _, rest = rest.partition(" ")
     opcode, _, rest = rest.partition("(")
-    depth, end = 1, 0
-    for end, char in enumerate(rest):
-      depth += {"(": 1, ")": -1}.get(char, 0)
-      if depth == 0:
-        break
+    end = _closing(rest, 1)  # the operands, then the attributes
     op_name = re.search(r'op_name="([^"]*)"', rest[end:])
     target = re.search(r'custom_call_target="([^"]*)"', rest[end:])
     found[match.group(1)] = _Instruction(
@@ -268,11 +270,8 @@ def _array_bytes(shape: str) -> int:
   match = re.match(r"(\w+)\[([\d,]*)\]", shape)
   if not match or match.group(1) not in _ELEMENT_BYTES:
     return 0
-  dims = [int(d) for d in match.group(2).split(",") if d]
-  count = 1
-  for d in dims:
-    count *= d
-  return count * _ELEMENT_BYTES[match.group(1)]
+  return math.prod(int(d) for d in match.group(2).split(",") if d) * _ELEMENT_BYTES[
+      match.group(1)]
 
 
 def _parameter_name(parameter: str, instruction: _Instruction) -> str:
