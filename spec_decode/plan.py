@@ -43,7 +43,8 @@ code are printed under the formula's (`python -m spec_decode.aot` says more). Wi
 the mesh's 'data' axis) whose decode fits one chip's HBM by XLA's memory analysis, found by
 bisection over compiled programs (`largest_batch`: at most log2(N) + 3 compiles per P) instead of
 the decode at the config's batch size; XLA's temporaries, which the formula leaves out, are in
-it.
+it. A batch XLA:TPU refuses to compile (RESOURCE_EXHAUSTED: its temporaries exceed the HBM it
+leaves them) does not fit.
 """
 
 from __future__ import annotations
@@ -405,22 +406,36 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
           progress=lambda message: print(f"P={row.num_partitions} batch {run.batch_size}: "
                                          f"{message}", file=sys.stderr, flush=True))
 
-    def describe(program: programs.Program) -> str:
+    def attempt(batch_size: int | None) -> programs.Program | str:
+      """The program, or XLA:TPU's refusal to compile one its HBM cannot hold."""
+      try:
+        return compiled(batch_size)
+      except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+          raise
+        return gin_utils.first_line(e)
+
+    def describe(program: programs.Program | str) -> str:
+      if isinstance(program, str):
+        return f"not compiled, XLA: {program}"
       return (f"arguments {format_bytes(program.argument_bytes)}, temporaries "
               f"{format_bytes(program.temp_bytes)}, code {format_bytes(program.code_bytes)}: "
               f"{format_bytes(program.device_bytes)}")
 
+    def fits_hbm(program: programs.Program | str) -> bool:
+      return not isinstance(program, str) and program.device_bytes <= hbm
+
     try:
       if args.largest_batch_up_to is None:
-        program = compiled(args.batch_size)
-        fits = "yes" if program.device_bytes <= hbm else "NO"
-        print(f"P={row.num_partitions}: {describe(program)} (fits {format_bytes(hbm)}: {fits})")
+        program = attempt(args.batch_size)
+        print(f"P={row.num_partitions}: {describe(program)} (fits {format_bytes(hbm)}: "
+              f"{'yes' if fits_hbm(program) else 'NO'})")
         continue
-      tried: dict[int, programs.Program] = {}
+      tried: dict[int, programs.Program | str] = {}
 
       def fits(batch_size: int) -> bool:
-        tried[batch_size] = compiled(batch_size)
-        return tried[batch_size].device_bytes <= hbm
+        tried[batch_size] = attempt(batch_size)
+        return fits_hbm(tried[batch_size])
 
       found = largest_batch(fits, args.largest_batch_up_to, step=row.mesh_shape[0])
     except ValueError as e:
@@ -433,7 +448,7 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
       text += f" ({describe(tried[found])})"
     if larger is not None:
       text += f"; batch {larger}: {describe(tried[larger])}"
-    print(f"{text}; {len(tried)} compiled")
+    print(f"{text}; {len(tried)} batches tried")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

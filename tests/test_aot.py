@@ -262,7 +262,31 @@ def test_plan_bisects_to_the_largest_batch_that_fits(monkeypatch, capsys):
   found = [line for line in capsys.readouterr().out.splitlines() if "largest batch" in line]
   assert len(found) == 1 and found[0].startswith("P=1: largest batch up to 5 that fits "), found
   assert ": 4 (arguments " in found[0] and "; batch 5: arguments " in found[0], found
-  assert found[0].endswith("; 4 compiled"), found
+  assert found[0].endswith("; 4 batches tried"), found
+
+
+@needs_tpu_compiler
+def test_a_batch_xla_refuses_for_want_of_hbm_does_not_fit(monkeypatch, capsys):
+  """XLA:TPU refuses to compile a decode whose temporaries exceed the HBM it leaves them
+  (RESOURCE_EXHAUSTED, as it refused T5.1.1-XXL's ende_small_t0 at batch 64 on one v4 chip:
+  docs/TPU_COMPILE.md); such a batch does not fit. Here XLA's refusal stands in for the compile
+  of every batch above 2 (a real one compiles for minutes first), batches 1 and 2 compile."""
+  compile_decode = programs.predict_program
+  refusal = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the "
+             "total memory required for HLO temporaries (40.23G) exceeds available HBM (30.75G).")
+
+  def refusing(*args, batch_size, **kwargs):
+    if batch_size > 2:
+      raise jax.errors.JaxRuntimeError(refusal)
+    return compile_decode(*args, batch_size=batch_size, **kwargs)
+
+  monkeypatch.setattr(programs, "predict_program", refusing)
+  assert plan.main(["--gin_file=configs/demo/infer.gin", "--compile_for=v4:1x1x1",
+                    "--largest_batch_up_to=4"]) == 0
+  found = [line for line in capsys.readouterr().out.splitlines() if "largest batch" in line]
+  assert len(found) == 1 and ": 2 (arguments " in found[0], found
+  assert found[0].endswith(f"; batch 3: not compiled, XLA: {refusal}; 4 batches tried"), (
+      found)
 
 
 @pytest.mark.skipif(not _installed("jax_plugins.xla_cuda13"),
