@@ -388,55 +388,53 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
   except ValueError as e:
     raise gin_utils.UsageError(gin_utils.first_line(e)) from None
   hbm = topology.chip.hbm_bytes
-  print(f"compiled by XLA for {topology.name} ({topology.chip.kind}), per device, not run:")
-  for row in rows:
-    if row.mesh_shape is None or math.prod(row.mesh_shape) > len(devices):
-      continue
 
-    def compiled(batch_size: int | None, row: PlanRow = row) -> programs.Program:
-      aot_args = argparse.Namespace(
-          gin_file=args.gin_file, draft_gin_file=args.draft_gin_file,
-          num_partitions=row.num_partitions, batch_size=batch_size,
-          input_length=args.input_length, target_length=args.target_length)
-      run = runs.read_run(aot_args, bindings, devices[:math.prod(row.mesh_shape)])
+  def attempt(row: PlanRow, batch_size: int | None) -> programs.Program | str:
+    """The decode compiled for P = row.num_partitions, or XLA:TPU's refusal to compile one
+    whose temporaries its HBM cannot hold."""
+    aot_args = argparse.Namespace(
+        gin_file=args.gin_file, draft_gin_file=args.draft_gin_file,
+        num_partitions=row.num_partitions, batch_size=batch_size,
+        input_length=args.input_length, target_length=args.target_length)
+    run = runs.read_run(aot_args, bindings, devices[:math.prod(row.mesh_shape)])
+    try:
       return programs.predict_program(
           run.layout, run.model.decoder, eos_id=runs.EOS_ID, num_decodes=run.model.num_decodes,
           batch_size=run.batch_size, input_length=run.input_length,
           target_length=run.target_length, param_dtype=run.checkpoint_dtype,
           progress=lambda message: print(f"P={row.num_partitions} batch {run.batch_size}: "
                                          f"{message}", file=sys.stderr, flush=True))
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      return gin_utils.first_line(e)
 
-    def attempt(batch_size: int | None) -> programs.Program | str:
-      """The program, or XLA:TPU's refusal to compile one its HBM cannot hold."""
-      try:
-        return compiled(batch_size)
-      except jax.errors.JaxRuntimeError as e:
-        if "RESOURCE_EXHAUSTED" not in str(e):
-          raise
-        return gin_utils.first_line(e)
+  def describe(program: programs.Program | str) -> str:
+    if isinstance(program, str):
+      return f"not compiled, XLA: {program}"
+    return (f"arguments {format_bytes(program.argument_bytes)}, temporaries "
+            f"{format_bytes(program.temp_bytes)}, code {format_bytes(program.code_bytes)}: "
+            f"{format_bytes(program.device_bytes)}")
 
-    def describe(program: programs.Program | str) -> str:
-      if isinstance(program, str):
-        return f"not compiled, XLA: {program}"
-      return (f"arguments {format_bytes(program.argument_bytes)}, temporaries "
-              f"{format_bytes(program.temp_bytes)}, code {format_bytes(program.code_bytes)}: "
-              f"{format_bytes(program.device_bytes)}")
+  def fits_hbm(program: programs.Program | str) -> bool:
+    return not isinstance(program, str) and program.device_bytes <= hbm
 
-    def fits_hbm(program: programs.Program | str) -> bool:
-      return not isinstance(program, str) and program.device_bytes <= hbm
+  print(f"compiled by XLA for {topology.name} ({topology.chip.kind}), per device, not run:")
+  for row in rows:
+    if row.mesh_shape is None or math.prod(row.mesh_shape) > len(devices):
+      continue
+    tried: dict[int, programs.Program | str] = {}
+
+    def fits(batch_size: int, row: PlanRow = row) -> bool:
+      tried[batch_size] = attempt(row, batch_size)
+      return fits_hbm(tried[batch_size])
 
     try:
       if args.largest_batch_up_to is None:
-        program = attempt(args.batch_size)
+        program = attempt(row, args.batch_size)
         print(f"P={row.num_partitions}: {describe(program)} (fits {format_bytes(hbm)}: "
               f"{'yes' if fits_hbm(program) else 'NO'})")
         continue
-      tried: dict[int, programs.Program | str] = {}
-
-      def fits(batch_size: int) -> bool:
-        tried[batch_size] = attempt(batch_size)
-        return fits_hbm(tried[batch_size])
-
       found = largest_batch(fits, args.largest_batch_up_to, step=row.mesh_shape[0])
     except ValueError as e:
       print(f"P={row.num_partitions}: not compiled: {gin_utils.first_line(e)}")
