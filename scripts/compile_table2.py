@@ -159,8 +159,9 @@ def render() -> str:
       "loop, and its code their handling. Compiled again with them (2026-12-05; the command "
       "is in docs/TPU_COMPILE.md), "
       "`ende_small_t0` on one chip takes 20.88 + 0.39 GiB (was 20.88 + 3.45) and 19.7 MiB of "
-      "code (was 21.6), 21.29 GiB in all, as its baseline; the other rows are not compiled "
-      "again yet.",
+      "code (was 21.6), 21.29 GiB in all, as its baseline, and on the 4 chips of a v4-8 5.33 + "
+      "0.23 GiB per chip (was 5.33 + 1.01) and 210.6 MiB of code (was 216); the other rows are "
+      "not compiled again yet.",
       "",
       "How to read c and the prediction. At batch 1 every call is bound by reading its weights "
       "(v(gamma+1) = 1.00 by the roofline in every row: a verification call of up to 8 tokens "
