@@ -132,7 +132,8 @@ def _reading(figures: dict[str, dict], prefix: str) -> list[str]:
           f" a v4's 32 GiB; XLA's arguments are the plan formula's parameters to within "
           f"{max(deviation, 1e-4):.2%}; XLA's temporaries exceed the formula's caches by "
           f"{_gib(min(extra))}-{_gib(max(extra))} GiB (docs/TPU_COMPILE.md traces those of "
-          "T5.1.1-XXL on one chip to weight relayouts hoisted out of the loop)."]
+          "T5.1.1-XXL on one chip to weight relayouts hoisted out of the loop, which the TPU's "
+          "decoder projections, later than these figures, no longer make)."]
 
 
 def render() -> str:
@@ -151,7 +152,16 @@ def render() -> str:
       "paper's measured speedup is beside it. `scripts/accelerator_check.sh` is the check "
       "for when a TPU is lent. The figures below were compiled at commit b8e1366; "
       "`ende_small_t0` compiled again for one chip after T5X's sampling settings became data in "
-      "the engine gave the same arguments, temporaries within 0.01% and code within 0.01%.",
+      "the engine gave the same arguments, temporaries within 0.01% and code within 0.01%. "
+      "**Every figure below predates the TPU's decoder projections** "
+      "(`network.kernel_first_dot`, docs/TPU_COMPILE.md): its temporaries include the "
+      "transposed copies of the decoder's attention kernels that XLA:TPU then held through the "
+      "loop, and its code their handling. Compiled again with them (2026-12-05; the command "
+      "is in docs/TPU_COMPILE.md), "
+      "`ende_small_t0` on one chip takes 20.88 + 0.39 GiB (was 20.88 + 3.45) and 19.7 MiB of "
+      "code (was 21.6), 21.29 GiB in all, as its baseline, and on the 4 chips of a v4-8 5.33 + "
+      "0.23 GiB per chip (was 5.33 + 1.01) and 210.6 MiB of code (was 216); the other rows are "
+      "not compiled again yet.",
       "",
       "How to read c and the prediction. At batch 1 every call is bound by reading its weights "
       "(v(gamma+1) = 1.00 by the roofline in every row: a verification call of up to 8 tokens "

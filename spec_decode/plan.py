@@ -4,7 +4,8 @@ Run: `python -m spec_decode.plan --gin_file=configs/table2/spec_decode.gin
 --gin_file=configs/table2/ende_small_t0.gin
 [--device_kind=tpu_v4|h200|cpu] [--num_devices=N] [--batch_size=B] [--input_length=Le]
 [--target_length=L] [--num_decodes=n] [--param_dtype=D] [--draft_gin_file=F]
-[--parameter_partitioning_dims=1|2] [--compile_for=TOPOLOGY] [--gin_bindings=B ...]`.
+[--parameter_partitioning_dims=1|2] [--compile_for=TOPOLOGY [--largest_batch_up_to=N]]
+[--gin_bindings=B ...]`.
 
 What it reads (`gin_utils.read_run_config`: the gin config is parsed, nothing is built or
 allocated):
@@ -37,7 +38,13 @@ such instead of numbers. Not counted: activations, logits, the engine's small [B
 XLA's temporaries, so leave headroom. With `--compile_for=TOPOLOGY` (a TPU topology of
 `spec_decode.aot`, e.g. v4-8; needs `jax[tpu]`), the decode is also compiled by XLA for each P
 the topology has chips for, on P of them, and XLA's own per-device arguments, temporaries and
-code are printed under the formula's (`python -m spec_decode.aot` says more).
+code are printed under the formula's (`python -m spec_decode.aot` says more). With
+`--largest_batch_up_to=N` as well, for each such P the largest batch size up to N (a multiple of
+the mesh's 'data' axis) whose decode fits one chip's HBM by XLA's memory analysis, found by
+bisection over compiled programs (`largest_batch`: at most log2(N) + 3 compiles per P) instead of
+the decode at the config's batch size; XLA's temporaries, which the formula leaves out, are in
+it. A batch XLA:TPU refuses to compile (RESOURCE_EXHAUSTED: its temporaries exceed the HBM it
+leaves them) does not fit.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ import functools
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -209,6 +216,28 @@ def check_fits(layout: decode_layout.DecodeLayout, batch_rows: int, input_length
         f"{format_bytes(budget)} per device budget")
 
 
+def largest_batch(fits: Callable[[int], bool], up_to: int, step: int = 1) -> int:
+  """The largest multiple of `step` up to `up_to` for which `fits` holds, 0 where `step` does
+  not fit. Assumes what a decode's memory does: it grows with the batch, so `fits` holds up to
+  some batch and not beyond. Bisection: `fits` is asked ceil(log2(up_to // step)) + 2 times at
+  most, `up_to` first (the answer where it fits, in one call)."""
+  top = up_to // step
+  if top < 1:
+    return 0
+  if fits(top * step):
+    return top * step
+  if top == 1 or not fits(step):
+    return 0
+  low, high = 1, top  # fits(low * step), not fits(high * step)
+  while high - low > 1:
+    middle = (low + high) // 2
+    if fits(middle * step):
+      low = middle
+    else:
+      high = middle
+  return low * step
+
+
 # --------------------------------------------------------------------------- printing
 
 
@@ -303,10 +332,16 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--compile_for", default=None,
                       help="also compile the decode for this TPU topology (e.g. v4-8) and "
                            "print XLA's memory per device")
+  parser.add_argument("--largest_batch_up_to", type=int, default=None,
+                      help="with --compile_for: the largest batch size up to this whose decode "
+                           "fits a chip's HBM by XLA's memory analysis (bisection)")
   args, bindings = gin_utils.parse_args(parser, argv)
   if not args.gin_file:
     parser.error("give --gin_file, e.g. --gin_file=configs/table2/spec_decode.gin "
                  "--gin_file=configs/table2/ende_small_t0.gin")
+  if args.largest_batch_up_to is not None and (not args.compile_for
+                                               or args.largest_batch_up_to < 1):
+    parser.error("--largest_batch_up_to takes a positive batch size and needs --compile_for")
   return args, bindings
 
 
@@ -342,7 +377,8 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
 
 def _print_compiled(args: argparse.Namespace, bindings: list[str],
                     rows: Sequence[PlanRow]) -> None:
-  """XLA's per-device memory of the decode for each P the topology holds (`spec_decode.aot`)."""
+  """XLA's per-device memory of the decode for each P the topology holds (`spec_decode.aot`),
+  or with `--largest_batch_up_to` the largest batch that fits for each."""
   from spec_decode.aot import programs  # pylint: disable=g-import-not-at-top  (imports plan)
   from spec_decode.aot import runs  # pylint: disable=g-import-not-at-top
   from spec_decode.aot import topologies  # pylint: disable=g-import-not-at-top
@@ -351,28 +387,66 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
     devices = topology.devices()
   except ValueError as e:
     raise gin_utils.UsageError(gin_utils.first_line(e)) from None
+  hbm = topology.chip.hbm_bytes
+
+  def attempt(row: PlanRow, batch_size: int | None) -> programs.Program | str:
+    """The decode compiled for P = row.num_partitions, or XLA:TPU's refusal to compile one
+    whose temporaries its HBM cannot hold."""
+    aot_args = argparse.Namespace(
+        gin_file=args.gin_file, draft_gin_file=args.draft_gin_file,
+        num_partitions=row.num_partitions, batch_size=batch_size,
+        input_length=args.input_length, target_length=args.target_length)
+    run = runs.read_run(aot_args, bindings, devices[:math.prod(row.mesh_shape)])
+    try:
+      return programs.predict_program(
+          run.layout, run.model.decoder, eos_id=runs.EOS_ID, num_decodes=run.model.num_decodes,
+          batch_size=run.batch_size, input_length=run.input_length,
+          target_length=run.target_length, param_dtype=run.checkpoint_dtype,
+          progress=lambda message: print(f"P={row.num_partitions} batch {run.batch_size}: "
+                                         f"{message}", file=sys.stderr, flush=True))
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      return gin_utils.first_line(e)
+
+  def describe(program: programs.Program | str) -> str:
+    if isinstance(program, str):
+      return f"not compiled, XLA: {program}"
+    return (f"arguments {format_bytes(program.argument_bytes)}, temporaries "
+            f"{format_bytes(program.temp_bytes)}, code {format_bytes(program.code_bytes)}: "
+            f"{format_bytes(program.device_bytes)}")
+
+  def fits_hbm(program: programs.Program | str) -> bool:
+    return not isinstance(program, str) and program.device_bytes <= hbm
+
   print(f"compiled by XLA for {topology.name} ({topology.chip.kind}), per device, not run:")
   for row in rows:
     if row.mesh_shape is None or math.prod(row.mesh_shape) > len(devices):
       continue
-    aot_args = argparse.Namespace(
-        gin_file=args.gin_file, draft_gin_file=args.draft_gin_file,
-        num_partitions=row.num_partitions, batch_size=args.batch_size,
-        input_length=args.input_length, target_length=args.target_length)
+    tried: dict[int, programs.Program | str] = {}
+
+    def fits(batch_size: int, row: PlanRow = row) -> bool:
+      tried[batch_size] = attempt(row, batch_size)
+      return fits_hbm(tried[batch_size])
+
     try:
-      run = runs.read_run(aot_args, bindings, devices[:math.prod(row.mesh_shape)])
+      if args.largest_batch_up_to is None:
+        program = attempt(row, args.batch_size)
+        print(f"P={row.num_partitions}: {describe(program)} (fits {format_bytes(hbm)}: "
+              f"{'yes' if fits_hbm(program) else 'NO'})")
+        continue
+      found = largest_batch(fits, args.largest_batch_up_to, step=row.mesh_shape[0])
     except ValueError as e:
       print(f"P={row.num_partitions}: not compiled: {gin_utils.first_line(e)}")
       continue
-    program = programs.predict_program(
-        run.layout, run.model.decoder, eos_id=runs.EOS_ID, num_decodes=run.model.num_decodes,
-        batch_size=run.batch_size, input_length=run.input_length,
-        target_length=run.target_length, param_dtype=run.checkpoint_dtype)
-    fits = "yes" if program.device_bytes <= topology.chip.hbm_bytes else "NO"
-    print(f"P={row.num_partitions}: arguments {format_bytes(program.argument_bytes)}, "
-          f"temporaries {format_bytes(program.temp_bytes)}, code "
-          f"{format_bytes(program.code_bytes)}: {format_bytes(program.device_bytes)} "
-          f"(fits {format_bytes(topology.chip.hbm_bytes)}: {fits})")
+    larger = min((b for b in tried if b > found), default=None)
+    text = (f"P={row.num_partitions}: largest batch up to {args.largest_batch_up_to} that fits "
+            f"{format_bytes(hbm)}: {found or 'none'}")
+    if found:
+      text += f" ({describe(tried[found])})"
+    if larger is not None:
+      text += f"; batch {larger}: {describe(tried[larger])}"
+    print(f"{text}; {len(tried)} batches tried")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

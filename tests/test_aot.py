@@ -2,8 +2,11 @@
 compile-only client): the speculative decode, its baseline and speculative beam search compile
 for TPU v4 devices with no CPU custom call (the platform follows the devices, not the host), as
 does a decoder-only language model's run, XLA's memory analysis agrees with the plan's formula,
-and the command reports it."""
+the decode holds no copy of a decoder kernel through its loop (the TPU's decoder projections),
+the plan bisects to the largest batch that fits, and the command reports it."""
 
+import argparse
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -22,6 +25,7 @@ from spec_decode import plan
 from spec_decode.runtime import platforms
 from spec_decode.aot import cli
 from spec_decode.aot import programs
+from spec_decode.aot import runs
 from spec_decode.aot import topologies
 from spec_decode.t5 import cpu_kernels
 from spec_decode.t5 import network
@@ -69,10 +73,10 @@ def layout(tpu_devices):
 
 @needs_tpu_compiler
 def test_the_platform_follows_the_devices_not_the_host(layout):
-  """TPU devices of a topology get plain XLA on whatever host compiles for them (this
-  suite's CPU, a GPU host)."""
+  """TPU devices of a topology get the TPU's products (XLA's) on whatever host compiles for
+  them (this suite's CPU, a GPU host)."""
   assert layout.platform == platforms.Platform("tpu", 2)
-  assert layout.platform.module(TARGET).ops == network.Ops()
+  assert layout.platform.module(TARGET).ops == platforms.TPU_OPS
 
 
 def _compile(layout, decoder, num_decodes=1):
@@ -122,6 +126,49 @@ def test_the_same_decode_on_this_cpu_holds_the_kernel():
   decoder = core.Decoder.create("speculative_sample", network.Transformer(TARGET),
                                 network.Transformer(DRAFT), gamma=3, temperature=1.0)
   assert cpu_kernels.TARGET_NAME in _compile(cpu, decoder).custom_calls
+
+
+def _decoder_kernels(config: network.T5Config, tree: str) -> set[str]:
+  """The kernels the decode loop projects its fed tokens with: each decoder layer's
+  self-attention query, key and value and its cross-attention query."""
+  return {f"{tree}/decoder/layers_{i}/{block}/{name}/kernel"
+          for i in range(config.num_decoder_layers)
+          for block, names in (("self_attention", ("query", "key", "value")),
+                               ("encoder_decoder_attention", ("query",)))
+          for name in names}
+
+
+@needs_tpu_compiler
+def test_the_tpu_decode_copies_no_decoder_kernel_for_its_loop(monkeypatch):
+  """A greedy speculative decode (gamma 7, bfloat16 as the Table 2 runs) on one v4 chip: with
+  the TPU's products, no weight matrix is copied before the loop and held through it (the
+  relative-position tables, [heads, buckets], are: a few hundred bytes); with plain XLA (the
+  control, what TPU programs took before) XLA:TPU makes transposed copies of exactly the
+  decoder's projection kernels of both models, which a T5.1.1-XXL decode holds as 3 GiB."""
+  bf16 = dict(TPU_SHAPED, dtype="bfloat16")
+  target = tiny_t5.tiny_config(VOCAB_SIZE, dict(bf16, num_decoder_layers=2))
+  draft = tiny_t5.tiny_config(VOCAB_SIZE, dict(bf16, mlp_dim=128))
+  one_chip = decode_layout.decode_layout(
+      partitioning.PjitPartitioner(num_partitions=1,
+                                   devices=topologies.topology("v4:1x1x1").devices()),
+      target, draft)
+  decoder = core.Decoder.create("speculative_sample", network.Transformer(target),
+                                network.Transformer(draft), gamma=7, temperature=0.0)
+
+  def relaid_kernels():
+    program = programs.predict_program(
+        one_chip, decoder, eos_id=1, num_decodes=1, batch_size=1, input_length=INPUT_LENGTH,
+        target_length=TARGET_LENGTH, param_dtype="bfloat16")
+    return {name: size for name, size in program.loop_relaid_parameters
+            if name.endswith("/kernel")}
+
+  assert relaid_kernels() == {}
+  monkeypatch.setattr(platforms, "TPU_OPS", network.Ops())
+  relaid = relaid_kernels()
+  assert set(relaid) == _decoder_kernels(target, "params") | _decoder_kernels(draft,
+                                                                              "draft_params")
+  joined_kv = TPU_SHAPED["num_heads"] * TPU_SHAPED["head_dim"]
+  assert set(relaid.values()) == {TPU_SHAPED["emb_dim"] * joined_kv * 2}  # bfloat16 [E, H*D]
 
 
 @needs_tpu_compiler
@@ -188,6 +235,58 @@ def test_plan_prints_xlas_temporaries_beside_its_formula(capsys):
   compiled = [line for line in printed.splitlines() if line.startswith("P=")
               and "temporaries" in line]
   assert [line.split(":")[0] for line in compiled] == ["P=1", "P=2", "P=4"], printed
+
+
+@needs_tpu_compiler
+def test_plan_bisects_to_the_largest_batch_that_fits(monkeypatch, capsys):
+  """A v4 chip whose HBM lies halfway between what the demo's decode takes at batch 4 and at
+  batch 5 (compiled here first): the plan's bisection up to 5 (5, 1, 3, 4 compiled) answers 4,
+  with batch 5's figures beside. Memory grows with the batch: each row's caches and logits."""
+  devices = topologies.topology("v4:1x1x1").devices()
+
+  def device_bytes(batch_size):
+    run = runs.read_run(argparse.Namespace(
+        gin_file=["configs/demo/infer.gin"], draft_gin_file=None, num_partitions=1,
+        batch_size=batch_size, input_length=None, target_length=None), [], devices)
+    return programs.predict_program(
+        run.layout, run.model.decoder, eos_id=runs.EOS_ID, num_decodes=1,
+        batch_size=batch_size, input_length=run.input_length, target_length=run.target_length,
+        param_dtype=run.checkpoint_dtype).device_bytes
+
+  four, five = device_bytes(4), device_bytes(5)
+  assert four < five
+  monkeypatch.setitem(topologies.CHIPS, "v4", dataclasses.replace(
+      topologies.CHIPS["v4"], hbm_bytes=(four + five) // 2))
+  assert plan.main(["--gin_file=configs/demo/infer.gin", "--compile_for=v4:1x1x1",
+                    "--largest_batch_up_to=5"]) == 0
+  found = [line for line in capsys.readouterr().out.splitlines() if "largest batch" in line]
+  assert len(found) == 1 and found[0].startswith("P=1: largest batch up to 5 that fits "), found
+  assert ": 4 (arguments " in found[0] and "; batch 5: arguments " in found[0], found
+  assert found[0].endswith("; 4 batches tried"), found
+
+
+@needs_tpu_compiler
+def test_a_batch_xla_refuses_for_want_of_hbm_does_not_fit(monkeypatch, capsys):
+  """XLA:TPU refuses to compile a decode whose temporaries exceed the HBM it leaves them
+  (RESOURCE_EXHAUSTED, as it refused T5.1.1-XXL's ende_small_t0 at batch 64 on one v4 chip:
+  docs/TPU_COMPILE.md); such a batch does not fit. Here XLA's refusal stands in for the compile
+  of every batch above 2 (a real one compiles for minutes first), batches 1 and 2 compile."""
+  compile_decode = programs.predict_program
+  refusal = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the "
+             "total memory required for HLO temporaries (40.23G) exceeds available HBM (30.75G).")
+
+  def refusing(*args, batch_size, **kwargs):
+    if batch_size > 2:
+      raise jax.errors.JaxRuntimeError(refusal)
+    return compile_decode(*args, batch_size=batch_size, **kwargs)
+
+  monkeypatch.setattr(programs, "predict_program", refusing)
+  assert plan.main(["--gin_file=configs/demo/infer.gin", "--compile_for=v4:1x1x1",
+                    "--largest_batch_up_to=4"]) == 0
+  found = [line for line in capsys.readouterr().out.splitlines() if "largest batch" in line]
+  assert len(found) == 1 and ": 2 (arguments " in found[0], found
+  assert found[0].endswith(f"; batch 3: not compiled, XLA: {refusal}; 4 batches tried"), (
+      found)
 
 
 @pytest.mark.skipif(not _installed("jax_plugins.xla_cuda13"),

@@ -1,5 +1,6 @@
 """Tests of spec_decode.plan: per-device bytes against a hand computation, and the Table 2 plan."""
 
+import math
 import textwrap
 import time
 
@@ -202,3 +203,30 @@ def test_an_ngram_draft_plans_no_draft_network(config_files):
       "models.SpeculativeEncoderDecoderModel.draft_module = None", "DRAFT_SOURCE = 'ngram'",
       "DRAFT_CHECKPOINT_PATH = '/nonexistent/bigram.npz'"])
   assert config.draft is None and config.target is not None
+
+
+@pytest.mark.parametrize("step", [1, 2, 4])
+def test_largest_batch_bisects_to_the_last_that_fits(step):
+  """Against every threshold a decode's memory could put: the largest multiple of `step` up to
+  the bound at or below the threshold, asked about at most ceil(log2(bound / step)) + 2 batches,
+  each a multiple of `step` within the bound."""
+  up_to = 37
+  for threshold in range(0, 45):
+    asked = []
+
+    def fits(batch, threshold=threshold, asked=asked):
+      asked.append(batch)
+      return batch <= threshold
+
+    expected = max([b for b in range(step, up_to + 1, step) if b <= threshold], default=0)
+    assert plan.largest_batch(fits, up_to, step) == expected, (threshold, asked)
+    assert all(b % step == 0 and step <= b <= up_to for b in asked), asked
+    assert len(asked) <= math.ceil(math.log2(up_to // step)) + 2, asked
+
+
+def test_largest_batch_needs_a_topology(capsys):
+  with pytest.raises(SystemExit) as exited:
+    plan.main(["--gin_file=configs/demo/infer.gin", "--largest_batch_up_to=8"])
+  assert exited.value.code == 2
+  assert "--largest_batch_up_to takes a positive batch size and needs --compile_for" in (
+      capsys.readouterr().err)

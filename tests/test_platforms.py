@@ -1,12 +1,16 @@
 """The platform of a program (`platforms.Platform`) comes from the devices it is compiled for,
 never from the host's backend: CPU devices get the CPU's products (the small-row kernel on one
-device only), TPU and GPU devices plain XLA, whatever `jax.default_backend()` says."""
+device only), TPU devices XLA's products with the decoder's projections taking the kernels as
+stored, GPU devices plain XLA, whatever `jax.default_backend()` says."""
 
 import dataclasses
 import pathlib
 import re
 
+import jax
+import jax.numpy as jnp
 import jaxlib
+import numpy as np
 import pytest
 from packaging import specifiers
 
@@ -31,7 +35,10 @@ def test_the_devices_decide_not_the_host():
   gets its own products: at least two of the three kinds below are not the host's."""
   tpu = platforms.Platform.of_devices([Device("tpu")] * 4)
   assert tpu == platforms.Platform("tpu", 4)
-  assert tpu.ops() == tpu.ops("bfloat16") == network.Ops()
+  assert tpu.ops() == tpu.ops("bfloat16") == platforms.TPU_OPS
+  # XLA's products, the decoder's attention projections taking the kernels as stored
+  # (tests/test_aot.py compiles both for a v4 chip).
+  assert platforms.TPU_OPS == network.Ops(decoder_projection=network.kernel_first_dot)
   assert tpu.compiler_options() == {}
   for name in ("cuda", "rocm"):
     gpu = platforms.Platform.of_devices([Device(name)])
@@ -49,7 +56,7 @@ def test_the_module_computes_with_the_platforms_products():
   config = network.T5Config(vocab_size=8, emb_dim=4, num_heads=1, num_encoder_layers=1,
                             num_decoder_layers=1, head_dim=4, mlp_dim=8)
   tpu = platforms.Platform("tpu", 2)
-  assert tpu.module(config).ops == network.Ops()
+  assert tpu.module(config).ops == platforms.TPU_OPS
   cpu = platforms.Platform("cpu")
   assert cpu.module(network.Transformer(config)).ops == cpu_kernels.cpu_ops()
 
@@ -77,3 +84,13 @@ def test_bad_platforms_are_one_line_errors():
     platforms.Platform.of_devices([])
   with pytest.raises(ValueError, match="platform must be one of"):
     platforms.Platform("ipu")
+
+
+def test_the_tpus_decoder_projection_is_the_dense_product():
+  """`kernel_first_dot` (the TPU's decoder projections) computes `jnp.dot`'s product, for the
+  decode's [B, k, E] rows and a single row alike."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 16))
+  kernel = jax.random.normal(jax.random.PRNGKey(1), (16, 12))
+  for rows in (x, x[:, :1], x[0, 0]):
+    np.testing.assert_allclose(network.kernel_first_dot(rows, kernel), jnp.dot(rows, kernel),
+                               rtol=1e-5, atol=1e-5)

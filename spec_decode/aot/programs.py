@@ -10,12 +10,15 @@ local devices or a TPU topology described from this host), and what XLA says of 
     place, so a copy of it would be an artefact of compiling the call alone).
 Each gives a `Program`: per-device memory (`memory_analysis`), flops, bytes accessed and XLA's
 `optimal_seconds` (`cost_analysis`: XLA's cost model, not a measurement), the collectives
-inside the program's while loops, and the custom calls it holds.
+inside the program's while loops, the custom calls it holds, and the parameters the program
+copies into another layout before a while loop and hands to it (`loop_relaid_parameters`:
+such a copy stays live for the whole loop, temporaries the plan's formula does not count).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from collections.abc import Callable
@@ -49,6 +52,12 @@ class Program:
   optimal_seconds: float | None  # XLA's cost model; None where it gives none
   loop_collectives: tuple[tuple[str, str], ...]  # (collective, op_name) inside while loops
   custom_calls: tuple[str, ...]  # custom-call targets in the compiled program
+  # (parameter, bytes) of every weight copied before a while loop and live across it
+  loop_relaid_parameters: tuple[tuple[str, int], ...] = ()
+
+  @property
+  def loop_relaid_bytes(self) -> int:
+    return sum(size for _, size in self.loop_relaid_parameters)
 
   @property
   def device_bytes(self) -> int:
@@ -84,7 +93,8 @@ def compile_program(name: str, lower: Callable[[], jax.stages.Lowered],
       flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)),
       optimal_seconds=(float(cost["optimal_seconds"]) if "optimal_seconds" in cost else None),
       loop_collectives=tuple(sorted(collectives_in_loop(text))),
-      custom_calls=tuple(sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))))
+      custom_calls=tuple(sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))),
+      loop_relaid_parameters=tuple(loop_relaid_parameters(text)))
 
 
 def abstract_params(config: network.NetworkConfig, dtype: Any = None) -> Any:
@@ -186,3 +196,121 @@ def collectives_in_loop(hlo: str) -> list[tuple[str, str]]:
           op_name = re.search(r'op_name="([^"]*)"', line)
           found.append((op, op_name.group(1) if op_name else "?"))
   return found
+
+
+# Bytes per element of the HLO types a parameter may have.
+_ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+                  "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+# What passes a buffer on without computing: moves between memory spaces (XLA:TPU's prefetch
+# into alternate memory, whole or as async slices joined by a ConcatBitcast custom call) and
+# reinterpretations of its shape.
+_PASS_THROUGH = ("copy-start", "copy-done", "bitcast", "slice-start", "slice-done",
+                 "custom-call ConcatBitcast")
+# What writes a new buffer of a single operand's elements, in another layout or the same.
+_RELAYOUTS = ("copy", "transpose", "fusion")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Instruction:
+  shape: str
+  opcode: str
+  operands: tuple[str, ...]
+  op_name: str
+  custom_call_target: str
+
+  @property
+  def kind(self) -> str:
+    """The opcode, and a custom call's target after it."""
+    return f"{self.opcode} {self.custom_call_target}".strip()
+
+
+def _closing(text: str, depth: int) -> int:
+  """The index in `text` of the parenthesis that closes `depth` open ones."""
+  for end, char in enumerate(text):
+    depth += {"(": 1, ")": -1}.get(char, 0)
+    if depth == 0:
+      return end
+  return len(text)
+
+
+def _entry_instructions(hlo: str) -> dict[str, _Instruction]:
+  """The instructions of a compiled HLO module's entry computation, by name."""
+  found: dict[str, _Instruction] = {}
+  in_entry = False
+  for line in hlo.splitlines():
+    if line.startswith("ENTRY "):
+      in_entry = True
+      continue
+    if not in_entry:
+      continue
+    if line.startswith("}"):
+      break
+    match = re.match(r"\s+(?:ROOT )?%([\w.\-]+) = ", line)
+    if not match:
+      continue
+    rest = line[match.end():]
+    if rest.startswith("("):  # a tuple shape: up to its closing parenthesis
+      end = _closing(rest, 0)
+      shape, rest = rest[:end + 1], rest[end + 2:]
+    else:
+      shape, _, rest = rest.partition(" ")
+    opcode, _, rest = rest.partition("(")
+    end = _closing(rest, 1)  # the operands, then the attributes
+    op_name = re.search(r'op_name="([^"]*)"', rest[end:])
+    target = re.search(r'custom_call_target="([^"]*)"', rest[end:])
+    found[match.group(1)] = _Instruction(
+        shape, opcode, tuple(re.findall(r"%([\w.\-]+)", rest[:end])),
+        op_name.group(1) if op_name else "", target.group(1) if target else "")
+  return found
+
+
+def _array_bytes(shape: str) -> int:
+  """Bytes of an HLO array shape such as bf16[512,384]{0,1:T(8,128)(2,1)} (without tiles'
+  padding)."""
+  match = re.match(r"(\w+)\[([\d,]*)\]", shape)
+  if not match or match.group(1) not in _ELEMENT_BYTES:
+    return 0
+  return math.prod(int(d) for d in match.group(2).split(",") if d) * _ELEMENT_BYTES[
+      match.group(1)]
+
+
+def _parameter_name(parameter: str, instruction: _Instruction) -> str:
+  """params['decoder']['layers_0'][...] (JAX's name of the argument) as
+  params/decoder/layers_0/..., else the HLO parameter's own name."""
+  name = instruction.op_name.replace("\\'", "'")
+  match = re.fullmatch(r"(\w+)((?:\['[^']*'\])+)", name)
+  if not match:
+    return parameter
+  return "/".join([match.group(1)] + re.findall(r"\['([^']*)'\]", match.group(2)))
+
+
+def loop_relaid_parameters(hlo: str) -> list[tuple[str, int]]:
+  """(parameter, bytes) of every weight a compiled program copies (in another layout, or a
+  fusion's rewrite of it) in its entry computation and hands to a while loop: a copy that the
+  loop reads every iteration, live from before the loop to its end. XLA:TPU makes such copies
+  when a product in the loop wants a weight in another layout than the one it is passed in
+  and hoists the relayout out of the loop. Moves between memory spaces (prefetches, whole
+  or sliced) and bitcasts are followed, not counted. Sorted by parameter."""
+  instructions = _entry_instructions(hlo)
+  found = set()
+  for instruction in instructions.values():
+    if instruction.opcode != "while":
+      continue
+    state = instructions.get(instruction.operands[0]) if instruction.operands else None
+    elements = (state.operands if state is not None and state.opcode == "tuple"
+                else instruction.operands)
+    for element in elements:
+      name, relaid, size = element, False, 0
+      while name in instructions:
+        current = instructions[name]
+        if current.opcode == "parameter":
+          if relaid:
+            found.add((_parameter_name(name, current), size))
+          break
+        if current.opcode in _RELAYOUTS and len(current.operands) == 1:
+          relaid = True
+          size = size or _array_bytes(current.shape)
+        elif current.kind not in _PASS_THROUGH or not current.operands:
+          break
+        name = current.operands[0]
+  return sorted(found)

@@ -173,6 +173,20 @@ def format_collectives(program: programs.Program) -> str:
   return f"{program.name}: collectives inside its loops: {found}"
 
 
+def format_relaid(program: programs.Program, shown: int = 4) -> str:
+  """The weights the program copies before its loop and holds through it
+  (`programs.loop_relaid_parameters`): temporaries the plan's formula does not count."""
+  relaid = program.loop_relaid_parameters
+  if not relaid:
+    return f"{program.name}: no weight copied before its loop and live across it"
+  names = ", ".join(name for name, _ in relaid[:shown])
+  more = f", ... ({len(relaid) - shown} more)" if len(relaid) > shown else ""
+  weights = "weight" if len(relaid) == 1 else "weights"
+  return (f"{program.name}: {len(relaid)} {weights} copied into another layout before its loop "
+          f"and live across it, {_gib(program.loop_relaid_bytes)} GiB of its temporaries: "
+          f"{names}{more}")
+
+
 def as_json(program: programs.Program) -> dict[str, Any]:
   return {**dataclasses.asdict(program), "device_bytes": program.device_bytes}
 

@@ -12,7 +12,11 @@ What a platform chooses:
   * the network's products (`ops(dtype)`, `module(m)`): on CPU `cpu_kernels.cpu_ops` (the
     small-row matmul kernel when the program has one device: a custom call is opaque to GSPMD,
     which would gather a model-split weight onto every device to run it; the few-query
-    attention loops for float32 networks); plain XLA (`network.Ops()`) on TPU and GPU;
+    attention loops for float32 networks); on TPU `TPU_OPS`: XLA's products, the decoder's
+    attention projections by `network.kernel_first_dot`, which XLA:TPU computes from the
+    kernels as stored where `jnp.dot` of the loop's few rows has it hoist a transposed copy
+    of each out of the decode loop, live through the whole decode (docs/TPU_COMPILE.md); plain
+    XLA (`network.Ops()`) on GPU;
   * XLA compiler options (`compiler_options()`, `merged(...)`): on CPU, YNNPACK's dot fusion
     off. Why: on XLA:CPU (jaxlib 0.10) a dot of k = 2..8 activation rows against a weight
     matrix (a (gamma+1)-token verification call, the draft's catch-up) goes to YNNPACK by
@@ -40,6 +44,8 @@ from spec_decode.t5 import network
 PLATFORMS = ("cpu", "gpu", "tpu")
 # Measured to pay on XLA:CPU; see the module docstring.
 CPU_DECODE_OPTIONS: Mapping[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# Compiled to pay on XLA:TPU; see the module docstring.
+TPU_OPS = network.Ops(decoder_projection=network.kernel_first_dot)
 
 
 def _platform_name(device: jax.Device) -> str:
@@ -82,6 +88,8 @@ class Platform:
 
   def ops(self, dtype: Any = jnp.float32) -> network.Ops:
     """The network's products on this platform for activation dtype `dtype`."""
+    if self.name == "tpu":
+      return TPU_OPS
     if self.name != "cpu":
       return network.Ops()
     return cpu_kernels.cpu_ops(dtype, small_rows_kernel=self.num_devices == 1)

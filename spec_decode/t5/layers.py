@@ -75,6 +75,12 @@ def transposed_dot(x: Array, embedding: Array) -> Array:
   return jnp.dot(x, embedding.T)
 
 
+def kernel_first_dot(x: Array, kernel: Array) -> Array:
+  """`jnp.dot(x [..., K], kernel [K, N])` as kernel^T x (the kernel the left operand, the result
+  [N, ...] moved back): the same up to float rounding, but XLA:TPU reads the kernel as stored."""
+  return jnp.moveaxis(jax.lax.dot_general(kernel, x, (((0,), (x.ndim - 1,)), ((), ()))), 0, -1)
+
+
 @dataclasses.dataclass(frozen=True)
 class Ops:
   """The products the network computes with, injected as flax's examples inject `dot_general`:
@@ -88,12 +94,17 @@ class Ops:
   `attention_logits(query, key)`, `attention_mix(weights, value)`: the two attention products,
   with `einsum_attention_logits`' and `einsum_attention_mix`' shapes and results up to float
   rounding.
+  `decoder_projection`: `dense_product` (None: the same) for a decoder layer's self-attention
+  query, key, value and cross-attention query: the decode loop's few rows, for which XLA:TPU
+  would hoist a transposed copy of each kernel out of the loop, live through it (3 GiB for
+  T5.1.1-XXL on one v4 chip; TPU programs take `kernel_first_dot`: docs/TPU_COMPILE.md).
   """
 
   dense_product: Callable[[Array, Array], Array] = jnp.dot
   embedding_product: Callable[[Array, Array], Array] = transposed_dot
   attention_logits: Callable[[Array, Array], Array] = einsum_attention_logits
   attention_mix: Callable[[Array, Array], Array] = einsum_attention_mix
+  decoder_projection: Callable[[Array, Array], Array] | None = None
 
 
 # --------------------------------------------------------------------------- buckets
@@ -220,10 +231,12 @@ def _mask_to_bias(mask: Array, dtype: Any) -> Array:
 
 
 class MultiHeadAttention(nn.Module):
-  """T5 attention with kernels query/key/value [E, H*D] and out [H*D, E]."""
+  """T5 attention with kernels query/key/value [E, H*D] and out [H*D, E]. `decoder_projections`:
+  those of 'query', 'key' and 'value' computed by `Ops.decoder_projection` (a decoder layer's)."""
 
   config: T5Config
   ops: Ops = Ops()
+  decoder_projections: tuple[str, ...] = ()
 
   def setup(self):
     cfg = self.config
@@ -236,11 +249,14 @@ class MultiHeadAttention(nn.Module):
       # divided (as T5X does) by sqrt(head_dim) rounded to the activation dtype.
       return kernel_init(key, shape, param_dtype) / jnp.sqrt(cfg.head_dim).astype(dtype)
 
-    projection = functools.partial(Dense, joined_kv, ("embed", "joined_kv"), dtype=dtype,
-                                   product=self.ops.dense_product)
-    self.query = projection(query_init)
-    self.key = projection(kernel_init)
-    self.value = projection(kernel_init)
+    def projection(name: str, init: Initializer) -> Dense:
+      product = self.ops.decoder_projection if name in self.decoder_projections else None
+      return Dense(joined_kv, ("embed", "joined_kv"), init, dtype=dtype,
+                   product=product or self.ops.dense_product)
+
+    self.query = projection("query", query_init)
+    self.key = projection("key", kernel_init)
+    self.value = projection("value", kernel_init)
     self.out = Dense(cfg.emb_dim, ("joined_kv", "embed"), kernel_init, dtype=dtype,
                      product=self.ops.dense_product)
     # Like T5X, one dropout mask per (batch, head, key), shared by all queries.
@@ -328,10 +344,10 @@ class DecoderLayer(nn.Module):
     cfg = self.config
     dtype = _activation_dtype(cfg)
     self.pre_self_attention_layer_norm = LayerNorm(dtype)
-    self.self_attention = MultiHeadAttention(cfg, self.ops)
+    self.self_attention = MultiHeadAttention(cfg, self.ops, ("query", "key", "value"))
     if self.cross_attention:
       self.pre_cross_attention_layer_norm = LayerNorm(dtype)
-      self.encoder_decoder_attention = MultiHeadAttention(cfg, self.ops)
+      self.encoder_decoder_attention = MultiHeadAttention(cfg, self.ops, ("query",))
     self.pre_mlp_layer_norm = LayerNorm(dtype)
     self.mlp = MlpBlock(cfg, self.ops)
     self.residual_dropout = _residual_dropout(cfg)

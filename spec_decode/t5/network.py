@@ -71,8 +71,8 @@ from spec_decode.t5.decoder_only import (  # pylint: disable=unused-import
 from spec_decode.t5.layers import (  # pylint: disable=unused-import
     Array, DecodeCache, DecoderLayer, DecoderStack, Dense, Embed, Initializer, LAYER_NORM_EPSILON,
     LayerNorm, MASKED_BIAS, MlpBlock, MultiHeadAttention, Ops, RelativePositionBias, T5Config,
-    einsum_attention_logits, einsum_attention_mix, relative_position_bucket, transposed_dot,
-    _activation_dtype, _mask_to_bias, _residual_dropout)
+    einsum_attention_logits, einsum_attention_mix, kernel_first_dot, relative_position_bucket,
+    transposed_dot, _activation_dtype, _mask_to_bias, _residual_dropout)
 
 
 class EncoderLayer(nn.Module):
