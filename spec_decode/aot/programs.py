@@ -174,6 +174,31 @@ def call_program(layout: decode_layout.DecodeLayout, role: str, *, batch_rows: i
                          lambda: jitted.lower(*arguments), progress)
 
 
+DRAFT_PLACEMENTS = ("replicated", "sharded")
+
+
+def draft_placement_calls(layout: decode_layout.DecodeLayout, *, batch_rows: int,
+                          input_length: int, max_decode_len: int, param_dtype: Any = None,
+                          progress: Callable[[str], None] = lambda _: None
+                          ) -> dict[str, Program]:
+  """The draft's 1-token call compiled alone (`call_program`) with its parameters 'replicated'
+  on every device (`decode_layout`'s default) and 'sharded' like the target's (the target's
+  logical axis rules: the T5X hook's SHARD_DRAFT), whatever `layout`'s own draft rules."""
+  if layout.draft is None:
+    raise ValueError("this layout has no draft to place")
+  rules = layout.partitioner.logical_axis_rules
+  found = {}
+  for placement, draft_rules in zip(DRAFT_PLACEMENTS, (
+      partitioning.replicated_parameter_rules(rules), rules)):
+    placed = decode_layout.decode_layout(layout.partitioner, layout.target, layout.draft,
+                                         draft_rules, layout.compiler_options)
+    found[placement] = call_program(
+        placed, "draft", batch_rows=batch_rows, input_length=input_length,
+        max_decode_len=max_decode_len, num_tokens=1, param_dtype=param_dtype,
+        name=f"draft call k=1, {placement}", progress=progress)
+  return found
+
+
 def _computation_lines(hlo: str) -> tuple[str, dict[str, list[str]]]:
   """The name of a compiled HLO module's entry computation, and each computation's instruction
   lines by name."""

@@ -112,6 +112,49 @@ def leave_one_out(rows: Sequence[CallCosts],
   return found
 
 
+# The latency assumed for one collective of a batch-1 draft call (a few KiB of activations
+# over the chips' interconnect): an order of magnitude, not a measurement; the command's
+# --collective_latency replaces it.
+COLLECTIVE_LATENCY = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftPlacement:
+  """One placement of the draft's parameters priced by its compiled 1-token call: the call's
+  roofline per chip plus `collective_latency` for each collective it runs."""
+  placement: str  # one of programs.DRAFT_PLACEMENTS
+  roofline_seconds: float
+  collectives: int
+  collective_latency: float
+
+  @property
+  def seconds(self) -> float:
+    return self.roofline_seconds + self.collectives * self.collective_latency
+
+
+def draft_placements(calls: Mapping[str, programs.Program], chip: topologies.Chip,
+                     collective_latency: float = COLLECTIVE_LATENCY) -> list[DraftPlacement]:
+  """Each placement's `DraftPlacement` (`programs.draft_placement_calls`), cheapest first (the
+  replicated draft on a tie: it needs no collective)."""
+  if collective_latency < 0:
+    raise ValueError(f"the collective latency is seconds >= 0, got {collective_latency}")
+  found = [DraftPlacement(name, roofline_seconds(program, chip), program.sequential_collectives,
+                          collective_latency) for name, program in calls.items()]
+  return sorted(found, key=lambda p: (p.seconds, p.placement != "replicated"))
+
+
+def format_draft_placements(found: Sequence[DraftPlacement]) -> list[str]:
+  """What each placement of the draft costs a call and which one to use."""
+  lines = [f"draft placement, one 1-token draft call per chip (roofline + collectives x "
+           f"{found[0].collective_latency * 1e6:.3g} us each, assumed):"]
+  for placement in found:
+    lines.append(f"  {placement.placement}: roofline {placement.roofline_seconds * 1e3:.3f} ms "
+                 f"+ {placement.collectives} collectives = {placement.seconds * 1e3:.3f} ms")
+  best = found[0].placement
+  lines.append(f"  use: {best} (the T5X hook's SHARD_DRAFT={best == 'sharded'})")
+  return lines
+
+
 def xla_seconds(program: programs.Program) -> float | None:
   """XLA's `optimal_seconds` where it is usable (positive), else None."""
   seconds = program.optimal_seconds
