@@ -90,6 +90,12 @@ def jobs(family: str) -> list[tuple[str, str, list[str]]]:
                         "--topology=v4:1x1x1", "--num_partitions=1",
                         f"--programs={','.join(programs)}",
                         f"--call_tokens={','.join(map(str, tokens))}"]))
+  # Each draft's call on a v4-8 (P = 4) replicated and sharded like the target, for the
+  # placement each row should use (`report.draft_placements`).
+  for size in ("small", "base", "large"):
+    found.append(("ops", f"placement_p4_ende_{size}",
+                  _row_args(family, f"ende_{size}_t0") + [
+                      "--topology=v4-8", "--num_partitions=4", "--programs=draft_placement"]))
   return found
 
 

@@ -236,6 +236,11 @@ def test_plan_prints_xlas_temporaries_beside_its_formula(capsys):
   compiled = [line for line in printed.splitlines() if line.startswith("P=")
               and "temporaries" in line]
   assert [line.split(":")[0] for line in compiled] == ["P=1", "P=2", "P=4"], printed
+  # Where the target is split, the draft's placements are priced and one is chosen.
+  chosen = [line for line in printed.splitlines() if line.startswith("P=") and "use: " in line]
+  assert [line.split()[0] for line in chosen] == ["P=2", "P=4"], printed
+  # The demo's draft has 2 heads: 4 chips cannot split it like the target.
+  assert "P=4 sharded: not possible: " in printed and "P=4 use: replicated" in printed, printed
 
 
 @needs_tpu_compiler

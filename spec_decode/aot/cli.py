@@ -99,7 +99,8 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.R
   lines += report.format_programs(whole + list(compiled.get("target_calls", {}).values())
                                   + ([compiled["draft_call"]] if "draft_call" in compiled
                                      else [])
-                                  + list(compiled.get("draft_placement", {}).values()), plans)
+                                  + [p for p in compiled.get("draft_placement", {}).values()
+                                     if not isinstance(p, str)], plans)
   for program in whole:
     lines.append(report.format_collectives(program))
     lines.append(report.format_relaid(program))
@@ -136,7 +137,7 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.R
       "draft_call": (report.as_json(compiled["draft_call"]) if "draft_call" in compiled
                      else None),
       "estimates": [dataclasses.asdict(e) for e in found],
-      "draft_placement": {name: report.as_json(p)
+      "draft_placement": {name: p if isinstance(p, str) else report.as_json(p)
                           for name, p in compiled.get("draft_placement", {}).items()},
       "draft_placements": [{**dataclasses.asdict(p), "seconds": p.seconds}
                            for p in placements]}

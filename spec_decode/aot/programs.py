@@ -180,18 +180,23 @@ DRAFT_PLACEMENTS = ("replicated", "sharded")
 def draft_placement_calls(layout: decode_layout.DecodeLayout, *, batch_rows: int,
                           input_length: int, max_decode_len: int, param_dtype: Any = None,
                           progress: Callable[[str], None] = lambda _: None
-                          ) -> dict[str, Program]:
+                          ) -> dict[str, Program | str]:
   """The draft's 1-token call compiled alone (`call_program`) with its parameters 'replicated'
   on every device (`decode_layout`'s default) and 'sharded' like the target's (the target's
-  logical axis rules: the T5X hook's SHARD_DRAFT), whatever `layout`'s own draft rules."""
+  logical axis rules: the T5X hook's SHARD_DRAFT), whatever `layout`'s own draft rules; in
+  place of a program, why the mesh cannot hold the draft so (a dimension it does not divide)."""
   if layout.draft is None:
     raise ValueError("this layout has no draft to place")
   rules = layout.partitioner.logical_axis_rules
   found = {}
   for placement, draft_rules in zip(DRAFT_PLACEMENTS, (
       partitioning.replicated_parameter_rules(rules), rules)):
-    placed = decode_layout.decode_layout(layout.partitioner, layout.target, layout.draft,
-                                         draft_rules, layout.compiler_options)
+    try:
+      placed = decode_layout.decode_layout(layout.partitioner, layout.target, layout.draft,
+                                           draft_rules, layout.compiler_options)
+    except ValueError as e:
+      found[placement] = re.sub(r":?\s*\n\s*", ": ", str(e).strip())
+      continue
     found[placement] = call_program(
         placed, "draft", batch_rows=batch_rows, input_length=input_length,
         max_decode_len=max_decode_len, num_tokens=1, param_dtype=param_dtype,

@@ -126,19 +126,24 @@ class DraftPlacement:
   roofline_seconds: float
   collectives: int
   collective_latency: float
+  impossible: str = ""  # why the mesh cannot hold the draft so; then the rest is meaningless
 
   @property
   def seconds(self) -> float:
+    if self.impossible:
+      return math.inf
     return self.roofline_seconds + self.collectives * self.collective_latency
 
 
-def draft_placements(calls: Mapping[str, programs.Program], chip: topologies.Chip,
+def draft_placements(calls: Mapping[str, programs.Program | str], chip: topologies.Chip,
                      collective_latency: float = COLLECTIVE_LATENCY) -> list[DraftPlacement]:
   """Each placement's `DraftPlacement` (`programs.draft_placement_calls`), cheapest first (the
-  replicated draft on a tie: it needs no collective)."""
+  replicated draft on a tie: it needs no collective), impossible ones last."""
   if collective_latency < 0:
     raise ValueError(f"the collective latency is seconds >= 0, got {collective_latency}")
-  found = [DraftPlacement(name, roofline_seconds(program, chip), program.sequential_collectives,
+  found = [DraftPlacement(name, math.nan, 0, collective_latency, impossible=program)
+           if isinstance(program, str) else
+           DraftPlacement(name, roofline_seconds(program, chip), program.sequential_collectives,
                           collective_latency) for name, program in calls.items()]
   return sorted(found, key=lambda p: (p.seconds, p.placement != "replicated"))
 
@@ -148,6 +153,9 @@ def format_draft_placements(found: Sequence[DraftPlacement]) -> list[str]:
   lines = [f"draft placement, one 1-token draft call per chip (roofline + collectives x "
            f"{found[0].collective_latency * 1e6:.3g} us each, assumed):"]
   for placement in found:
+    if placement.impossible:
+      lines.append(f"  {placement.placement}: not possible: {placement.impossible}")
+      continue
     lines.append(f"  {placement.placement}: roofline {placement.roofline_seconds * 1e3:.3f} ms "
                  f"+ {placement.collectives} collectives = {placement.seconds * 1e3:.3f} ms")
   best = found[0].placement
