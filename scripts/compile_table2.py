@@ -232,6 +232,45 @@ def _op_latency_section(figures: dict[str, dict]) -> list[str]:
   return lines
 
 
+def _placement_section(figures: dict[str, dict]) -> list[str]:
+  """Each draft's call on a v4-8 replicated and sharded like the target, and which to use."""
+  found = {size: figures.get(f"placement_p4_ende_{size}") for size in ("small", "base", "large")}
+  if not all(found.values()):
+    return []
+  latency = next(iter(found.values()))["draft_placements"][0]["collective_latency"]
+  lines = [
+      "### Draft placement on a v4-8 (P = 4, EnDe; compiled, the collective latency assumed)",
+      "",
+      "Each draft's 1-token call compiled alone with its parameters replicated on the 4 chips "
+      "(`decode_layout`'s default) and sharded like the target's (the T5X hook's SHARD_DRAFT): "
+      "its roofline per chip plus the collectives the call runs (counted in its compiled HLO) "
+      f"at an assumed {latency * 1e6:.3g} us each (`report.COLLECTIVE_LATENCY`, not measured; "
+      "`python -m spec_decode.aot --programs=draft_placement --collective_latency=S`). "
+      "'Break-even' is the collective latency below which the sharded draft is the cheaper: "
+      "the roofline it saves over its collectives. The 'placement' jobs of "
+      "`python scripts/compile_table2.py --family t5_1_1`, 2026-12-05.", "",
+      "| draft | replicated: roofline ms, collectives | sharded: roofline ms, collectives | "
+      "break-even us | use |", "|---|---|---|---|---|"]
+  for size, figures_of in found.items():
+    placements = {p["placement"]: p for p in figures_of["draft_placements"]}
+    replicated, sharded = placements["replicated"], placements["sharded"]
+    cell = lambda p: (f"not possible ({p['impossible'].split(': ')[-1].split(' (e.g.')[0]})"
+                      if p["impossible"]
+                      else f"{p['roofline_seconds'] * 1e3:.3f}, {p['collectives']}")
+    even = "-"
+    if not sharded["impossible"] and sharded["collectives"]:
+      saved = replicated["roofline_seconds"] - sharded["roofline_seconds"]
+      even = f"{saved / sharded['collectives'] * 1e6:.2f}"
+    best = figures_of["draft_placements"][0]["placement"]
+    lines.append(f"| T5-{size} | {cell(replicated)} | {cell(sharded)} | {even} | {best} |")
+  return lines + [
+      "", "A sharded draft runs collectives inside its call (three per decoder layer and one "
+      "more, by the counts above), so the choice turns on the latency of one small collective "
+      "on the chips' interconnect, which no compile gives: below the "
+      "break-even the sharded draft is the cheaper, above it the replicated one. Measure it "
+      "on a TPU before trusting the 'use' column.", ""]
+
+
 def render() -> str:
   from spec_decode.bench import theory  # pylint: disable=g-import-not-at-top
   lines = [
@@ -345,7 +384,7 @@ def render() -> str:
                 f"{program['code_bytes'] / 2**20:.0f} MiB code per chip; collectives inside "
                 f"the loop: {len(program['loop_collectives'])}, all "
                 f"{sorted({op for op, _ in program['loop_collectives']})}.", ""]
-    lines += _op_latency_section(figures)
+    lines += _op_latency_section(figures) + _placement_section(figures)
     times = [p["compile_seconds"] for f in figures.values() for p in f.get("programs", [])]
     if times:
       lines += [f"Whole decodes compiled in {min(times):.0f}-{max(times):.0f} s each on this "
