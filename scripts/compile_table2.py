@@ -91,7 +91,7 @@ def jobs(family: str) -> list[tuple[str, str, list[str]]]:
                         f"--programs={','.join(programs)}",
                         f"--call_tokens={','.join(map(str, tokens))}"]))
   # Each draft's call on a v4-8 (P = 4) replicated and sharded like the target, for the
-  # placement each row should use (`report.draft_placements`).
+  # placement each row should use (`placement.draft_placements`).
   for size in ("small", "base", "large"):
     found.append(("ops", f"placement_p4_ende_{size}",
                   _row_args(family, f"ende_{size}_t0") + [
@@ -244,7 +244,7 @@ def _placement_section(figures: dict[str, dict]) -> list[str]:
       "Each draft's 1-token call compiled alone with its parameters replicated on the 4 chips "
       "(`decode_layout`'s default) and sharded like the target's (the T5X hook's SHARD_DRAFT): "
       "its roofline per chip plus the collectives the call runs (counted in its compiled HLO) "
-      f"at an assumed {latency * 1e6:.3g} us each (`report.COLLECTIVE_LATENCY`, not measured; "
+      f"at an assumed {latency * 1e6:.3g} us each (`placement.COLLECTIVE_LATENCY`, not measured; "
       "`python -m spec_decode.aot --programs=draft_placement --collective_latency=S`). "
       "'Break-even' is the collective latency below which the sharded draft is the cheaper: "
       "the roofline it saves over its collectives. The 'placement' jobs of "

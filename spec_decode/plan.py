@@ -40,7 +40,7 @@ XLA's temporaries, so leave headroom. With `--compile_for=TOPOLOGY` (a TPU topol
 the topology has chips for, on P of them, and XLA's own per-device arguments, temporaries and
 code are printed under the formula's (`python -m spec_decode.aot` says more); where P > 1 and
 there is a draft, its call compiled replicated and sharded like the target, each priced by its
-roofline plus its collectives at an assumed latency (`aot.report.draft_placements`), and the
+roofline plus its collectives at an assumed latency (`aot.placement.draft_placements`), and the
 placement the run should use (the T5X hook's SHARD_DRAFT). With
 `--largest_batch_up_to=N` as well, for each such P the largest batch size up to N (a multiple of
 the mesh's 'data' axis) whose decode fits one chip's HBM by XLA's memory analysis, found by
@@ -383,7 +383,7 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
   """XLA's per-device memory of the decode for each P the topology holds (`spec_decode.aot`),
   or with `--largest_batch_up_to` the largest batch that fits for each."""
   from spec_decode.aot import programs  # pylint: disable=g-import-not-at-top  (imports plan)
-  from spec_decode.aot import report  # pylint: disable=g-import-not-at-top
+  from spec_decode.aot import placement  # pylint: disable=g-import-not-at-top
   from spec_decode.aot import runs  # pylint: disable=g-import-not-at-top
   from spec_decode.aot import topologies  # pylint: disable=g-import-not-at-top
   try:
@@ -426,18 +426,18 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
   def fits_hbm(program: programs.Program | str) -> bool:
     return not isinstance(program, str) and program.device_bytes <= hbm
 
-  def placement(row: PlanRow) -> list[str]:
+  def placed(row: PlanRow) -> list[str]:
     """Where a target split over several chips leaves the draft: its call replicated and
-    sharded, priced (`report.draft_placements`), and the placement to use."""
+    sharded, priced (`placement.draft_placements`), and the placement to use."""
     run = read(row, args.batch_size)
     if run.layout.draft is None or run.layout.mesh.shape["model"] == 1:
       return []
-    calls = programs.draft_placement_calls(
+    calls = placement.draft_placement_calls(
         run.layout, batch_rows=run.batch_size * run.model.num_decodes,
         input_length=run.input_length, max_decode_len=run.decode_length,
         param_dtype=run.checkpoint_dtype)
     return [f"P={row.num_partitions} {line.strip()}" for line in
-            report.format_draft_placements(report.draft_placements(calls, topology.chip))]
+            placement.format_draft_placements(placement.draft_placements(calls, topology.chip))]
 
   print(f"compiled by XLA for {topology.name} ({topology.chip.kind}), per device, not run:")
   for row in rows:
@@ -454,7 +454,7 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
         program = attempt(row, args.batch_size)
         print(f"P={row.num_partitions}: {describe(program)} (fits {format_bytes(hbm)}: "
               f"{'yes' if fits_hbm(program) else 'NO'})")
-        for line in placement(row):
+        for line in placed(row):
           print(line)
         continue
       found = largest_batch(fits, args.largest_batch_up_to, step=row.mesh_shape[0])

@@ -24,6 +24,7 @@ from spec_decode import paths
 from spec_decode import plan
 from spec_decode.runtime import platforms
 from spec_decode.aot import cli
+from spec_decode.aot import placement
 from spec_decode.aot import programs
 from spec_decode.aot import report
 from spec_decode.aot import runs
@@ -395,19 +396,19 @@ def test_the_fit_needs_measured_speedups():
 def test_the_draft_placement_is_priced_by_its_bytes_and_its_collectives(layout):
   """On 2 chips a sharded draft reads half its weights per chip but runs collectives inside its
   call, the replicated one none: free collectives favour sharding, dear ones replication."""
-  calls = programs.draft_placement_calls(layout, batch_rows=BATCH, input_length=INPUT_LENGTH,
+  calls = placement.draft_placement_calls(layout, batch_rows=BATCH, input_length=INPUT_LENGTH,
                                          max_decode_len=TARGET_LENGTH)
   replicated, sharded = calls["replicated"], calls["sharded"]
   assert replicated.sequential_collectives == 0 < sharded.sequential_collectives
   assert sharded.argument_bytes < 0.75 * replicated.argument_bytes
   chip = topologies.topology("v4-8").chip
-  free = report.draft_placements(calls, chip, collective_latency=0.0)
+  free = placement.draft_placements(calls, chip, collective_latency=0.0)
   assert [p.placement for p in free] == ["sharded", "replicated"]
-  dear = report.draft_placements(calls, chip, collective_latency=1e-3)
+  dear = placement.draft_placements(calls, chip, collective_latency=1e-3)
   assert [p.placement for p in dear] == ["replicated", "sharded"]
   assert dear[1].seconds == pytest.approx(
       dear[1].roofline_seconds + 1e-3 * sharded.sequential_collectives)
-  assert "use: replicated (the T5X hook's SHARD_DRAFT=False)" in report.format_draft_placements(
+  assert "use: replicated (the T5X hook's SHARD_DRAFT=False)" in placement.format_draft_placements(
       dear)[-1]
   with pytest.raises(ValueError, match="collective latency"):
-    report.draft_placements(calls, chip, collective_latency=-1.0)
+    placement.draft_placements(calls, chip, collective_latency=-1.0)

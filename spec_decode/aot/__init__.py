@@ -14,9 +14,11 @@ Run: `python -m spec_decode.aot --gin_file=<run config> ... --topology=v4-8
   * `report`: the reading of a run's programs: memory next to `spec_decode.plan`'s formula and
     the chip's HBM, v(k) and c from XLA's cost model and from a roofline of the compiled flops
     and bytes against the chip's published peaks, Theorem 3.8's speedup from them, the
-    collectives inside the loop; where the target is split over several chips, the draft's
-    call replicated and sharded like the target, priced by its roofline and its collectives
-    (at an assumed latency each), and the placement to use;
+    collectives inside the loop, the operations each call runs in sequence and a cost model
+    with one fitted latency per operation (`fit_op_latency`);
+  * `placement`: where the target is split over several chips, the draft's call replicated
+    and sharded like the target, priced by its roofline and its collectives (at an assumed
+    latency each), and the placement to use;
   * `cli`: the command.
 Everything here is compiled, not run: `optimal_seconds` is XLA's cost model and a roofline is a
 bound, neither a measurement (`scripts/accelerator_check.sh` measures, where a device is lent).

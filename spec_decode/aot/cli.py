@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from spec_decode import gin_utils
 from spec_decode.infer import cli as infer_cli
 from spec_decode import plan
+from spec_decode.aot import placement
 from spec_decode.aot import programs
 from spec_decode.aot import report
 from spec_decode.aot import runs
@@ -60,7 +61,7 @@ def compile_run(run: runs.Run, wanted: Sequence[str], call_tokens: Sequence[int]
     if ("draft_placement" in wanted and layout.draft is not None
         and layout.mesh.shape["model"] > 1):
       pending["draft_placement"] = pool.submit(
-          programs.draft_placement_calls, layout, param_dtype=run.checkpoint_dtype, **rows)
+          placement.draft_placement_calls, layout, param_dtype=run.checkpoint_dtype, **rows)
     return {name: ({k: future.result() for k, future in value.items()}
                    if isinstance(value, dict) else value.result())
             for name, value in pending.items()}
@@ -117,9 +118,9 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.R
     lines += report.format_estimates(found, alpha, gamma, row.speedup if row else None)
   placements = []
   if "draft_placement" in compiled:
-    placements = report.draft_placements(compiled["draft_placement"], chip,
+    placements = placement.draft_placements(compiled["draft_placement"], chip,
                                          args.collective_latency)
-    lines += report.format_draft_placements(placements)
+    lines += placement.format_draft_placements(placements)
   print("\n".join(lines))
   return {
       "gin_files": list(args.gin_file), "topology": topology.name,
@@ -167,10 +168,10 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                       help="fed tokens k of the target calls compiled alone")
   parser.add_argument("--alpha", type=float, default=None,
                       help="alpha for Theorem 3.8 (default: the paper's, for a Table 2 row)")
-  parser.add_argument("--collective_latency", type=float, default=report.COLLECTIVE_LATENCY,
+  parser.add_argument("--collective_latency", type=float, default=placement.COLLECTIVE_LATENCY,
                       help="seconds assumed for one collective of a draft call, to price the "
                            "sharded draft against the replicated one (default "
-                           f"{report.COLLECTIVE_LATENCY:g}, an assumption)")
+                           f"{placement.COLLECTIVE_LATENCY:g}, an assumption)")
   parser.add_argument("--output_json", default=None, help="also write the figures here")
   parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                       help="programs compiled at once (default: 2, or this host's cores)")

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode import core
+from spec_decode.aot import topologies
 from spec_decode.runtime import decode_layout
 from spec_decode.runtime import partitioning
 from spec_decode.engine import decoding
@@ -71,6 +72,13 @@ class Program:
     them, temporaries and code."""
     return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
             + self.code_bytes)
+
+
+def roofline_seconds(program: Program, chip: topologies.Chip) -> float:
+  """max(flops / peak bf16 FLOP/s, argument bytes / HBM bandwidth) on `chip`: a bound no run of
+  the program on that chip beats (`report` says why argument bytes)."""
+  return max(program.flops / chip.bf16_flops_per_second,
+             program.argument_bytes / chip.hbm_bytes_per_second)
 
 
 def compile_program(name: str, lower: Callable[[], jax.stages.Lowered],
@@ -172,36 +180,6 @@ def call_program(layout: decode_layout.DecodeLayout, role: str, *, batch_rows: i
                jax.ShapeDtypeStruct((batch_rows, max_decode_len), jnp.int32))
   return compile_program(name or f"{role} call k={num_tokens}",
                          lambda: jitted.lower(*arguments), progress)
-
-
-DRAFT_PLACEMENTS = ("replicated", "sharded")
-
-
-def draft_placement_calls(layout: decode_layout.DecodeLayout, *, batch_rows: int,
-                          input_length: int, max_decode_len: int, param_dtype: Any = None,
-                          progress: Callable[[str], None] = lambda _: None
-                          ) -> dict[str, Program | str]:
-  """The draft's 1-token call compiled alone (`call_program`) with its parameters 'replicated'
-  on every device (`decode_layout`'s default) and 'sharded' like the target's (the target's
-  logical axis rules: the T5X hook's SHARD_DRAFT), whatever `layout`'s own draft rules; in
-  place of a program, why the mesh cannot hold the draft so (a dimension it does not divide)."""
-  if layout.draft is None:
-    raise ValueError("this layout has no draft to place")
-  rules = layout.partitioner.logical_axis_rules
-  found = {}
-  for placement, draft_rules in zip(DRAFT_PLACEMENTS, (
-      partitioning.replicated_parameter_rules(rules), rules)):
-    try:
-      placed = decode_layout.decode_layout(layout.partitioner, layout.target, layout.draft,
-                                           draft_rules, layout.compiler_options)
-    except ValueError as e:
-      found[placement] = re.sub(r":?\s*\n\s*", ": ", str(e).strip())
-      continue
-    found[placement] = call_program(
-        placed, "draft", batch_rows=batch_rows, input_length=input_length,
-        max_decode_len=max_decode_len, num_tokens=1, param_dtype=param_dtype,
-        name=f"draft call k=1, {placement}", progress=progress)
-  return found
 
 
 def _computation_lines(hlo: str) -> tuple[str, dict[str, list[str]]]:

@@ -38,15 +38,10 @@ from spec_decode.aot import topologies
 from spec_decode.engine import drafting
 
 
-def roofline_seconds(program: programs.Program, chip: topologies.Chip) -> float:
-  return max(program.flops / chip.bf16_flops_per_second,
-             program.argument_bytes / chip.hbm_bytes_per_second)
-
-
 def latency_seconds(program: programs.Program, chip: topologies.Chip,
                     op_latency: float) -> float:
   """The roofline plus `op_latency` seconds for each operation the call runs in sequence."""
-  return roofline_seconds(program, chip) + program.sequential_ops * op_latency
+  return programs.roofline_seconds(program, chip) + program.sequential_ops * op_latency
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +61,7 @@ class CallCosts:
   def of(cls, name: str, alpha: float, gamma: int, speedup: float,
          target_calls: Mapping[int, programs.Program], draft_call: programs.Program,
          chip: topologies.Chip) -> "CallCosts":
-    cost = lambda p: (roofline_seconds(p, chip), p.sequential_ops)
+    cost = lambda p: (programs.roofline_seconds(p, chip), p.sequential_ops)
     return cls(name, alpha, gamma, speedup, cost(target_calls[1]),
                cost(target_calls[gamma + 1]), cost(draft_call))
 
@@ -112,57 +107,6 @@ def leave_one_out(rows: Sequence[CallCosts],
   return found
 
 
-# The latency assumed for one collective of a batch-1 draft call (a few KiB of activations
-# over the chips' interconnect): an order of magnitude, not a measurement; the command's
-# --collective_latency replaces it.
-COLLECTIVE_LATENCY = 1e-5
-
-
-@dataclasses.dataclass(frozen=True)
-class DraftPlacement:
-  """One placement of the draft's parameters priced by its compiled 1-token call: the call's
-  roofline per chip plus `collective_latency` for each collective it runs."""
-  placement: str  # one of programs.DRAFT_PLACEMENTS
-  roofline_seconds: float
-  collectives: int
-  collective_latency: float
-  impossible: str = ""  # why the mesh cannot hold the draft so; then the rest is meaningless
-
-  @property
-  def seconds(self) -> float:
-    if self.impossible:
-      return math.inf
-    return self.roofline_seconds + self.collectives * self.collective_latency
-
-
-def draft_placements(calls: Mapping[str, programs.Program | str], chip: topologies.Chip,
-                     collective_latency: float = COLLECTIVE_LATENCY) -> list[DraftPlacement]:
-  """Each placement's `DraftPlacement` (`programs.draft_placement_calls`), cheapest first (the
-  replicated draft on a tie: it needs no collective), impossible ones last."""
-  if collective_latency < 0:
-    raise ValueError(f"the collective latency is seconds >= 0, got {collective_latency}")
-  found = [DraftPlacement(name, math.nan, 0, collective_latency, impossible=program)
-           if isinstance(program, str) else
-           DraftPlacement(name, roofline_seconds(program, chip), program.sequential_collectives,
-                          collective_latency) for name, program in calls.items()]
-  return sorted(found, key=lambda p: (p.seconds, p.placement != "replicated"))
-
-
-def format_draft_placements(found: Sequence[DraftPlacement]) -> list[str]:
-  """What each placement of the draft costs a call and which one to use."""
-  lines = [f"draft placement, one 1-token draft call per chip (roofline + collectives x "
-           f"{found[0].collective_latency * 1e6:.3g} us each, assumed):"]
-  for placement in found:
-    if placement.impossible:
-      lines.append(f"  {placement.placement}: not possible: {placement.impossible}")
-      continue
-    lines.append(f"  {placement.placement}: roofline {placement.roofline_seconds * 1e3:.3f} ms "
-                 f"+ {placement.collectives} collectives = {placement.seconds * 1e3:.3f} ms")
-  best = found[0].placement
-  lines.append(f"  use: {best} (the T5X hook's SHARD_DRAFT={best == 'sharded'})")
-  return lines
-
-
 def xla_seconds(program: programs.Program) -> float | None:
   """XLA's `optimal_seconds` where it is usable (positive), else None."""
   seconds = program.optimal_seconds
@@ -183,7 +127,7 @@ def estimates(target_calls: Mapping[int, programs.Program],
               alpha: float | None, gamma: int | None) -> list[Estimate]:
   """Both estimates (see the module docstring) from calls compiled alone."""
   found = []
-  for name, seconds_of in (("roofline", lambda p: roofline_seconds(p, chip)),
+  for name, seconds_of in (("roofline", lambda p: programs.roofline_seconds(p, chip)),
                            ("XLA", xla_seconds)):
     seconds = {k: seconds_of(program) for k, program in target_calls.items()}
     one = seconds.get(1)
@@ -263,7 +207,7 @@ def format_programs(compiled: Sequence[programs.Program],
 def format_calls(target_calls: Mapping[int, programs.Program],
                  draft_call: programs.Program | None, chip: topologies.Chip) -> list[str]:
   rows = [["call", "GFLOP", "arguments GiB", "XLA bytes accessed GiB", "XLA optimal_seconds",
-           "roofline s"]]
+           "roofline s", "ops in sequence"]]
   calls = [(f"target k={k}", p) for k, p in sorted(target_calls.items())]
   if draft_call is not None:
     calls.append(("draft k=1", draft_call))
@@ -271,7 +215,7 @@ def format_calls(target_calls: Mapping[int, programs.Program],
     rows.append([label, f"{program.flops / 1e9:.2f}", _gib(program.argument_bytes),
                  _gib(program.bytes_accessed),
                  "-" if program.optimal_seconds is None else f"{program.optimal_seconds:.3g}",
-                 f"{roofline_seconds(program, chip):.3g}"])
+                 f"{programs.roofline_seconds(program, chip):.3g}", str(program.sequential_ops)])
   return _table(rows)
 
 
