@@ -38,17 +38,12 @@ from spec_decode.aot import topologies
 from spec_decode.engine import drafting
 
 
-def latency_seconds(program: programs.Program, chip: topologies.Chip,
-                    op_latency: float) -> float:
-  """The roofline plus `op_latency` seconds for each operation the call runs in sequence."""
-  return programs.roofline_seconds(program, chip) + program.sequential_ops * op_latency
-
-
 @dataclasses.dataclass(frozen=True)
 class CallCosts:
   """What the fixed-latency cost model needs of one row: its alpha and gamma, the measured
   speedup to fit (0 where there is none), and (roofline seconds, sequential operations) of the
-  target's 1-token call, its (gamma + 1)-token call and the draft's 1-token call."""
+  target's 1-token call, its (gamma + 1)-token call and the draft's 1-token call (as
+  `programs.roofline_seconds` and `programs.Program.sequential_ops` give them)."""
   name: str
   alpha: float
   gamma: int
@@ -56,14 +51,6 @@ class CallCosts:
   target: tuple[float, int]
   verify: tuple[float, int]
   draft: tuple[float, int]
-
-  @classmethod
-  def of(cls, name: str, alpha: float, gamma: int, speedup: float,
-         target_calls: Mapping[int, programs.Program], draft_call: programs.Program,
-         chip: topologies.Chip) -> "CallCosts":
-    cost = lambda p: (programs.roofline_seconds(p, chip), p.sequential_ops)
-    return cls(name, alpha, gamma, speedup, cost(target_calls[1]),
-               cost(target_calls[gamma + 1]), cost(draft_call))
 
   def predicted_speedup(self, op_latency: float) -> float:
     """Theorem 3.8 with each call's time its roofline plus `op_latency` per operation."""
