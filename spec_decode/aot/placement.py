@@ -81,7 +81,8 @@ def draft_placements(calls: Mapping[str, programs.Program | str], chip: topologi
     raise ValueError(f"the collective latency is seconds >= 0, got {collective_latency}")
   found = [DraftPlacement(name, math.nan, 0, collective_latency, impossible=program)
            if isinstance(program, str) else
-           DraftPlacement(name, programs.programs.roofline_seconds(program, chip), program.sequential_collectives,
+           DraftPlacement(name, programs.roofline_seconds(program, chip),
+                          program.sequential_collectives,
                           collective_latency) for name, program in calls.items()]
   return sorted(found, key=lambda p: (p.seconds, p.placement != "replicated"))
 
