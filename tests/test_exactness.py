@@ -13,9 +13,9 @@ and one temperature per example) under every exact rule; a logit callback's law 
 logit_callback_fn) under every exact rule, and the baseline's too.
 
 Every p-value check of this suite, test_ngram's, test_decoder_only_exactness's and
-test_token_tree's passes above
-one floor, P_VALUE_FLOOR (below): a Bonferroni level that bounds the family-wise error rate, the
-chance that an exact decoder fails any of them, by FAMILY_ERROR_RATE. Power at that floor, 100,000
+test_token_tree's passes above one floor, P_VALUE_FLOOR (below): a Bonferroni level that bounds
+the family-wise error rate, the chance that an exact decoder fails any of them, by
+FAMILY_ERROR_RATE. Power at that floor, 100,000
 samples: every negative control of the four suites scores p < 1e-300 (below float range), but
 the block rule's residual mistake, p ~ 5e-18 (test_verify's exact law of the block catches it at
 any sample count).

@@ -12,6 +12,7 @@ takes no tree call (chain calls, one per path). Bad settings: one ValueError lin
 """
 
 import functools
+import json
 
 import flax.struct
 import jax
@@ -20,9 +21,11 @@ import numpy as np
 import pytest
 
 import test_exactness
+import tiny_t5
 import toy_setup
 from spec_decode import core
 from spec_decode.checkpoints import t5x_format
+from spec_decode.infer import outputs as infer_outputs
 from spec_decode.engine import decoding
 from spec_decode.engine import loops
 from spec_decode.engine import toy
@@ -258,3 +261,43 @@ def test_a_decoder_is_built_with_its_settings():
   with pytest.raises(ValueError, match="tree_rule must be one of"):
     core.Decoder.create("speculative_tree_sample", network.Transformer(config),
                         network.Transformer(config), tree_rule="beam")
+
+
+def test_infer_runs_the_tree_config(tmp_path, capsys):
+  """configs/decoding/speculative_tree.gin through `spec_decode.infer` on a tiny pair, greedy:
+  the baseline's outputs, the loop's settings and counters in the summary."""
+  target, draft = tiny_t5.write_pair(tmp_path, vocab_size=8000)
+  run_gin = tiny_t5.write_run_gin(
+      tmp_path / "run.gin", target, draft, tiny_t5.DEMO_VOCAB_FILE, 0,
+      {"inputs": 16, "targets": 8}, batch_size=2, extra="""
+include 'configs/decoding/speculative_tree.gin'
+TREE_BRANCHING = (2, 2)
+TREE_RULE = 'most_likely'
+""")
+  out = tmp_path / "out"
+  status, stderr = tiny_t5.run_infer_main(
+      [f"--gin_file={run_gin}", "--text=A dog runs.", "--text=Two cats sleep.",
+       f"--gin.INFER_OUTPUT_DIR='{out}'"], capsys)
+  assert status == 0, stderr
+  summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
+  assert summary["decode_loop"] == "speculative_tree_sample"
+  assert summary["decode_settings"]["tree_branching"] == [2, 2]
+  assert summary["decode_settings"]["tree_rule"] == "most_likely"
+  assert summary["identical_outputs"] is True
+  iterations = sum(summary["accepted_depths"])
+  assert summary["target_calls"] == iterations > 0
+  assert summary["tokens_per_target_call"] == pytest.approx(
+      summary["generated_tokens"] / summary["target_calls"])
+
+
+def test_a_gamma_given_to_the_tree_loop_is_a_one_line_error(tmp_path, capsys):
+  target, draft = tiny_t5.write_pair(tmp_path, vocab_size=8000)
+  run_gin = tiny_t5.write_run_gin(
+      tmp_path / "run.gin", target, draft, tiny_t5.DEMO_VOCAB_FILE, 0,
+      {"inputs": 16, "targets": 8}, batch_size=2,
+      extra="include 'configs/decoding/speculative_tree.gin'\nGAMMA = 4\n")
+  status, stderr = tiny_t5.run_infer_main(
+      [f"--gin_file={run_gin}", "--text=Hello", f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"],
+      capsys)
+  assert status == 2 and len(stderr) == 1, stderr
+  assert "decode loop 'speculative_tree_sample' takes no setting 'gamma'" in stderr[0]
