@@ -1,14 +1,15 @@
 """`speculative_tree_sample` samples the target's law exactly, and decodes what the target alone
 decodes where nothing is random.
 
-Exactness: test_exactness's toy pair (VOCAB 5, LENGTH 4), its enumerated law over complete
-outputs and its chi-square test at its floor, 100,000 sequences per law, for every sampling
-rule of `tree_rules` at temperature 1 and with top-k and top-p; the same test must reject
-deliberately wrong rules (the negative controls: a residual never updated, a rejection resampled
-from the target, children drawn without replacement verified as if with it). Greedy: the same
-decodes and scores as `temperature_sample` at temperature 0, on the toy models and on a tiny T5
-at batch > 1 (rows finishing at different steps, prompts prefilled), also for a target that
-takes no tree call (chain calls, one per path). Bad settings: one ValueError line each.
+Exactness: test_exactness's toy pair (VOCAB 5, LENGTH 4), its enumerated law over complete outputs
+and its chi-square test at its floor, 100,000 sequences per law, for every sampling rule of
+`tree_rules` at temperature 1 and with top-k and top-p, and one temperature per example given as
+data; the same test must reject deliberately wrong rules (the negative controls: a residual never
+updated, a rejection resampled from the target, children drawn without replacement verified as if
+with it). Greedy: the same decodes and scores as `temperature_sample` at temperature 0, on the toy
+models and on a tiny T5 at batch > 1 (rows finishing at different steps, prompts prefilled), also
+for a target that takes no tree call (chain calls, one per path). Bad settings: one ValueError line
+each.
 """
 
 import functools
@@ -75,6 +76,29 @@ def test_sequences_follow_the_target_law(case, rule):
   assert p_value > P_VALUE_FLOOR, f"{case}/{rule}: p = {p_value:.2e}"
   # The tree was used: some iterations accepted a drafted node.
   assert int(np.sum(stats.accepted_tokens)) > 0.1 * NUM_SAMPLES
+
+
+@pytest.mark.slow
+def test_per_example_temperatures_follow_each_examples_law():
+  """Temperatures given as data, one per example (T5X's decoder_params), alternating: each row
+  follows the law at its own temperature."""
+  temperatures = np.tile(test_exactness.PER_EXAMPLE, NUM_SAMPLES)
+  target, draft = toy_setup.make_pair(VOCAB, "near", seed=1)
+  decodes, _, _ = _tree_with_data(target, draft, jnp.zeros((len(temperatures), LENGTH), jnp.int32),
+                                  jax.random.PRNGKey(0), jnp.asarray(temperatures, jnp.float32))
+  for i, temperature in enumerate(test_exactness.PER_EXAMPLE):
+    p_value = test_exactness.chi_square_p_value(
+        np.asarray(decodes[i::2, 0]), test_exactness.exact_law(target, (temperature, 0, 0.0)))
+    assert p_value > P_VALUE_FLOOR, f"temperature {temperature}: p = {p_value:.2e}"
+
+
+@jax.jit
+def _tree_with_data(target, draft, inputs, rng, temperature):
+  return token_tree.speculative_tree_sample(
+      inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
+      draft_cache=draft.init_cache(*inputs.shape), draft_tokens_to_logits=draft.tokens_to_logits,
+      tree_branching=(3, 2), tree_rule="without_replacement", decode_rng=rng,
+      temperature=temperature)
 
 
 def _never_update_the_residual(target_probs, draft_probs, children):
