@@ -12,6 +12,7 @@ for a target that takes no tree call (chain calls, one per path). Bad settings: 
 each.
 """
 
+import dataclasses
 import functools
 import json
 
@@ -325,3 +326,33 @@ def test_a_gamma_given_to_the_tree_loop_is_a_one_line_error(tmp_path, capsys):
       capsys)
   assert status == 2 and len(stderr) == 1, stderr
   assert "decode loop 'speculative_tree_sample' takes no setting 'gamma'" in stderr[0]
+
+
+def test_greedy_decodes_are_the_targets_on_a_decoder_only_model():
+  """Through `core.Decoder.predict`, a decoder-only target continuing prompts of different
+  lengths (prefilled, each row starting at its own position), its own draft and a smaller
+  one: the target's greedy continuations."""
+  config = network.DecoderOnlyConfig(vocab_size=23, emb_dim=12, num_heads=2, num_layers=2,
+                                     head_dim=5, mlp_dim=16, mlp_activations=("gelu", "linear"),
+                                     dropout_rate=0.0)
+  draft_config = dataclasses.replace(config, num_layers=1, emb_dim=8)
+  tokens = jnp.ones((1, 12), jnp.int32)
+  init = lambda c, seed: network.module_of(c).init(jax.random.PRNGKey(seed), tokens,
+                                                    tokens)["params"]
+  params, draft_params = init(config, 0), init(draft_config, 1)
+  prompt = np.zeros((3, 12), np.int32)
+  causal = np.zeros_like(prompt)
+  for row, length in enumerate((3, 1, 5)):
+    prompt[row, 1:1 + length] = np.arange(5, 5 + length)
+    causal[row, :1 + length] = 1
+  batch = {"decoder_input_tokens": prompt, "decoder_causal_attention": causal}
+  module = network.DecoderOnlyTransformer(config)
+  want, _ = core.Decoder.create("temperature_sample", module, temperature=0.0).predict(
+      params, None, batch, eos_id=EOS)
+  for draft, draft_weights in ((module, params),
+                               (network.DecoderOnlyTransformer(draft_config), draft_params)):
+    decoder = core.Decoder.create("speculative_tree_sample", module, draft, temperature=0.0,
+                                  tree_branching=(2, 2), tree_rule="most_likely")
+    got, aux = decoder.predict(params, draft_weights, batch, eos_id=EOS)
+    np.testing.assert_array_equal(got, want)
+    assert np.asarray(want).any() and np.sum(aux["accepted_tokens"]) > 0
