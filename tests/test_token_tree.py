@@ -37,7 +37,9 @@ from spec_decode.t5 import network
 from test_exactness import LENGTH, NUM_SAMPLES, P_VALUE_FLOOR, VOCAB
 from toy_setup import EOS
 
-SAMPLING_RULES = ("multi_round", "without_replacement")
+# Every registered rule exact at any temperature ('multi_round', 'without_replacement').
+SAMPLING_RULES = tuple(name for name, rule in sorted(tree_rules.RULES.items())
+                       if not rule.greedy_only)
 # (draft, branching, (temperature, topk, topp)): each compiles the loop once.
 CASES = {
     "temperature_1": ("near", (3, 2), (1.0, 0, 0.0)),
