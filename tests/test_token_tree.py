@@ -17,6 +17,7 @@ import functools
 import json
 
 import flax.struct
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +28,7 @@ import tiers
 import tiny_t5
 import toy_setup
 from spec_decode import core
+from spec_decode import infer
 from spec_decode.checkpoints import t5x_format
 from spec_decode.infer import outputs as infer_outputs
 from spec_decode.engine import decoding
@@ -305,11 +307,16 @@ TREE_BRANCHING = (2, 2)
 TREE_RULE = 'most_likely'
 """)
   out = tmp_path / "out"
-  status, stderr = tiny_t5.run_infer_main(
-      [f"--gin_file={run_gin}", "--text=A dog runs.", "--text=Two cats sleep.",
-       f"--gin.INFER_OUTPUT_DIR='{out}'"], capsys)
-  assert status == 0, stderr
+  try:
+    status = infer.main([f"--gin_file={run_gin}", "--text=A dog runs.", "--text=Two cats sleep.",
+                         f"--gin.INFER_OUTPUT_DIR='{out}'"])
+  finally:
+    gin.clear_config()
+  printed = capsys.readouterr()
+  assert status == 0, printed.err
   summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
+  assert (f"{summary['tokens_per_target_call']:.2f} tokens per target call (tree (2, 2), "
+          f"{summary['accepted_per_iteration']:.2f} nodes accepted per call)") in printed.out
   assert summary["decode_loop"] == "speculative_tree_sample"
   assert summary["decode_settings"]["tree_branching"] == [2, 2]
   assert summary["decode_settings"]["tree_rule"] == "most_likely"
