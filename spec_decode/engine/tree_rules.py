@@ -100,6 +100,7 @@ def rejection_walk(target_probs: jax.Array, child_laws: jax.Array, children: jax
 
 def draw_with_replacement(draft_probs: jax.Array, draft_logits: jax.Array,
                           uniforms: jax.Array) -> jax.Array:
+  """Each child independently from q."""
   del draft_logits
   laws = jnp.broadcast_to(draft_probs[..., None, :], uniforms.shape + draft_probs.shape[-1:])
   return sampling.sample_from_uniform(uniforms, laws)
