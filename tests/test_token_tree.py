@@ -217,6 +217,9 @@ def test_greedy_decodes_are_the_targets_on_toy_models(rule, branching):
       np.testing.assert_array_equal(chain_only[2].target_calls,
                                     (1 + num_nodes) * iterations[:, None])
       np.testing.assert_array_equal(got[2].target_calls, iterations[:, None])
+      # The draft: the pending chain, then one tree call per depth but the last.
+      np.testing.assert_array_equal(got[2].draft_calls, len(branching) * iterations[:, None])
+      np.testing.assert_array_equal(got[2].tree_nodes, num_nodes * iterations[:, None])
 
 
 def _tiny_t5(vocab_size, emb_dim, layers, seed):
