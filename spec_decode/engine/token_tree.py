@@ -95,8 +95,8 @@ class TreeShape:
     return mask
 
 
-def check_tree_settings(tree_branching: Sequence[int] | None = (4, 2, 1),
-                        tree_rule: "str | tree_rules.TreeRule" = "multi_round",
+def check_tree_settings(tree_branching: Sequence[int] = (4, 2, 1),
+                        tree_rule: str | tree_rules.TreeRule = "multi_round",
                         temperature: Any = 1.0,
                         **sampling_settings: Any) -> None:
   """ValueError for a tree shape, rule or sampling setting `speculative_tree_sample` cannot
