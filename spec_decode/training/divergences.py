@@ -17,7 +17,8 @@ trained on `tv` maximizes its acceptance rate directly.
 over the positions of a batch weighted by the target-token weights (`decoder_loss_weights`:
 padding contributes nothing). Terms with a zero probability are 0 (0 log 0 = 0) with finite
 gradients, whatever the other distribution. Bad settings (an unknown divergence, beta outside
-(0, 1), temperature <= 0) are a one-line ValueError.
+(0, 1) or given to another divergence than 'jsd' (`resolve_beta`), temperature <= 0) are a
+one-line ValueError.
 """
 from __future__ import annotations
 
@@ -71,6 +72,17 @@ DIVERGENCES: dict[str, Divergence] = {
 }
 
 
+DEFAULT_BETA = 0.5
+
+
+def resolve_beta(name: str, beta: float | None) -> float:
+  """The beta a divergence runs with: the one given (the 'jsd' divergence's alone: a ValueError
+  for another, where it could not take effect), else DEFAULT_BETA."""
+  if beta is not None and name != "jsd":
+    raise ValueError(f"beta is the 'jsd' divergence's; it cannot take effect with {name!r}")
+  return DEFAULT_BETA if beta is None else beta
+
+
 def check(name: str, beta: float, temperature: float) -> None:
   """One-line ValueError for a divergence, beta or temperature that cannot be computed."""
   if name not in DIVERGENCES:
@@ -87,7 +99,7 @@ def log_probs(logits: jax.Array, temperature: float) -> jax.Array:
 
 
 def per_position(name: str, target_logits: jax.Array, draft_logits: jax.Array, *,
-                 temperature: float = 1.0, beta: float = 0.5) -> jax.Array:
+                 temperature: float = 1.0, beta: float = DEFAULT_BETA) -> jax.Array:
   """The divergence `name` between target and draft at each position: logits [..., V] -> [...]."""
   check(name, beta, temperature)
   return DIVERGENCES[name](log_probs(target_logits, temperature),
@@ -96,7 +108,7 @@ def per_position(name: str, target_logits: jax.Array, draft_logits: jax.Array, *
 
 def weighted_sums(name: str, target_logits: jax.Array, draft_logits: jax.Array,
                   weights: jax.Array, *, temperature: float = 1.0,
-                  beta: float = 0.5) -> dict[str, jax.Array]:
+                  beta: float = DEFAULT_BETA) -> dict[str, jax.Array]:
   """{'divergence_sum', 'alpha_sum', 'num_tokens'} over positions [B, L] weighted by `weights`
   (logits [B, L, V]); the loss of a batch is divergence_sum / num_tokens."""
   check(name, beta, temperature)

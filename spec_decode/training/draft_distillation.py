@@ -48,7 +48,6 @@ from spec_decode.training import divergences
 
 Batch = dict[str, Any]
 DATA_SOURCES = ("dataset", "target_greedy", "target_sample", "draft_sample", "mixture")
-_DEFAULT_BETA = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,10 +62,8 @@ class Distillation:
   draft_sample_fraction: float | None = None
 
   def __post_init__(self):
-    if self.beta is not None and self.divergence != "jsd":
-      raise ValueError(f"beta is the 'jsd' divergence's; it cannot take effect with "
-                       f"{self.divergence!r}")
-    divergences.check(self.divergence, self.jsd_beta, self.temperature)
+    divergences.check(self.divergence, divergences.resolve_beta(self.divergence, self.beta),
+                      self.temperature)
     if self.data_source not in DATA_SOURCES:
       raise ValueError(f"unknown data source {self.data_source!r}; known: "
                        f"{', '.join(DATA_SOURCES)}")
@@ -80,7 +77,7 @@ class Distillation:
 
   @property
   def jsd_beta(self) -> float:
-    return _DEFAULT_BETA if self.beta is None else self.beta
+    return divergences.resolve_beta(self.divergence, self.beta)
 
 
 def load_target(distillation: Distillation, draft_config: network.T5Config
