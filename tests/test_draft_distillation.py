@@ -171,6 +171,7 @@ def _train(root: pathlib.Path, model_dir: pathlib.Path, distillation, **kwargs):
   return train.train(str(model_dir), **{**arguments, **kwargs})
 
 
+@pytest.mark.slow  # the trainer end to end: corpus, vocabulary, evaluation with BLEU
 def test_the_trainer_distills_from_the_initial_draft_and_leaves_the_target(pair_files, tmp_path,
                                                                             capsys):
   target_file = pair_files / "target.safetensors"

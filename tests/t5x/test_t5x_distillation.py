@@ -80,9 +80,9 @@ def test_the_loss_is_the_divergence_from_t5xs_target_network(pair):
   assert isinstance(model, distillation.DistillationEncoderDecoderModel)
   loss, metrics = jax.jit(model.loss_fn)(pair["draft_params"], batch, None)
   # The same distributions from T5X's own networks, the target's from its checkpoint.
-  target_logits = t5x_setup.t5x_model(TARGET)._compute_logits(
+  target_logits = jax.jit(t5x_setup.t5x_model(TARGET)._compute_logits)(
       t5x_setup.load_params(pair["target"]), batch)
-  draft_logits = t5x_setup.t5x_model(DRAFT)._compute_logits(pair["draft_params"], batch)
+  draft_logits = jax.jit(t5x_setup.t5x_model(DRAFT)._compute_logits)(pair["draft_params"], batch)
   tv = divergences.per_position("tv", target_logits, draft_logits)
   weights = batch["decoder_loss_weights"]
   np.testing.assert_allclose(float(loss), float(jnp.sum(tv * weights)), rtol=1e-4)
@@ -148,8 +148,8 @@ def test_decoder_only_loss_is_the_divergence_from_t5xs_target_network(tmp_path, 
   loss, metrics = jax.jit(model.loss_fn)(draft_params, batch, None)
   target_model = t5x_setup.t5x_model(target_config, inputs_bidirectional_attention=prefix_lm)
   kl = divergences.per_position(
-      "forward_kl", target_model._compute_logits(target_params, batch),
-      draft_model._compute_logits(draft_params, batch), temperature=2.0)
+      "forward_kl", jax.jit(target_model._compute_logits)(target_params, batch),
+      jax.jit(draft_model._compute_logits)(draft_params, batch), temperature=2.0)
   weights = batch["decoder_loss_weights"]
   np.testing.assert_allclose(float(loss), float(jnp.sum(kl * weights)), rtol=1e-4)
   assert 0 < float(metrics["alpha"].compute()) < 1
