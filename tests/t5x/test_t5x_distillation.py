@@ -1,6 +1,7 @@
 """Draft distillation in T5X (`spec_decode.t5x.distillation`, configs/t5x/distill_draft.gin).
 
-In process: the models' loss is the divergence between T5X's own target network's and the
+In process (the slow tier, as the neighbouring T5X tests, but for the bad settings and the gin
+files): the models' loss is the divergence between T5X's own target network's and the
 draft's distributions (alpha = 1 - total variation, computed here from T5X's logits), for an
 encoder-decoder and a decoder-only (prefix LM) pair; a few gradient steps on it raise alpha;
 bad settings fail in one line before anything compiles. End to end: `python -m t5x.train`
@@ -73,6 +74,7 @@ def _alpha(model, params, batch) -> float:
   return float(metrics["alpha"].compute())
 
 
+@pytest.mark.slow  # compiles T5X's networks and the loss
 def test_the_loss_is_the_divergence_from_t5xs_target_network(pair):
   batch = _batch()
   model = distillation.distillation_version(t5x_setup.t5x_model(DRAFT), pair["target"],
@@ -93,6 +95,7 @@ def test_the_loss_is_the_divergence_from_t5xs_target_network(pair):
   assert "accuracy" in metrics  # T5X's metrics stay
 
 
+@pytest.mark.slow  # compiles T5X's networks and the loss
 def test_gradient_steps_raise_alpha_and_leave_the_target(pair):
   batch = _batch()
   model = distillation.distillation_version(t5x_setup.t5x_model(DRAFT), pair["target"],
@@ -117,6 +120,7 @@ def test_gradient_steps_raise_alpha_and_leave_the_target(pair):
     np.testing.assert_array_equal(kept, np.asarray(now))
 
 
+@pytest.mark.slow  # compiles T5X's networks and the loss
 @pytest.mark.parametrize("prefix_lm", [False, True])
 def test_decoder_only_loss_is_the_divergence_from_t5xs_target_network(tmp_path, prefix_lm):
   network = t5x_decoder_only.network()
