@@ -7,6 +7,7 @@ compiles."""
 import dataclasses
 import pathlib
 
+import flax.serialization
 import jax
 import numpy as np
 import optax
@@ -76,6 +77,29 @@ def test_a_few_steps_lower_the_divergence_and_raise_alpha(divergence, data_sourc
   for kept, now in zip(jax.tree_util.tree_leaves(frozen),
                        jax.tree_util.tree_leaves(target_params), strict=True):
     np.testing.assert_array_equal(kept, np.asarray(now))
+
+
+def test_a_resumed_run_samples_and_steps_as_an_uninterrupted_one():
+  """On-policy samples use fold_in(rng, step): a state restored from its bytes continues exactly
+  as the uninterrupted run does."""
+  distillation = draft_distillation.Distillation(target="unused", divergence="tv",
+                                                 data_source="draft_sample")
+  target_params, draft_params = _params()
+  step, rng = _step(distillation, jax.device_put(target_params)), jax.random.PRNGKey(0)
+
+  def run(state, steps):
+    for i in steps:
+      state, _ = step(state, _batch(i), rng)
+    return state
+
+  straight = run(train.create_state(DRAFT, OPTIMIZER, None, 0, params=draft_params), range(4))
+  half = run(train.create_state(DRAFT, OPTIMIZER, None, 0, params=draft_params), range(2))
+  fresh = train.create_state(DRAFT, OPTIMIZER, None, 0, params=draft_params)
+  restored = flax.serialization.from_bytes(fresh, flax.serialization.to_bytes(half))
+  resumed = run(restored, range(2, 4))
+  for a, b in zip(jax.tree_util.tree_leaves(straight.params),
+                  jax.tree_util.tree_leaves(resumed.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_on_policy_batches_are_the_drafts_own_decodes():
