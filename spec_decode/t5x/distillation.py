@@ -165,11 +165,11 @@ class DistillationEncoderDecoderModel(_DistillationModel, t5x_models.EncoderDeco
 
     def decode_draft(rows: Mapping[str, jax.Array]) -> jax.Array:
       # The draft's own decode (its decode_fn, T5X's temperature_sample) of the whole
-      # distribution at the distillation temperature.
+      # distribution at the distillation temperature; no gradient flows through the samples.
       decodes, _ = self.predict_batch_with_aux(
           jax.lax.stop_gradient(params), rows, rng=rng, num_decodes=1, return_all_decodes=False,
           decoder_params={"temperature": self.temperature, "topk": 0, "topp": 0.0})
-      return jax.lax.stop_gradient(decodes)
+      return decodes
 
     return draft_distillation.source_batch(
         self.data_source, self.draft_sample_fraction, dict(batch), decode_target=decode_target,
