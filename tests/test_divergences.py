@@ -59,6 +59,28 @@ def test_a_three_way_case_by_hand():
   np.testing.assert_allclose(float(sums["alpha_sum"]), 0.4, rtol=1e-5)
 
 
+def test_alpha_at_temperatures_0_and_1_by_hand():
+  # Four positions of a 3-token vocabulary, the last weighted 0:
+  #   p (0.7, 0.2, 0.1)  q (0.1, 0.3, 0.6)   argmaxes 0, 2: disagree; min sum 0.4
+  #   p (0.5, 0.3, 0.2)  q (0.35, 0.45, 0.2) argmaxes 0, 1: disagree; min sum 0.85
+  #   p (0.1, 0.6, 0.3)  q (0.2, 0.5, 0.3)   argmaxes 1, 1: agree;    min sum 0.9
+  #   p (0.6, 0.3, 0.1)  q (0.6, 0.3, 0.1)   agree, but weight 0
+  # alpha at T=0 = 1 agreement of 3 weighted positions; at T=1 = 0.4 + 0.85 + 0.9 = 2.15.
+  p = [(0.7, 0.2, 0.1), (0.5, 0.3, 0.2), (0.1, 0.6, 0.3), (0.6, 0.3, 0.1)]
+  q = [(0.1, 0.3, 0.6), (0.35, 0.45, 0.2), (0.2, 0.5, 0.3), (0.6, 0.3, 0.1)]
+  weights = jnp.asarray([[1, 1, 1, 0]])
+  sums = divergences.alpha_sums(_logits(p)[None], _logits(q)[None], weights)
+  np.testing.assert_allclose(float(sums["alpha_t0_sum"]), 1.0)
+  np.testing.assert_allclose(float(sums["alpha_t1_sum"]), 2.15, rtol=1e-5)
+  # The rate at T=0 is the fraction of weighted positions whose argmaxes agree.
+  counted = divergences.weighted_sums("tv", _logits(p)[None], _logits(q)[None], weights)
+  np.testing.assert_allclose(float(sums["alpha_t0_sum"] / counted["num_tokens"]), 1 / 3)
+  # Scaling both logits by 3 keeps the argmaxes (T=0 unchanged) and changes the T=1 law.
+  scaled = divergences.alpha_sums(3 * _logits(p)[None], 3 * _logits(q)[None], weights)
+  np.testing.assert_allclose(float(scaled["alpha_t0_sum"]), 1.0)
+  assert abs(float(scaled["alpha_t1_sum"]) - 2.15) > 0.1
+
+
 def test_total_variation_is_one_minus_alpha_and_weights_mask_positions():
   rng = np.random.default_rng(0)
   target = jnp.asarray(rng.normal(size=(3, 5, 11)) * 2, jnp.float32)

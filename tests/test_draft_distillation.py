@@ -205,8 +205,11 @@ def test_the_trainer_distills_from_the_initial_draft_and_leaves_the_target(pair_
       divergence="jsd", data_source="mixture", draft_sample_fraction=0.5)
   metrics = _train(pair_files, tmp_path / "run", distillation, eval_every=3, bleu_examples=2,
                    eval_batch_size=4)
-  assert set(metrics) == {"eval_jsd", "eval_alpha", "eval_bleu"}
-  assert 0.0 < metrics["eval_alpha"] < 1.0
+  assert set(metrics) == {"eval_jsd", "eval_alpha", "eval_alpha_t0", "eval_alpha_t1",
+                          "eval_bleu"}
+  # Distilled at temperature 1: alpha at T=1 is the distillation temperature's.
+  assert metrics["eval_alpha_t1"] == pytest.approx(metrics["eval_alpha"], rel=1e-5)
+  assert 0.0 < metrics["eval_alpha"] < 1.0 and 0.0 <= metrics["eval_alpha_t0"] <= 1.0
   log = capsys.readouterr().out
   assert "alpha " in log and "acc " not in log
   assert target_file.read_bytes() == target_bytes

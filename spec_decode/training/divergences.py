@@ -11,7 +11,10 @@ last axis. Per position (every function maps logits [..., V] to [...]):
   tv           total variation 0.5 sum |p - q|
 and the metric `alpha` = sum min(p, q) = 1 - tv: the probability that speculative sampling at
 `temperature` accepts the draft's token at that position (Leviathan et al., 2023), so a draft
-trained on `tv` maximizes its acceptance rate directly.
+trained on `tv` maximizes its acceptance rate directly. `alpha_sums` gives the expected
+acceptance at the two temperatures drafts are usually run at, whatever the trained one: at T=1
+(sum min(p, q) of the untempered distributions) and at T=0 (greedy decoding accepts the draft's
+token iff the two argmaxes agree: 1 there, else 0).
 
 `weighted_sums(name, target_logits, draft_logits, weights, ...)` sums a divergence and alpha
 over the positions of a batch weighted by the target-token weights (`decoder_loss_weights`:
@@ -118,3 +121,17 @@ def weighted_sums(name: str, target_logits: jax.Array, draft_logits: jax.Array,
   return {"divergence_sum": jnp.sum(DIVERGENCES[name](log_p, log_q, beta) * weights),
           "alpha_sum": jnp.sum(jax.lax.stop_gradient(alpha(log_p, log_q)) * weights),
           "num_tokens": jnp.sum(weights)}
+
+
+def alpha_sums(target_logits: jax.Array, draft_logits: jax.Array,
+               weights: jax.Array) -> dict[str, jax.Array]:
+  """{'alpha_t0_sum', 'alpha_t1_sum'}: the expected acceptance at temperature 0 (the argmaxes
+  agree) and at temperature 1, summed over positions [B, L] weighted by `weights` (logits
+  [B, L, V]); divided by weighted_sums' num_tokens they are the rates. No gradient."""
+  target_logits = jax.lax.stop_gradient(target_logits)
+  draft_logits = jax.lax.stop_gradient(draft_logits)
+  weights = weights.astype(jnp.float32)
+  agree = jnp.argmax(target_logits, axis=-1) == jnp.argmax(draft_logits, axis=-1)
+  return {"alpha_t0_sum": jnp.sum(agree * weights),
+          "alpha_t1_sum": jnp.sum(alpha(log_probs(target_logits, 1.0),
+                                        log_probs(draft_logits, 1.0)) * weights)}

@@ -27,13 +27,17 @@ Contract:
   argument, read and never updated (no gradient reaches them); the step's samples and dropout
   use fold_in(rng, step), so a resumed run is identical to an uninterrupted one. Metrics are the
   trainer's sums: loss_sum (the divergence), alpha_sum, num_tokens, grad_norm.
-- `eval_sums(...)`: divergence and alpha on evaluation batches (teacher-forced task targets).
+- `eval_sums(...)`: divergence and alpha on evaluation batches (teacher-forced task targets,
+  no decoding): alpha at the distillation temperature and at T=0 and T=1
+  (`divergences.alpha_sums`).
+- `check_data_source` and `source_batch` are the data sources' one definition, which the T5X
+  models (`spec_decode.t5x.distillation`) share with their own decodes.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +51,23 @@ from spec_decode.training import data
 from spec_decode.training import divergences
 
 Batch = dict[str, Any]
+# The data a draft is distilled on (module docstring), for this trainer and the T5X models.
 DATA_SOURCES = ("dataset", "target_greedy", "target_sample", "draft_sample", "mixture")
+# The sources that decode the draft's own samples in the training step.
+ON_POLICY_SOURCES = ("draft_sample", "mixture")
+
+
+def check_data_source(data_source: str, draft_sample_fraction: float | None) -> None:
+  """One-line ValueError for an unknown source, or a fraction that cannot take effect."""
+  if data_source not in DATA_SOURCES:
+    raise ValueError(f"unknown data source {data_source!r}; known: {', '.join(DATA_SOURCES)}")
+  if data_source == "mixture":
+    if draft_sample_fraction is None or not 0.0 < draft_sample_fraction < 1.0:
+      raise ValueError(f"data source 'mixture' needs a draft_sample_fraction in (0, 1), got "
+                       f"{draft_sample_fraction}")
+  elif draft_sample_fraction is not None:
+    raise ValueError(f"draft_sample_fraction takes effect with data source 'mixture' only, "
+                     f"not {data_source!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,16 +84,7 @@ class Distillation:
   def __post_init__(self):
     divergences.check(self.divergence, divergences.resolve_beta(self.divergence, self.beta),
                       self.temperature)
-    if self.data_source not in DATA_SOURCES:
-      raise ValueError(f"unknown data source {self.data_source!r}; known: "
-                       f"{', '.join(DATA_SOURCES)}")
-    if self.data_source == "mixture":
-      if self.draft_sample_fraction is None or not 0.0 < self.draft_sample_fraction < 1.0:
-        raise ValueError(f"data source 'mixture' needs a draft_sample_fraction in (0, 1), got "
-                         f"{self.draft_sample_fraction}")
-    elif self.draft_sample_fraction is not None:
-      raise ValueError(f"draft_sample_fraction takes effect with data source 'mixture' only, "
-                       f"not {self.data_source!r}")
+    check_data_source(self.data_source, self.draft_sample_fraction)
 
   @property
   def jsd_beta(self) -> float:
@@ -123,30 +134,41 @@ def with_targets(batch: Batch, decodes: jax.Array) -> Batch:
           "decoder_loss_weights": (~after_eos).astype(jnp.int32)}
 
 
+def source_batch(data_source: str, draft_sample_fraction: float | None, batch: Batch, *,
+                 decode_target: Callable[[Batch, bool], jax.Array],
+                 decode_draft: Callable[[Batch], jax.Array]) -> Batch:
+  """The batch the divergence is taken on for `data_source`: `batch` itself, or decodes of its
+  inputs as its targets (`with_targets`). `decode_target(rows, greedy)` decodes the target on a
+  batch's rows (greedy, or samples at the distillation temperature), `decode_draft(rows)` samples
+  the draft at that temperature; each returns [rows, L] with L the batch's target length."""
+  if data_source == "dataset":
+    return batch
+  if data_source in ("target_greedy", "target_sample"):
+    return with_targets(batch, decode_target(batch, data_source == "target_greedy"))
+  if data_source == "draft_sample":
+    return with_targets(batch, decode_draft(batch))
+  # 'mixture': the first rows (the trainers' rows are shuffled) are the draft's samples.
+  rows = round(draft_sample_fraction * batch["decoder_target_tokens"].shape[0])
+  head = {k: v[:rows] for k, v in batch.items()}
+  sampled = with_targets(head, decode_draft(head))
+  return {k: jnp.concatenate([sampled[k], jnp.asarray(v[rows:], sampled[k].dtype)])
+          for k, v in batch.items()}
+
+
 def training_batch(distillation: Distillation, target_config: network.T5Config,
                    target_params: Any, draft_config: network.T5Config, draft_params: Any,
                    batch: Batch, rng: jax.Array) -> Batch:
   """The batch the divergence is taken on: the trainer's, or decodes of its inputs."""
-  source = distillation.data_source
-  if source == "dataset":
-    return batch
   length = batch["decoder_target_tokens"].shape[1]
-  encoder_input_tokens = batch["encoder_input_tokens"]
-  if source in ("target_greedy", "target_sample"):
-    temperature = 0.0 if source == "target_greedy" else distillation.temperature
-    return with_targets(batch, sample(target_config, target_params, encoder_input_tokens, rng,
-                                      temperature, length))
-  draft_params = jax.lax.stop_gradient(draft_params)
-  if source == "draft_sample":
-    return with_targets(batch, sample(draft_config, draft_params, encoder_input_tokens, rng,
-                                      distillation.temperature, length))
-  # 'mixture': the first rows (the trainer's rows are shuffled) are the draft's samples.
-  rows = round(distillation.draft_sample_fraction * encoder_input_tokens.shape[0])
-  sampled = with_targets({k: v[:rows] for k, v in batch.items()},
-                         sample(draft_config, draft_params, encoder_input_tokens[:rows], rng,
-                                distillation.temperature, length))
-  return {k: jnp.concatenate([sampled[k], jnp.asarray(v[rows:], sampled[k].dtype)])
-          for k, v in batch.items()}
+  temperature = distillation.temperature
+  return source_batch(
+      distillation.data_source, distillation.draft_sample_fraction, batch,
+      decode_target=lambda rows, greedy: sample(
+          target_config, target_params, rows["encoder_input_tokens"], rng,
+          0.0 if greedy else temperature, length),
+      decode_draft=lambda rows: sample(
+          draft_config, jax.lax.stop_gradient(draft_params), rows["encoder_input_tokens"], rng,
+          temperature, length))
 
 
 def _logits(config: network.T5Config, params: Any, batch: Batch,
@@ -191,14 +213,17 @@ def train_step(state: train_state.TrainState, batch: Batch, rng: jax.Array, *,
 def _eval_step(target_params: Any, draft_params: Any, batch: Batch, *,
                distillation: Distillation, target_config: network.T5Config,
                draft_config: network.T5Config) -> dict[str, jax.Array]:
-  return _sums(distillation, _logits(target_config, target_params, batch),
-               _logits(draft_config, draft_params, batch), batch)
+  target_logits = _logits(target_config, target_params, batch)
+  draft_logits = _logits(draft_config, draft_params, batch)
+  return {**_sums(distillation, target_logits, draft_logits, batch),
+          **divergences.alpha_sums(target_logits, draft_logits, batch["decoder_loss_weights"])}
 
 
 def eval_sums(distillation: Distillation, target_config: network.T5Config, target_params: Any,
               draft_config: network.T5Config, draft_params: Any,
               batches: Iterable[Batch]) -> dict[str, float]:
-  """{'divergence_sum', 'alpha_sum', 'num_tokens'} over `batches` (their own targets)."""
+  """{'divergence_sum', 'alpha_sum', 'num_tokens', 'alpha_t0_sum', 'alpha_t1_sum'} over
+  `batches` (their own targets): alpha at the distillation temperature, and at 0 and 1."""
   sums: dict[str, float] = {}
   for batch in batches:
     for k, v in _eval_step(target_params, draft_params, batch, distillation=distillation,

@@ -21,7 +21,8 @@ What it does (all knobs are arguments of the gin-configurable `train`):
 - with `distillation` (a `draft_distillation.Distillation`), white-box distillation of a draft
   on a frozen target instead of cross-entropy: the loss is the divergence between the target's
   and the draft's token distributions on the configured data (the task's targets, the target's
-  or the draft's own decodes), logged and evaluated with alpha (configs/train/draft_whitebox.gin).
+  or the draft's own decodes), logged with alpha and evaluated with alpha at its temperature and
+  at T=0 and T=1 (configs/train/draft_whitebox.gin).
 """
 from __future__ import annotations
 
@@ -316,7 +317,9 @@ def train(model_dir: str,
       sums = draft_distillation.eval_sums(distillation, target_config, target_params, config,
                                           params, batches)
       metrics = {f"eval_{distillation.divergence}": sums["divergence_sum"] / sums["num_tokens"],
-                 "eval_alpha": sums["alpha_sum"] / sums["num_tokens"]}
+                 "eval_alpha": sums["alpha_sum"] / sums["num_tokens"],
+                 "eval_alpha_t0": sums["alpha_t0_sum"] / sums["num_tokens"],
+                 "eval_alpha_t1": sums["alpha_t1_sum"] / sums["num_tokens"]}
     hyps = greedy.translate(config, params, sp, eval_sources[:bleu_examples],
                             max_input_len, max_target_len, eval_batch_size)
     return {**metrics, "eval_bleu": bleu.corpus_bleu(hyps, eval_targets[:bleu_examples])}

@@ -4,7 +4,9 @@ In process (the slow tier, as the neighbouring T5X tests, but for the bad settin
 files): the models' loss is the divergence between T5X's own target network's and the
 draft's distributions (alpha = 1 - total variation, computed here from T5X's logits), for an
 encoder-decoder and a decoder-only (prefix LM) pair; a few gradient steps on it raise alpha;
-bad settings fail in one line before anything compiles. End to end: `python -m t5x.train`
+bad settings fail in one line before anything compiles. The data sources (the standalone
+trainer's): on-policy batches are the draft's own T5X decodes of the same parameters, a
+mixture's other rows the task's, and loss_fn trains on them where T5X gives it an rng. End to end: `python -m t5x.train`
 (T5X's pretrain.gin, a tiny draft's model gin, distill_draft.gin, the target's T5X checkpoint)
 raises the draft's alpha on the task, leaves the target's checkpoint as it was, and writes a
 checkpoint of the draft alone that the speculative hook restores as its draft.
@@ -29,6 +31,7 @@ pytest.importorskip("t5x.train", reason="needs t5x, installed from its repositor
 import t5x_decoder_only  # pylint: disable=g-import-not-at-top
 import t5x_setup  # pylint: disable=g-import-not-at-top
 import t5x_tasks  # pylint: disable=g-import-not-at-top
+from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
 from spec_decode.t5x import distillation  # pylint: disable=g-import-not-at-top
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
 from spec_decode.training import divergences  # pylint: disable=g-import-not-at-top
@@ -159,6 +162,72 @@ def test_decoder_only_loss_is_the_divergence_from_t5xs_target_network(tmp_path, 
   assert 0 < float(metrics["alpha"].compute()) < 1
 
 
+@pytest.mark.slow  # compiles five decodes (about 30 s of CPU)
+def test_on_policy_and_mixture_batches_are_the_drafts_own_decodes(pair):
+  batch = {k: jnp.asarray(v) for k, v in _batch().items()}
+  rng = jax.random.PRNGKey(5)
+  params = pair["draft_params"]
+
+  def built(data_source, temperature, **kwargs):
+    model = distillation.distillation_version(
+        t5x_setup.t5x_model(DRAFT), pair["target"], temperature=temperature,
+        data_source=data_source, **kwargs)
+    return model, jax.tree_util.tree_map(np.asarray, model._training_batch(params, batch, rng))
+
+  # The same parameters decoded by another T5X model of the draft: greedy, and sampling the
+  # whole distribution at temperature 1 from the same rng.
+  greedy, _ = t5x_setup.t5x_model(DRAFT).predict_batch_with_aux(params, batch)
+  sampled, _ = t5x_setup.t5x_model(DRAFT, temperature=1.0).predict_batch_with_aux(
+      params, batch, rng=rng)
+  greedy, sampled = np.asarray(greedy), np.asarray(sampled)
+  assert not np.array_equal(greedy, sampled)
+
+  def as_targets(decodes):  # up to and including the first EOS, padding after it
+    after_eos = np.cumsum(decodes == 1, axis=1) - (decodes == 1) > 0
+    return np.where(after_eos, 0, decodes), (~after_eos).astype(np.int32)
+
+  model, on_policy = built("draft_sample", 1.0)
+  targets, weights = as_targets(sampled)
+  np.testing.assert_array_equal(on_policy["decoder_target_tokens"], targets)
+  np.testing.assert_array_equal(on_policy["decoder_loss_weights"], weights)
+  np.testing.assert_array_equal(on_policy["decoder_input_tokens"][:, 1:], targets[:, :-1])
+  assert not on_policy["decoder_input_tokens"][:, 0].any()
+  np.testing.assert_array_equal(on_policy["encoder_input_tokens"], batch["encoder_input_tokens"])
+  # Near temperature 0 the draft's samples are its greedy decodes.
+  _, cold = built("draft_sample", 1e-4)
+  np.testing.assert_array_equal(cold["decoder_target_tokens"], as_targets(greedy)[0])
+  # A mixture: round(fraction * B) rows the draft's samples, the others the task's targets.
+  _, mixture = built("mixture", 1e-4, draft_sample_fraction=0.3)
+  rows = round(0.3 * t5x_tasks.NUM_EXAMPLES)
+  assert 0 < rows < t5x_tasks.NUM_EXAMPLES
+  np.testing.assert_array_equal(mixture["decoder_target_tokens"][:rows],
+                                as_targets(greedy)[0][:rows])
+  for key in ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights"):
+    np.testing.assert_array_equal(mixture[key][rows:], np.asarray(batch[key])[rows:])
+  # The draft's decodes differ from the task's targets, so the rows tell the sources apart.
+  assert not np.array_equal(as_targets(greedy)[0], np.asarray(batch["decoder_target_tokens"]))
+
+
+@pytest.mark.slow  # compiles the loss with the draft's decoding inside
+def test_the_loss_with_an_rng_is_taken_on_the_sources_batch(pair):
+  batch = _batch()
+  rng = jax.random.PRNGKey(7)
+  model = distillation.distillation_version(t5x_setup.t5x_model(DRAFT), pair["target"],
+                                            data_source="draft_sample")
+  params = pair["draft_params"]
+  # loss_fn splits its rng into the samples' and dropout's (the tiny draft has no dropout).
+  on_policy = model._training_batch(params, batch, jax.random.split(rng)[0])
+  loss, metrics = jax.jit(model.loss_fn)(params, batch, rng)
+  expected, expected_metrics = jax.jit(model.loss_fn)(params, on_policy, None)
+  np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5)
+  for name in ("alpha", "alpha_t0", "alpha_t1"):
+    np.testing.assert_allclose(float(metrics[name].compute()),
+                               float(expected_metrics[name].compute()), rtol=1e-5)
+  # Without an rng (T5X's eval_fn) the loss is the task targets'.
+  teacher_forced, _ = jax.jit(model.loss_fn)(params, batch, None)
+  assert abs(float(teacher_forced) - float(loss)) > 1e-3
+
+
 @pytest.mark.parametrize("arguments, message", [
     (dict(target_checkpoint_path=None), "no target checkpoint: set TARGET_CHECKPOINT_PATH"),
     (dict(target_checkpoint_path="/nonexistent/checkpoint_1"),
@@ -171,11 +240,29 @@ def test_decoder_only_loss_is_the_divergence_from_t5xs_target_network(tmp_path, 
                            "effect with distillation"),
     (dict(model="other_vocabulary"),
      "target and draft vocabularies differ: the target has 128 ids, the draft 256"),
+    (dict(data_source="replay"), "unknown data source 'replay'; known: dataset, target_greedy, "
+                                 "target_sample, draft_sample, mixture"),
+    (dict(data_source="mixture"),
+     "data source 'mixture' needs a draft_sample_fraction in (0, 1), got None"),
+    (dict(data_source="target_greedy", draft_sample_fraction=0.5),
+     "draft_sample_fraction takes effect with data source 'mixture' only, not 'target_greedy'"),
+    (dict(data_source="draft_sample", model="beam_search"),
+     "data source 'draft_sample' samples with the draft's decode_fn, which takes no "
+     "temperature: bind decoding.temperature_sample"),
+    (dict(data_source="target_sample", model="decoder_only"),
+     "data source 'target_sample' decodes an encoder-decoder's inputs: a decoder-only model "
+     "takes 'dataset' only"),
 ])
 def test_bad_settings_are_one_line(pair, arguments, message):
   arguments = {"target_checkpoint_path": pair["target"], **arguments}
   model = arguments.pop("model", None)
-  if model == "z_loss":
+  if model == "decoder_only":  # refused before its checkpoint is read
+    model = t5x_setup.t5x_model(t5x_decoder_only.network().TransformerConfig(
+        vocab_size=128, dtype="float32", emb_dim=8, num_heads=2, num_layers=1, head_dim=4,
+        mlp_dim=16))
+  elif model == "beam_search":
+    model = t5x_setup.t5x_model(DRAFT, decode_fn=t5x_decoding.beam_search)
+  elif model == "z_loss":
     model = t5x_setup.t5x_model(DRAFT)
     model._z_loss = 1e-4  # as T5X's constructor stores models.EncoderDecoderModel.z_loss
   else:
