@@ -12,12 +12,12 @@ exact rule and policy, greedy and at temperature 1; sampling settings given as d
 and one temperature per example) under every exact rule; a logit callback's law (T5X's
 logit_callback_fn) under every exact rule, and the baseline's too.
 
-Every p-value check of this suite, test_ngram's and test_decoder_only_exactness's passes above
-one floor, P_VALUE_FLOOR (below): a Bonferroni level that bounds the family-wise error rate, the
-chance that an exact decoder fails any of them, by FAMILY_ERROR_RATE. Power at that floor, 100,000
-samples: every negative control of the three suites scores p < 1e-300 (below float range), but
-the block rule's residual mistake, p ~ 5e-18 (test_verify's exact law of the block catches it at
-any sample count).
+Every p-value check of this suite, test_ngram's, test_decoder_only_exactness's and
+test_token_tree's passes above one floor, P_VALUE_FLOOR (below): a Bonferroni level that bounds the
+family-wise error rate, the chance that an exact decoder fails any of them, by FAMILY_ERROR_RATE.
+Power at that floor, 100,000 samples: every negative control of the four suites scores p < 1e-300
+(below float range), but the block rule's residual mistake, p ~ 5e-18 (test_verify's exact law of
+the block catches it at any sample count).
 
 SPEC_DECODE_EXACTNESS_SAMPLES draws fewer sequences (a quick check; at least MIN_SAMPLES). The
 chi-square statistic of a wrong rule grows with the sample count: at 100,000 the control
@@ -61,11 +61,11 @@ NUM_SAMPLES = int(os.environ.get("SPEC_DECODE_EXACTNESS_SAMPLES", 100_000))
 if NUM_SAMPLES < MIN_SAMPLES:
   raise ValueError(f"SPEC_DECODE_EXACTNESS_SAMPLES={NUM_SAMPLES}: at least {MIN_SAMPLES}, or the "
                    "test loses the power its negative controls show")
-# The suites' p-value checks of exact decoders (this module's 52, test_ngram's 12 and
-# test_decoder_only_exactness's 25: 89) run at fixed seeds, so a harmless change in how a decoder
-# draws redraws all of them at once. Bonferroni: each check's floor is FAMILY_ERROR_RATE over at
-# most MAX_CHECKS checks, so an exact decoder fails one with probability at most
-# FAMILY_ERROR_RATE, whatever the seeds (at the former floor of 1e-3 alone, about 8%).
+# The suites' p-value checks of exact decoders (this module's 52, test_ngram's 12,
+# test_decoder_only_exactness's 25 and test_token_tree's 10: 99) run at fixed seeds, so a harmless
+# change in how a decoder draws redraws all of them at once. Bonferroni: each check's floor is
+# FAMILY_ERROR_RATE over at most MAX_CHECKS checks, so an exact decoder fails one with probability
+# at most FAMILY_ERROR_RATE, whatever the seeds (at the former floor of 1e-3 alone, about 8%).
 FAMILY_ERROR_RATE = 0.01
 MAX_CHECKS = 100
 P_VALUE_FLOOR = FAMILY_ERROR_RATE / MAX_CHECKS

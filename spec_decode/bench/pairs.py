@@ -161,16 +161,18 @@ def demo_files_exist() -> bool:
 
 
 def shipped_pair(texts: Sequence[str], input_prefix: str, input_length: int,
-                 max_decode_len: int, description: str) -> Pair:
+                 max_decode_len: int, description: str, draft: str = "draft") -> Pair:
   """The shipped demo pair decoding `texts` (English; prefixed, encoded and cut to input_length
-  with EOS kept last, `vocab.trim_with_eos`, then 0-padded)."""
+  with EOS kept last, `vocab.trim_with_eos`, then 0-padded); `draft` another draft of the demo
+  format (a `.safetensors` path, e.g. one distilled by `spec_decode.training.draft_distillation`)
+  in place of the shipped one."""
   if not demo_files_exist():
     raise FileNotFoundError(f"{demo_pair.ASSET_DIR} lacks target.safetensors or draft.safetensors")
   loaded = {}
-  for name in ("target", "draft"):
+  for role, name in (("target", "target"), ("draft", draft)):
     model_config, params = demo_pair.load_model(name)
-    loaded[name] = Model(f"demo {name}", network.Transformer(model_config),
-                         jax.device_put(params))
+    label = f"demo {role}" if name == role else f"{role} {name}"
+    loaded[role] = Model(label, network.Transformer(model_config), jax.device_put(params))
   vocabulary = vocab.SentencePieceVocabulary(str(demo_pair.VOCAB_PATH))
   inputs = np.zeros((len(texts), input_length), np.int32)
   for row, text in zip(inputs, texts):

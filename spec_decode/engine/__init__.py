@@ -18,6 +18,9 @@ Pure JAX (no gin, no T5, no checkpoints): models enter only through the model co
              T5X's beam search (one shared step) and its exact speculative form
   loops      the registry of decode loops by name: what every runner (infer, the T5X hook,
              the benchmark) can run; a new loop is one `loops.register`
+  token_tree, tree_rules
+             `speculative_tree_sample`: a tree of drafts per row, one target call, exact
+             recursive rejection sampling along it; the rules ('multi_round', ...), a registry
   lookup     n-gram lookup drafts from the input and the output so far (no draft model),
              alone or beside a draft model; 'no proposal' is all -inf logits
   ngram      unigram and bigram language models as drafts (the paper's trivial drafts), estimated
@@ -29,4 +32,5 @@ Pure JAX (no gin, no T5, no checkpoints): models enter only through the model co
 from spec_decode.engine import beam_search
 from spec_decode.engine import decoding
 from spec_decode.engine import speculative_beam_search
+from spec_decode.engine import token_tree
 

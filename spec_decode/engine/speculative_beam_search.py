@@ -236,19 +236,32 @@ def _path_calls(tokens_to_logits, gamma: int, beams: BeamState, tree: _Tree,
       sequences=seqs, cache=tree_state.cache))
   root_log_probs = _log_softmax(jnp.take_along_axis(logits, last_pending, axis=1)[:, 0])
   slots = beam_search.flat(tree.slots)  # [N, budget]
-  ancestors = jnp.take_along_axis(repeat(tree.ancestors), slots[:, :, None], axis=1)
-  at_depth = ancestors[:, :, None, :] & (
-      tree.depths == jnp.arange(1, gamma + 1)[:, None])[None, None]  # [N, budget, G, T]
-  paths = jnp.sum(jnp.where(at_depth, repeat(tree.tokens)[:, None, None, :], 0), axis=-1)
-
-  def path_logits(path: jax.Array) -> jax.Array:
-    return tokens_to_logits(contract.DecodingState(
-        cur_index=repeat(beams.index) + 1, cur_token=path, sequences=seqs, cache=cache))[0]
-
-  logits = jnp.moveaxis(jax.lax.map(path_logits, jnp.moveaxis(paths, 1, 0)), 0, 1)
-  depth = tree.depths[slots]  # a node's logits are those of its path's last token
-  node_logits = jnp.take_along_axis(logits, (depth - 1)[:, :, None, None], axis=2)[:, :, 0]
+  node_logits = path_logits(tokens_to_logits, cur_index=repeat(beams.index) + 1, sequences=seqs,
+                            cache=cache, tokens=repeat(tree.tokens),
+                            ancestors=repeat(tree.ancestors), depths=tree.depths, slots=slots,
+                            max_depth=gamma)
   return root_log_probs, _log_softmax(node_logits), cache, 1 + slots.shape[1]
+
+
+def path_logits(tokens_to_logits: contract.TokensToLogits, *, cur_index: jax.Array,
+                sequences: jax.Array, cache: Any, tokens: jax.Array, ancestors: jax.Array,
+                depths: jax.Array, slots: jax.Array, max_depth: int) -> jax.Array:
+  """The logits [N, S, V] of the tree nodes `slots [N, S]` from chain calls, one per slot, for
+  a model that takes no tree call: each slot's path (its node's ancestors, one per depth, at
+  positions cur_index..) fed on `cache`, which holds every position < cur_index (the positions
+  the calls write are stale there). `tokens [N, T]` each node's token, `ancestors [N, T, T]`
+  node q' is an ancestor of (or is) node q, `depths [T]` 1..`max_depth`."""
+  at_depth = ancestors[jnp.arange(slots.shape[0])[:, None], slots][:, :, None, :] & (
+      depths == jnp.arange(1, max_depth + 1)[:, None])[None, None]  # [N, S, D, T]
+  paths = jnp.sum(jnp.where(at_depth, tokens[:, None, None, :], 0), axis=-1)
+
+  def logits_of(path: jax.Array) -> jax.Array:
+    return tokens_to_logits(contract.DecodingState(
+        cur_index=cur_index, cur_token=path, sequences=sequences, cache=cache))[0]
+
+  logits = jnp.moveaxis(jax.lax.map(logits_of, jnp.moveaxis(paths, 1, 0)), 0, 1)
+  depth = depths[slots]  # a node's logits are those of its path's last token
+  return jnp.take_along_axis(logits, (depth - 1)[:, :, None, None], axis=2)[:, :, 0]
 
 
 def _coverage(tree: _Tree, parent_ids: jax.Array, tokens: jax.Array

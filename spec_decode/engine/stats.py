@@ -100,3 +100,30 @@ class BeamSearchStats(_Counters):
   def zeros(cls, num_rows: int, gamma: int) -> "BeamSearchStats":
     zero = jnp.zeros((num_rows,), jnp.int32)
     return cls(zero, zero, zero, zero, jnp.zeros((num_rows, gamma), jnp.int32))
+
+
+@flax.struct.dataclass
+class TreeStats(_Counters):
+  """Per-row counters of a token-tree speculative decode."""
+  target_calls: jax.Array
+  draft_calls: jax.Array
+  tree_nodes: jax.Array  # nodes the target scored, summed over its iterations
+  accepted_tokens: jax.Array  # drafted nodes accepted and kept (not past EOS/limit)
+  generated_tokens: jax.Array  # tokens committed (accepted + the next token, cut at EOS)
+  accepted_depths: jax.Array  # [N, D + 1]: entry a counts the iterations that accepted a nodes
+
+  @staticmethod
+  def ratios(totals: Mapping[str, Any]) -> dict[str, Any]:
+    """Tokens per target call, the target calls saved (the baseline calls once per token),
+    accepted nodes per iteration and the share of iterations by accepted depth."""
+    depths = jnp.asarray(totals["accepted_depths"])
+    iterations = jnp.sum(depths, axis=-1)
+    return {"tokens_per_target_call": _per(totals["generated_tokens"], totals["target_calls"]),
+            "target_calls_saved": 1 - _per(totals["target_calls"], totals["generated_tokens"]),
+            "accepted_per_iteration": _per(totals["accepted_tokens"], iterations),
+            "accepted_depth_share": _per(depths, iterations[..., None])}
+
+  @classmethod
+  def zeros(cls, num_rows: int, max_depth: int) -> "TreeStats":
+    zero = jnp.zeros((num_rows,), jnp.int32)
+    return cls(zero, zero, zero, zero, zero, jnp.zeros((num_rows, max_depth + 1), jnp.int32))

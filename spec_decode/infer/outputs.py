@@ -189,6 +189,10 @@ def print_report(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]
   if "beam_steps_per_target_call" in summary:
     line += (f"; {summary['num_decodes']} beams, {summary['beam_steps_per_target_call']:.2f} "
              f"beam steps per target call (gamma {gamma})")
+  if "accepted_depth_share" in summary:
+    line += (f"; {summary['tokens_per_target_call']:.2f} tokens per target call (tree "
+             f"{tuple(summary['decode_settings']['tree_branching'])}, "
+             f"{summary['accepted_per_iteration']:.2f} nodes accepted per call)")
   print(line)
   if "coverage_by_depth" in summary:
     print("target calls whose tree held every beam selected at depth 1..gamma: " + ", ".join(

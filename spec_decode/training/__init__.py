@@ -5,5 +5,8 @@
   greedy       greedy corpus translation, shared by bleu and distill
   bleu         BLEU of a model on held-out corpora
   distill      sequence-level distillation data: a target's own translations
+  divergences  per-position divergences between target and draft distributions, and alpha
+  draft_distillation  white-box distillation of a draft on a frozen target (DistillSpec),
+               the trainer's `distillation` option
   export_demo  a trainer checkpoint as a shipped demo model
 """

@@ -17,7 +17,12 @@ What it does (all knobs are arguments of the gin-configurable `train`):
 - a progress line every `log_every` steps: loss, z-loss, accuracy, gradient norm, target tokens/s;
 - resume: a run restarts from the newest `checkpoint_<step>.msgpack` in `model_dir`. The data
   batch and the dropout rng of step s are pure functions of (seed, s), so a resumed run is
-  bitwise identical to an uninterrupted one.
+  bitwise identical to an uninterrupted one;
+- with `distillation` (a `draft_distillation.Distillation`), white-box distillation of a draft
+  on a frozen target instead of cross-entropy: the loss is the divergence between the target's
+  and the draft's token distributions on the configured data (the task's targets, the target's
+  or the draft's own decodes), logged with alpha and evaluated with alpha at its temperature and
+  at T=0 and T=1 (configs/train/draft_whitebox.gin).
 """
 from __future__ import annotations
 
@@ -46,12 +51,18 @@ from spec_decode import models
 from spec_decode import paths
 from spec_decode.training import bleu
 from spec_decode.training import data
+from spec_decode.training import draft_distillation
 from spec_decode.training import greedy
 from spec_decode.t5 import network
 
 
 Batch = dict[str, np.ndarray]
+StepFn = Callable[[train_state.TrainState, Batch, jax.Array], tuple[train_state.TrainState, dict]]
 _CHECKPOINT = re.compile(r"checkpoint_(\d+)\.msgpack$")
+# The per-token means of the progress line, after the loss, where the step reports their sums:
+# (sum's name, label, format).
+_LOGGED_MEANS = (("z_loss_sum", "z_loss", ".2e"), ("correct_sum", "acc", ".3f"),
+                 ("alpha_sum", "alpha", ".3f"))
 
 
 def loss_and_metrics(params: Any, apply_fn: Callable[..., jax.Array], batch: Batch,
@@ -123,9 +134,12 @@ def init_params(config: network.NetworkConfig, rng: jax.Array) -> Any:
 
 
 def create_state(config: network.NetworkConfig, optimizer: optax.GradientTransformation,
-                 clip_grad_norm: float | None, seed: int) -> train_state.TrainState:
+                 clip_grad_norm: float | None, seed: int,
+                 params: Any = None) -> train_state.TrainState:
+  """A fresh train state: `params` (default: `init_params` of `seed`), the optimizer's init."""
   model = network.module_of(config)
-  params = init_params(config, jax.random.PRNGKey(seed))
+  if params is None:
+    params = init_params(config, jax.random.PRNGKey(seed))
   if clip_grad_norm:
     optimizer = optax.chain(optax.clip_by_global_norm(clip_grad_norm), optimizer)
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optimizer)
@@ -170,11 +184,16 @@ def fit(state: train_state.TrainState, stream: Any, model_dir: pathlib.Path,
         num_train_steps: int, max_wall_time_s: float | None, z_loss: float,
         label_smoothing: float, dropout: bool, eval_every: int | None, checkpoint_every: int,
         keep_checkpoints: int, t5x_checkpoints: bool, log_every: int,
-        seed: int) -> dict[str, float]:
+        seed: int, step_fn: StepFn | None = None) -> dict[str, float]:
   """The training loop shared by every network: resumes from the newest checkpoint in
   `model_dir`, then steps through `stream.iterate(step)` (batches as `loss_and_metrics` reads
   them), logging, checkpointing and calling `evaluate(params)` as the module docstring says.
-  Returns the last evaluation's metrics (`{}` without `evaluate` or `eval_every`)."""
+  `step_fn(state, batch, rng)` is the step (default: `train_step`'s cross-entropy); its metrics
+  are sums like `loss_and_metrics`'s. Returns the last evaluation's metrics (`{}` without
+  `evaluate` or `eval_every`)."""
+  if step_fn is None:
+    step_fn = functools.partial(train_step, z_loss=z_loss, label_smoothing=label_smoothing,
+                                dropout=dropout)
   num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
   print(f"model: {num_params:,} params", flush=True)
   if (checkpoint := latest_checkpoint(model_dir)) is not None:
@@ -199,16 +218,16 @@ def fit(state: train_state.TrainState, stream: Any, model_dir: pathlib.Path,
     if max_wall_time_s is not None and time.time() - start_time > max_wall_time_s:
       print(f"wall-time budget of {max_wall_time_s:.0f}s reached at step {step}", flush=True)
       break
-    state, step_metrics = train_step(state, batch, rng, z_loss, label_smoothing, dropout)
+    state, step_metrics = step_fn(state, batch, rng)
     step += 1
     for k, v in step_metrics.items():
       window[k] = window.get(k, 0.0) + float(v)
     window["steps"] = window.get("steps", 0.0) + 1
     if step % log_every == 0:
       elapsed = time.time() - window_start
-      print(f"step {step} loss {window['loss_sum'] / window['num_tokens']:.4f} "
-            f"z_loss {window['z_loss_sum'] / window['num_tokens']:.2e} "
-            f"acc {window['correct_sum'] / window['num_tokens']:.3f} "
+      means = "".join(f"{label} {window[key] / window['num_tokens']:{spec}} "
+                      for key, label, spec in _LOGGED_MEANS if key in window)
+      print(f"step {step} loss {window['loss_sum'] / window['num_tokens']:.4f} {means}"
             f"grad_norm {window['grad_norm'] / window['steps']:.3f} "
             f"tokens/s {window['num_tokens'] / elapsed:.0f} "
             f"s/step {elapsed / window['steps']:.2f} "
@@ -251,11 +270,17 @@ def train(model_dir: str,
           keep_checkpoints: int = 2,
           t5x_checkpoints: bool = True,
           log_every: int = 20,
-          seed: int = 0) -> dict[str, float]:
+          seed: int = 0,
+          distillation: draft_distillation.Distillation | None = None) -> dict[str, float]:
   """Trains until `num_train_steps` (or the wall-time budget); returns the last eval metrics.
 
-  `eval_every=None` disables evaluation (then `{}` is returned).
+  `eval_every=None` disables evaluation (then `{}` is returned). With `distillation` the model
+  trained is a draft distilled on the frozen target it names (module docstring); evaluation
+  then reports the divergence and alpha against that target instead of the loss and accuracy.
   """
+  if distillation is not None and (z_loss or label_smoothing):
+    raise ValueError("z_loss and label_smoothing are cross-entropy's: they cannot take effect "
+                     "with distillation")
   start_time = time.time()
   out = pathlib.Path(model_dir)
   out.mkdir(parents=True, exist_ok=True)
@@ -271,24 +296,40 @@ def train(model_dir: str,
   eval_encoded = data.encode_pairs(sp, eval_sources, eval_targets, max_input_len, max_target_len)
   print(f"train pairs {len(stream.encoded.inputs)} in {stream.batches_per_epoch} batches/epoch; "
         f"eval pairs {len(eval_encoded.inputs)}", flush=True)
-  state = create_state(config, optimizer, clip_grad_norm, seed)
+  step_fn = None
+  if distillation is None:
+    state = create_state(config, optimizer, clip_grad_norm, seed)
+  else:
+    target_config, target_params = draft_distillation.load_target(distillation, config)
+    state = create_state(config, optimizer, clip_grad_norm, seed,
+                         params=draft_distillation.load_initial_draft(distillation, config))
+    step_fn = functools.partial(draft_distillation.train_step, target_params=target_params,
+                                distillation=distillation, target_config=target_config,
+                                draft_config=config, dropout=config.dropout_rate > 0)
 
   def evaluate(params: Any) -> dict[str, float]:
-    sums = eval_sums(params, state.apply_fn,
-                     data.eval_batches(eval_encoded, eval_batch_size, max_input_len,
-                                       max_target_len))
+    batches = data.eval_batches(eval_encoded, eval_batch_size, max_input_len, max_target_len)
+    if distillation is None:
+      sums = eval_sums(params, state.apply_fn, batches)
+      metrics = {"eval_loss": sums["loss_sum"] / sums["num_tokens"],
+                 "eval_accuracy": sums["correct_sum"] / sums["num_tokens"]}
+    else:
+      sums = draft_distillation.eval_sums(distillation, target_config, target_params, config,
+                                          params, batches)
+      metrics = {f"eval_{distillation.divergence}": sums["divergence_sum"] / sums["num_tokens"],
+                 "eval_alpha": sums["alpha_sum"] / sums["num_tokens"],
+                 "eval_alpha_t0": sums["alpha_t0_sum"] / sums["num_tokens"],
+                 "eval_alpha_t1": sums["alpha_t1_sum"] / sums["num_tokens"]}
     hyps = greedy.translate(config, params, sp, eval_sources[:bleu_examples],
                             max_input_len, max_target_len, eval_batch_size)
-    return {"eval_loss": sums["loss_sum"] / sums["num_tokens"],
-            "eval_accuracy": sums["correct_sum"] / sums["num_tokens"],
-            "eval_bleu": bleu.corpus_bleu(hyps, eval_targets[:bleu_examples])}
+    return {**metrics, "eval_bleu": bleu.corpus_bleu(hyps, eval_targets[:bleu_examples])}
 
   return fit(state, stream, out, evaluate, start_time=start_time,
              num_train_steps=num_train_steps, max_wall_time_s=max_wall_time_s, z_loss=z_loss,
              label_smoothing=label_smoothing, dropout=config.dropout_rate > 0,
              eval_every=eval_every, checkpoint_every=checkpoint_every,
              keep_checkpoints=keep_checkpoints, t5x_checkpoints=t5x_checkpoints,
-             log_every=log_every, seed=seed)
+             log_every=log_every, seed=seed, step_fn=step_fn)
 
 
 def cli(module: str, function: str, doc: str, argv: Sequence[str] | None) -> int:

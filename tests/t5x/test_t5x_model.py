@@ -488,3 +488,22 @@ def test_a_registered_decode_loop_runs_through_the_hook(pairs):
   assert toy_loop.TRACES["one_draft"] > traces
   np.testing.assert_array_equal(np.asarray(decodes), expected)
   assert 0 < np.sum(aux["drafted_tokens"]) <= np.sum(aux["target_calls"])
+
+
+@pytest.mark.slow
+def test_the_token_tree_loop_runs_through_the_hook(pairs):
+  """DECODE_LOOP 'speculative_tree_sample' with its tree settings (no gamma): T5X's greedy
+  tokens, several of them per target call."""
+  target_path, draft_path = pairs["t5x_tiny"]
+  t5x_model = t5x_setup.t5x_model(t5x_setup.TINY)
+  batch = _batch(4)
+  expected = np.asarray(jax.jit(t5x_model.predict_batch)(t5x_setup.load_params(target_path),
+                                                         batch))
+  model = speculative.speculative_version(
+      t5x_model, draft_path, gamma=None, decode_loop="speculative_tree_sample",
+      loop_settings={"tree_branching": (3, 2), "tree_rule": "most_likely"})
+  decodes, aux = jax.jit(model.predict_batch_with_aux)(_both_params(target_path, draft_path),
+                                                       batch)
+  np.testing.assert_array_equal(np.asarray(decodes), expected)
+  assert np.sum(aux["accepted_tokens"]) > 0
+  assert np.sum(aux["target_calls"]) < np.sum(aux["generated_tokens"])

@@ -1,0 +1,331 @@
+"""Exact token-tree speculative sampling: `speculative_tree_sample`, `temperature_sample`'s law.
+
+Where `speculative_sample` verifies one chain of drafts per target call, this loop verifies a
+tree (SpecInfer, Miao et al. 2024; SpecTr; Jeon et al. 2024): per row the draft expands a tree
+of static shape, `tree_branching[d]` children for every node at depth d ((4, 2, 1): 4 nodes at
+depth 1, 8 at depth 2, 8 at depth 3), the target scores every node in ONE call, and a rule of
+`spec_decode.engine.tree_rules` keeps the longest path it accepts. It follows the conventions
+of `spec_decode.engine.decoding` (inputs, outputs, log_probs) and shares `decode_rows`' setup
+and row bookkeeping.
+
+Each iteration, for every row at its own position i (its last committed token), its "pending"
+tokens being those it committed last iteration (positions p0..i, 1 to D + 1 of them for a tree
+of depth D; at the start, the token at i alone), both caches holding the positions < p0:
+1. the draft is fed the pending chain (one call, k = D + 1, padded on the right: padding lands
+   on stale positions), whose logits at i give its law q at the root; the root's children are
+   drawn from q by the rule, then depth by depth the draft scores the nodes drafted so far in
+   one tree call (contract: each node at position i + depth attends to the cache and to its
+   ancestors) and the rule draws their children: D draft calls per iteration;
+2. the target is fed [pending chain, every node] in ONE tree call: the chain is written to its
+   cache and its logits at i are the target's law p at the root; each node gets p after its
+   path. The nodes' cache entries sit at positions > i: stale, never read;
+3. the rule walks from the root: at a node, its children are tried in order, each accepted
+   with the rule's probability against the target's law there (the residual updated on each
+   rejection); when all are rejected, the next token is drawn from the residual; when the walk
+   accepts a leaf, the bonus token is drawn from p at the leaf. The row commits the accepted
+   path and that token (cut at EOS or its length limit), which become its pending chain.
+The caches end as if the path had been decoded because the next iteration feeds it to both.
+Exactness: each iteration emits tokens with the target's law given the prefix (the rule's
+walk, `tree_rules`); the tree's shape is static and its tokens come from the draft alone.
+A model that takes no tree call (it never reads the contract's token_positions and
+token_mask) is given chain calls instead, one per node's path
+(`speculative_beam_search.path_logits`; the stats count every call).
+Forced prompt tokens: at a forced position p and q are the same point mass (`decode_rows`), so
+the first child there is the forced token's stand-in and always accepted.
+A logit callback (T5X's logit_callback_fn) is not taken: the loop is refused it by name.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode.engine import contract
+from spec_decode.engine import decode_rows
+from spec_decode.engine import loops
+from spec_decode.engine import sampling
+from spec_decode.engine import speculative_beam_search
+from spec_decode.engine import tree_rules
+from spec_decode.engine.contract import DecodingState, TokensToLogits
+from spec_decode.engine.stats import TreeStats
+
+TREE_FIELDS = ("token_positions", "token_mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+  """The static tree of `branching`: nodes numbered depth by depth, node (d, j) the j-th of
+  depth d (1..D), its parent (d - 1, j // branching[d - 1])."""
+  branching: tuple[int, ...]
+
+  @property
+  def max_depth(self) -> int:
+    return len(self.branching)
+
+  @property
+  def widths(self) -> tuple[int, ...]:
+    """Nodes per depth, 1 (the root) first."""
+    return tuple(int(np.prod(self.branching[:d])) for d in range(self.max_depth + 1))
+
+  @property
+  def offsets(self) -> tuple[int, ...]:
+    """The id of each depth's first node (depth 1 at 0), and the node count last."""
+    return tuple(int(x) for x in np.cumsum((0,) + self.widths[1:]))
+
+  @property
+  def num_nodes(self) -> int:
+    return self.offsets[-1]
+
+  def depths(self) -> np.ndarray:
+    """[T] each node's depth, 1..D."""
+    return np.repeat(np.arange(1, self.max_depth + 1), self.widths[1:])
+
+  def ancestors(self) -> np.ndarray:
+    """[T, T] node q' is an ancestor of (or is) node q."""
+    mask = np.eye(self.num_nodes, dtype=bool)
+    for depth in range(2, self.max_depth + 1):
+      for j in range(self.widths[depth]):
+        node = self.offsets[depth - 1] + j
+        parent = self.offsets[depth - 2] + j // self.branching[depth - 1]
+        mask[node] |= mask[parent]
+    return mask
+
+
+def check_tree_settings(tree_branching: Sequence[int] = (4, 2, 1),
+                        tree_rule: str | tree_rules.TreeRule = "multi_round",
+                        temperature: Any = 1.0,
+                        **sampling_settings: Any) -> None:
+  """ValueError for a tree shape, rule or sampling setting `speculative_tree_sample` cannot
+  run with."""
+  if (not isinstance(tree_branching, (tuple, list)) or not tree_branching
+      or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1
+             for b in tree_branching)):
+    raise ValueError(f"tree_branching must be a non-empty sequence of integers >= 1 (children "
+                     f"per node at each depth), got {tree_branching!r}")
+  rule = tree_rules.get_rule(tree_rule) if isinstance(tree_rule, str) else tree_rule
+  if rule.greedy_only and not sampling.is_greedy(temperature):
+    raise ValueError(f"tree_rule {rule.name!r} is exact only at a greedy temperature (a number "
+                     f"<= {sampling.GREEDY_TEMPERATURE}), got temperature {temperature!r}")
+  sampling.check_settings(temperature=temperature, **sampling_settings)
+
+
+@flax.struct.dataclass
+class TreeLoopState:
+  rows: decode_rows.Rows
+  num_pending: jax.Array  # [N] the row's pending tokens (positions index - n + 1 .. index)
+  cache: Any
+  draft_cache: Any
+  stats: TreeStats
+  iteration: jax.Array  # int32 scalar: which row of the decode's uniforms this step draws with
+
+
+@loops.register("speculative_tree_sample", uses_draft=True, check_settings=check_tree_settings,
+                stats=TreeStats, data_settings=decode_rows.SAMPLING_DATA)
+def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
+                            eos_id: int, *, draft_cache: Any,
+                            draft_tokens_to_logits: TokensToLogits,
+                            tree_branching: Sequence[int] = (4, 2, 1),
+                            tree_rule: str | tree_rules.TreeRule = "multi_round",
+                            decode_rng: jax.Array | None = None, num_decodes: int = 1,
+                            temperature: float = 1.0, topk: int = 0, topp: float = 0.0,
+                            max_decode_steps: int | None = None,
+                            max_decode_steps_hard_limit: int | None = None,
+                            rescale_log_probs: bool = True,
+                            initial_index: jax.Array | None = None
+                            ) -> tuple[jax.Array, jax.Array, TreeStats]:
+  """Token-tree speculative sampling (see the module docstring): `temperature_sample`'s law.
+
+  `tree_branching[d]`: children per node at depth d; `tree_rule` names a rule of
+  `spec_decode.engine.tree_rules` ('multi_round', 'without_replacement'; 'most_likely' at a
+  greedy temperature) or is a `tree_rules.TreeRule`. Returns (decodes [B, num_decodes, L],
+  log_probs [B, num_decodes]: the target's, as `temperature_sample` scores the same tokens,
+  stats: TreeStats with [B, num_decodes] fields).
+  """
+  check_tree_settings(tree_branching, tree_rule, temperature)
+  shape = TreeShape(tuple(int(b) for b in tree_branching))
+  rule = tree_rules.get_rule(tree_rule) if isinstance(tree_rule, str) else tree_rule
+  problem, rows = decode_rows.setup(
+      inputs, eos_id=eos_id, num_decodes=num_decodes, initial_index=initial_index,
+      temperature=temperature, topk=topk, topp=topp, max_decode_steps=max_decode_steps,
+      max_decode_steps_hard_limit=max_decode_steps_hard_limit,
+      rescale_log_probs=rescale_log_probs, logit_callback_fn=None,
+      block_size=shape.max_depth + 1)
+  batch_size, max_decode_len = inputs.shape
+  cache, draft_cache = decode_rows.expand((cache, draft_cache), num_decodes)
+  num_rows = rows.index.shape[0]
+  # Per iteration: one draw per drafted node, one per child tried, one for the next token.
+  uniforms = sampling.decode_uniforms(decode_rng, *rows.sequences.shape,
+                                      shape.num_nodes + sum(shape.branching) + 1)
+  step = functools.partial(_tree_step, problem, tokens_to_logits, draft_tokens_to_logits,
+                           shape=shape, rule=rule, decode_uniforms=uniforms)
+  initial = TreeLoopState(rows, jnp.ones((num_rows,), jnp.int32), cache, draft_cache,
+                          TreeStats.zeros(num_rows, shape.max_depth), jnp.int32(0))
+  final = jax.lax.while_loop(lambda s: ~jnp.all(s.rows.done), step, initial)
+  return decode_rows.finish(final.rows, max_decode_len, batch_size, num_decodes, final.stats)
+
+
+def _reads_tree(tokens_to_logits: TokensToLogits, state: DecodingState) -> bool:
+  return contract.reads_fields(tokens_to_logits, state, TREE_FIELDS)
+
+
+def _node_logits(tokens_to_logits: TokensToLogits, shape: TreeShape, *, index: jax.Array,
+                 sequences: jax.Array, cache: Any, fed: jax.Array, depth: int
+                 ) -> tuple[jax.Array, Any, int]:
+  """The draft's logits [N, n, V] of the n nodes at `depth`, from one tree call on the nodes of
+  depths 1..depth (`fed [N, T]`: every node's token), over `cache` holding positions <= index
+  -> (logits, cache, calls made: 1, or one per node for a model that takes no tree call)."""
+  first, end = shape.offsets[depth - 1], shape.offsets[depth]
+  num_rows = index.shape[0]
+  ancestors = jnp.asarray(shape.ancestors())
+  state = DecodingState(
+      cur_index=index + 1, cur_token=fed[:, :end], sequences=sequences, cache=cache,
+      token_positions=index[:, None] + jnp.asarray(shape.depths()[:end]),
+      token_mask=jnp.broadcast_to(ancestors[:end, :end], (num_rows, end, end)))
+  if _reads_tree(tokens_to_logits, state):
+    logits, cache = tokens_to_logits(state)
+    return logits[:, first:end], cache, 1
+  slots = jnp.broadcast_to(jnp.arange(first, end), (num_rows, end - first))
+  return speculative_beam_search.path_logits(
+      tokens_to_logits, cur_index=index + 1, sequences=sequences, cache=cache, tokens=fed,
+      ancestors=jnp.broadcast_to(ancestors, (num_rows,) + ancestors.shape),
+      depths=jnp.asarray(shape.depths()), slots=slots, max_depth=shape.max_depth
+  ), cache, end - first
+
+
+def _target_call(tokens_to_logits: TokensToLogits, shape: TreeShape, *, start: jax.Array,
+                 index: jax.Array, num_pending: jax.Array, chain: jax.Array, fed: jax.Array,
+                 sequences: jax.Array, cache: Any) -> tuple[jax.Array, Any, int]:
+  """The target's call on [pending chain, every node] -> (logits [N, 1 + T, V]: the root's,
+  then each node's; the cache with the chain written; target calls made)."""
+  num_rows, chain_length = chain.shape
+  num_nodes = shape.num_nodes
+  chain_positions = start[:, None] + jnp.arange(chain_length)
+  pending = jnp.arange(chain_length)[None] < num_pending[:, None]  # [N, D+1]
+  chain_mask = jnp.broadcast_to(jnp.tril(jnp.ones((chain_length, chain_length), bool)),
+                                (num_rows, chain_length, chain_length))
+  ancestors = jnp.broadcast_to(jnp.asarray(shape.ancestors()),
+                               (num_rows, num_nodes, num_nodes))
+  mask = jnp.concatenate([
+      jnp.concatenate([chain_mask, jnp.zeros((num_rows, chain_length, num_nodes), bool)],
+                      axis=2),
+      jnp.concatenate([jnp.broadcast_to(pending[:, None], (num_rows, num_nodes, chain_length)),
+                       ancestors], axis=2)], axis=1)
+  state = DecodingState(
+      cur_index=start, cur_token=jnp.concatenate([chain, fed], axis=1), sequences=sequences,
+      cache=cache, token_mask=mask, token_positions=jnp.concatenate(
+          [chain_positions, index[:, None] + jnp.asarray(shape.depths())], axis=1))
+  last_pending = (num_pending - 1)[:, None, None]
+  if _reads_tree(tokens_to_logits, state):
+    logits, cache = tokens_to_logits(state)
+    root = jnp.take_along_axis(logits, last_pending, axis=1)
+    return jnp.concatenate([root, logits[:, chain_length:]], axis=1), cache, 1
+  logits, cache = tokens_to_logits(DecodingState(start, chain, sequences, cache))
+  root = jnp.take_along_axis(logits, last_pending, axis=1)
+  nodes = speculative_beam_search.path_logits(
+      tokens_to_logits, cur_index=index + 1, sequences=sequences, cache=cache, tokens=fed,
+      ancestors=ancestors, depths=jnp.asarray(shape.depths()),
+      slots=jnp.broadcast_to(jnp.arange(num_nodes), (num_rows, num_nodes)),
+      max_depth=shape.max_depth)
+  return jnp.concatenate([root, nodes.astype(root.dtype)], axis=1), cache, 1 + num_nodes
+
+
+def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
+               draft_tokens_to_logits: TokensToLogits, state: TreeLoopState, *,
+               shape: TreeShape, rule: tree_rules.TreeRule, decode_uniforms: jax.Array
+               ) -> TreeLoopState:
+  rows, num_pending = state.rows, state.num_pending
+  uniforms = sampling.iteration_uniforms(decode_uniforms, state.iteration)
+  num_rows = rows.index.shape[0]
+  row_ids = jnp.arange(num_rows)
+  index, max_depth, widths, offsets = rows.index, shape.max_depth, shape.widths, shape.offsets
+  depths = jnp.asarray(shape.depths())
+  start = index - num_pending + 1
+  chain = decode_rows.gather(rows.sequences, start[:, None] + jnp.arange(max_depth + 1))
+  node_positions = index[:, None] + depths  # [N, T]
+
+  # 1. The draft: q at the root from the pending chain, then depth by depth.
+  draft_logits, draft_cache = contract.logits_of_one(
+      draft_tokens_to_logits, DecodingState(start, chain, rows.sequences, state.draft_cache),
+      num_pending - 1)
+  draft_logits, draft_calls = draft_logits[:, None], 1
+  draft_laws, ids, fed = [], jnp.zeros((num_rows, 0), jnp.int32), None
+  for depth in range(max_depth):
+    positions = jnp.broadcast_to((index + depth + 1)[:, None], draft_logits.shape[:2])
+    q = decode_rows.target_probs(problem, draft_logits, positions)  # [N, n_d, V]
+    draft_laws.append(q)
+    draws = uniforms[:, offsets[depth]:offsets[depth + 1]].reshape(
+        num_rows, widths[depth], shape.branching[depth])
+    ids = jnp.concatenate([ids, rule.draw(q, draft_logits, draws).reshape(num_rows, -1)],
+                          axis=1)
+    fed = decode_rows.with_forced(problem, ids, node_positions[:, :ids.shape[1]])
+    if depth + 1 < max_depth:
+      fed_all = jnp.pad(fed, ((0, 0), (0, shape.num_nodes - fed.shape[1])))
+      draft_logits, draft_cache, calls = _node_logits(
+          draft_tokens_to_logits, shape, index=index, sequences=rows.sequences,
+          cache=draft_cache, fed=fed_all, depth=depth + 1)
+      draft_calls += calls
+
+  # 2. The target's one call.
+  logits, cache, target_calls = _target_call(
+      tokens_to_logits, shape, start=start, index=index, num_pending=num_pending, chain=chain,
+      fed=fed, sequences=rows.sequences, cache=state.cache)
+  if logits.shape[-1] != draft_logits.shape[-1]:
+    raise ValueError(f"target and draft vocabulary sizes differ: target logits have "
+                     f"{logits.shape[-1]} entries, draft logits {draft_logits.shape[-1]}")
+  target_laws = decode_rows.target_probs(
+      problem, logits, jnp.concatenate([index[:, None], node_positions], axis=1) + 1)
+
+  # 3. The walk: slot 0 is the root, slot 1 + t node t.
+  walk = uniforms[:, shape.num_nodes:]
+  slot = jnp.zeros((num_rows,), jnp.int32)
+  node_in_depth = jnp.zeros((num_rows,), jnp.int32)
+  walking = jnp.ones((num_rows,), bool)
+  final_law = target_laws[:, 0]
+  path_ids, path_slots = [], [slot]
+  num_accepted = jnp.zeros((num_rows,), jnp.int32)
+  used = 0
+  for depth in range(max_depth):
+    width = shape.branching[depth]
+    child_ids = offsets[depth] + node_in_depth[:, None] * width + jnp.arange(width)
+    children = jnp.take_along_axis(ids, child_ids, axis=1)
+    accept, residual = rule.verify(target_laws[row_ids, slot],
+                                   draft_laws[depth][row_ids, node_in_depth], children)
+    accepted = walk[:, used:used + width] < accept
+    used += width
+    first = jnp.argmax(accepted, axis=1)
+    took = walking & jnp.any(accepted, axis=1)
+    final_law = jnp.where((walking & ~took)[:, None], residual, final_law)
+    path_ids.append(jnp.take_along_axis(children, first[:, None], axis=1)[:, 0])
+    slot = jnp.where(took, 1 + offsets[depth] + node_in_depth * width + first, slot)
+    node_in_depth = jnp.where(took, node_in_depth * width + first, node_in_depth)
+    path_slots.append(slot)
+    num_accepted += took
+    walking = took
+  final_law = jnp.where(walking[:, None], target_laws[row_ids, slot], final_law)
+  next_token = sampling.sample_from_uniform(walk[:, used], final_law)
+
+  block = jnp.arange(max_depth + 1)
+  candidates = jnp.where(block == num_accepted[:, None], next_token[:, None],
+                         jnp.pad(jnp.stack(path_ids, axis=1), ((0, 0), (0, 1))))
+  candidates = decode_rows.with_forced(problem, candidates, index[:, None] + 1 + block)
+  predicting = jnp.take_along_axis(logits, jnp.stack(path_slots, axis=1)[:, :, None], axis=1)
+  committed, num_committed = decode_rows.commit(problem, rows, candidates, num_accepted + 1,
+                                                predicting)
+
+  active = ~rows.done
+  count = lambda x: jnp.where(active, x, 0).astype(jnp.int32)
+  stats = state.stats
+  stats = TreeStats(
+      target_calls=stats.target_calls + count(target_calls),
+      draft_calls=stats.draft_calls + count(draft_calls),
+      tree_nodes=stats.tree_nodes + count(shape.num_nodes),
+      accepted_tokens=stats.accepted_tokens + jnp.minimum(num_accepted, num_committed),
+      generated_tokens=stats.generated_tokens + num_committed,
+      accepted_depths=stats.accepted_depths + (
+          active[:, None] & (num_accepted[:, None] == block)).astype(jnp.int32))
+  return TreeLoopState(committed, jnp.where(active, num_committed, num_pending), cache,
+                       draft_cache, stats, state.iteration + 1)

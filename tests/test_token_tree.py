@@ -1,0 +1,373 @@
+"""`speculative_tree_sample` samples the target's law exactly, and decodes what the target alone
+decodes where nothing is random.
+
+Exactness: test_exactness's toy pair (VOCAB 5, LENGTH 4), its enumerated law over complete outputs
+and its chi-square test at its floor, 100,000 sequences per law, for every sampling rule of
+`tree_rules` at temperature 1 and with top-k and top-p, and one temperature per example given as
+data; the same test must reject deliberately wrong rules (the negative controls: a residual never
+updated, a rejection resampled from the target, children drawn without replacement verified as if
+with it). Greedy: the same decodes and scores as `temperature_sample` at temperature 0, on the toy
+models and on a tiny T5 at batch > 1 (rows finishing at different steps, prompts prefilled), also
+for a target that takes no tree call (chain calls, one per path). Bad settings: one ValueError line
+each.
+"""
+
+import dataclasses
+import functools
+import json
+
+import flax.struct
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import test_exactness
+import tiers
+import tiny_t5
+import toy_setup
+from spec_decode import core
+from spec_decode import infer
+from spec_decode.checkpoints import t5x_format
+from spec_decode.infer import outputs as infer_outputs
+from spec_decode.engine import decoding
+from spec_decode.engine import loops
+from spec_decode.engine import toy
+from spec_decode.engine import token_tree
+from spec_decode.engine import tree_rules
+from spec_decode.t5 import network
+from test_exactness import LENGTH, NUM_SAMPLES, P_VALUE_FLOOR, VOCAB
+from toy_setup import EOS
+
+# Every registered rule exact at any temperature ('multi_round', 'without_replacement').
+SAMPLING_RULES = tuple(name for name, rule in sorted(tree_rules.RULES.items())
+                       if not rule.greedy_only)
+# (draft, branching, (temperature, topk, topp)): each compiles the loop once.
+CASES = {
+    "temperature_1": ("near", (3, 2), (1.0, 0, 0.0)),
+    "top_k_2": ("near", (2, 2), (1.0, 2, 0.0)),
+    "top_p_0.8": ("far", (2, 1, 1), (1.0, 0, 0.8)),
+    "far_draft": ("far", (3, 2), (1.0, 0, 0.0)),
+}
+
+
+@functools.partial(jax.jit, static_argnames=("branching", "rule", "sampling_args"))
+def _tree(target, draft, inputs, rng, branching, rule, sampling_args=(1.0, 0, 0.0),
+          initial_index=None, target_cache=None, draft_cache=None):
+  temperature, topk, topp = sampling_args
+  return token_tree.speculative_tree_sample(
+      inputs, target.init_cache(*inputs.shape) if target_cache is None else target_cache,
+      target.tokens_to_logits, EOS,
+      draft_cache=draft.init_cache(*inputs.shape) if draft_cache is None else draft_cache,
+      draft_tokens_to_logits=draft.tokens_to_logits, tree_branching=branching, tree_rule=rule,
+      decode_rng=rng, temperature=temperature, topk=topk, topp=topp,
+      initial_index=initial_index)
+
+
+def _draw(case, rule, seed=0):
+  draft_kind, branching, sampling_args = CASES[case]
+  target, draft = toy_setup.make_pair(VOCAB, draft_kind, seed=1)
+  decodes, _, stats = _tree(target, draft, jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32),
+                            jax.random.PRNGKey(seed), branching, rule, sampling_args)
+  law = test_exactness.exact_law(target, sampling_args)
+  return np.asarray(decodes[:, 0]), law, stats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,rule", tiers.newest_among(
+    [(case, rule) for case in CASES for rule in SAMPLING_RULES],
+    [("temperature_1", "without_replacement")]))
+def test_sequences_follow_the_target_law(case, rule):
+  decodes, law, stats = _draw(case, rule)
+  p_value = test_exactness.chi_square_p_value(decodes, law)
+  assert p_value > P_VALUE_FLOOR, f"{case}/{rule}: p = {p_value:.2e}"
+  # The tree was used: some iterations accepted a drafted node.
+  assert int(np.sum(stats.accepted_tokens)) > 0.1 * NUM_SAMPLES
+
+
+@pytest.mark.slow
+def test_per_example_temperatures_follow_each_examples_law():
+  """Temperatures given as data, one per example (T5X's decoder_params), alternating: each row
+  follows the law at its own temperature."""
+  temperatures = np.tile(test_exactness.PER_EXAMPLE, NUM_SAMPLES)
+  target, draft = toy_setup.make_pair(VOCAB, "near", seed=1)
+  decodes, _, _ = _tree_with_data(target, draft, jnp.zeros((len(temperatures), LENGTH), jnp.int32),
+                                  jax.random.PRNGKey(0), jnp.asarray(temperatures, jnp.float32))
+  for i, temperature in enumerate(test_exactness.PER_EXAMPLE):
+    p_value = test_exactness.chi_square_p_value(
+        np.asarray(decodes[i::2, 0]), test_exactness.exact_law(target, (temperature, 0, 0.0)))
+    assert p_value > P_VALUE_FLOOR, f"temperature {temperature}: p = {p_value:.2e}"
+
+
+@jax.jit
+def _tree_with_data(target, draft, inputs, rng, temperature):
+  return token_tree.speculative_tree_sample(
+      inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
+      draft_cache=draft.init_cache(*inputs.shape), draft_tokens_to_logits=draft.tokens_to_logits,
+      tree_branching=(3, 2), tree_rule="without_replacement", decode_rng=rng,
+      temperature=temperature)
+
+
+def _never_update_the_residual(target_probs, draft_probs, children):
+  """Every child tried against p itself, and p again after all are rejected."""
+  p_x = jnp.take_along_axis(target_probs, children, axis=-1)
+  q_x = jnp.take_along_axis(draft_probs, children, axis=-1)
+  return jnp.minimum(1.0, p_x / q_x), target_probs
+
+
+def _resample_from_the_target(target_probs, draft_probs, children):
+  accept, _ = tree_rules.multi_round(target_probs, draft_probs, children)
+  return accept, target_probs
+
+
+def _verify_as_with_replacement(target_probs, draft_probs, children):
+  return tree_rules.multi_round(target_probs, draft_probs, children)
+
+
+WRONG_RULES = {
+    "residual_never_updated": tree_rules.TreeRule(
+        "residual_never_updated", tree_rules.draw_with_replacement, _never_update_the_residual),
+    "resampled_from_the_target": tree_rules.TreeRule(
+        "resampled_from_the_target", tree_rules.draw_with_replacement,
+        _resample_from_the_target),
+    "rejected_kept_in_q": tree_rules.TreeRule(
+        "rejected_kept_in_q", tree_rules.draw_without_replacement, _verify_as_with_replacement),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", tiers.newest_among(sorted(WRONG_RULES), ["rejected_kept_in_q"]))
+def test_negative_controls_fail(name):
+  target, draft = toy_setup.make_pair(VOCAB, "far", seed=1)
+  decodes, _, _ = _tree(target, draft, jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32),
+                        jax.random.PRNGKey(0), (3, 2), WRONG_RULES[name])
+  p_value = test_exactness.chi_square_p_value(
+      np.asarray(decodes[:, 0]), test_exactness.exact_law(target, (1.0, 0, 0.0)))
+  assert p_value < P_VALUE_FLOOR, f"{name} was not caught: p = {p_value:.2e}"
+
+
+GREEDY = (0.0, 0, 0.0)
+TOY_VOCAB, TOY_LENGTH = 24, 9
+
+
+def _first_form(tokens_to_logits):
+  """A model that never reads the tree fields: the loop gives it chain calls, one per path."""
+  return lambda state: tokens_to_logits(decoding.DecodingState(
+      state.cur_index, state.cur_token, state.sequences, state.cache))
+
+
+@flax.struct.dataclass
+class _FirstForm:
+  model: toy.PrefixHashModel
+
+  def init_cache(self, *shape):
+    return self.model.init_cache(*shape)
+
+  @property
+  def tokens_to_logits(self):
+    return _first_form(self.model.tokens_to_logits)
+
+
+def _check_greedy(got, want, lengths_differ=True):
+  (decodes, scores, stats), (want_decodes, want_scores) = got, want
+  np.testing.assert_array_equal(decodes, want_decodes)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+  lengths = np.sum(np.asarray(want_decodes)[:, 0] > 0, axis=1)
+  if lengths_differ:
+    assert len(set(lengths.tolist())) > 1  # rows finished at different steps
+  iterations = np.asarray(stats.accepted_depths)[:, 0].sum(axis=1)
+  generated = np.asarray(stats.generated_tokens)[:, 0]
+  accepted = np.asarray(stats.accepted_tokens)[:, 0]
+  # Each iteration commits its accepted path, then one token (the last cut at EOS or the limit).
+  assert np.all((iterations <= generated) & (generated <= accepted + iterations))
+  assert np.any(accepted > 0)
+  return iterations
+
+
+@pytest.mark.parametrize("rule,branching", [("most_likely", (3, 2)), ("most_likely", (2, 1, 1)),
+                                            ("multi_round", (2, 2))])
+def test_greedy_decodes_are_the_targets_on_toy_models(rule, branching):
+  """Forced prompts and prefilled ones, drafts agreeing often and always, EOS shifts that
+  finish rows early and late, and a target taking chain calls only."""
+  rng = np.random.default_rng(0)
+  for draft_kind, eos_shift, prefill in (("near", 1.0, False), ("same", -2.0, True),
+                                         ("near", -2.0, True)):
+    target, draft = toy_setup.make_pair(TOY_VOCAB, draft_kind, seed=2, eos_shift=eos_shift)
+    inputs = toy_setup.random_prompts(rng, 5, TOY_LENGTH, TOY_VOCAB, 3)
+    target_cache = draft_cache = initial_index = None
+    if prefill:
+      target_cache, initial_index = toy_setup.prefilled(target, inputs)
+      draft_cache, _ = toy_setup.prefilled(draft, inputs)
+    want = jax.jit(lambda inputs, cache, initial_index: decoding.temperature_sample(
+        inputs, cache, target.tokens_to_logits, EOS, temperature=0.0,
+        initial_index=initial_index))(
+            jnp.asarray(inputs), target.init_cache(*inputs.shape) if target_cache is None
+            else target_cache, initial_index)
+    got = _tree(target, draft, jnp.asarray(inputs), jax.random.PRNGKey(0), branching, rule,
+                GREEDY, initial_index, target_cache, draft_cache)
+    iterations = _check_greedy(got, want, lengths_differ=eos_shift > 0)
+    if draft_kind == "same" and rule == "most_likely":  # every node the target's: whole paths
+      np.testing.assert_array_equal(np.asarray(got[2].accepted_depths)[:, 0, :-1].sum(), 0)
+    if not prefill:
+      chain_only = _tree(_FirstForm(target), draft, jnp.asarray(inputs), jax.random.PRNGKey(0),
+                         branching, rule, GREEDY)
+      _check_greedy(chain_only, want)
+      num_nodes = token_tree.TreeShape(branching).num_nodes
+      np.testing.assert_array_equal(chain_only[2].target_calls,
+                                    (1 + num_nodes) * iterations[:, None])
+      np.testing.assert_array_equal(got[2].target_calls, iterations[:, None])
+      # The draft: the pending chain, then one tree call per depth but the last.
+      np.testing.assert_array_equal(got[2].draft_calls, len(branching) * iterations[:, None])
+      np.testing.assert_array_equal(got[2].tree_nodes, num_nodes * iterations[:, None])
+
+
+def _tiny_t5(vocab_size, emb_dim, layers, seed):
+  config = network.T5Config(vocab_size=vocab_size, emb_dim=emb_dim, num_heads=2, head_dim=8,
+                            mlp_dim=2 * emb_dim, num_encoder_layers=layers,
+                            num_decoder_layers=layers, mlp_activations=("gelu", "linear"),
+                            dropout_rate=0.0)
+  return config, t5x_format.random_params(config, seed)
+
+
+@functools.partial(jax.jit, static_argnames=("target_config", "draft_config", "max_len",
+                                             "chain_only"))
+def _t5_decodes(target_params, draft_params, encoder_tokens, target_config, draft_config,
+                max_len, chain_only=False):
+  inputs = jnp.zeros((encoder_tokens.shape[0], max_len), jnp.int32)
+  cache = network.init_decode_cache(target_config, target_params, encoder_tokens, max_len)
+  target = network.make_tokens_to_logits(target_config, target_params)
+  want = decoding.temperature_sample(inputs, cache, target, EOS, temperature=0.0)
+  got = token_tree.speculative_tree_sample(
+      inputs, cache, _first_form(target) if chain_only else target, EOS,
+      draft_cache=network.init_decode_cache(draft_config, draft_params, encoder_tokens, max_len),
+      draft_tokens_to_logits=network.make_tokens_to_logits(draft_config, draft_params),
+      tree_branching=(3, 2), tree_rule="most_likely", temperature=0.0)
+  return want, got
+
+
+def test_greedy_decodes_are_the_targets_on_t5():
+  """A tiny T5 target at batch 5 (a padded row): with its own draft (every path accepted
+  whole) taking tree calls, and with a smaller draft taking chain calls only."""
+  target_config, target_params = _tiny_t5(32, 32, 2, 0)
+  draft_config, draft_params = _tiny_t5(32, 16, 1, 1)
+  encoder_tokens = jnp.asarray(np.random.default_rng(0).integers(2, 32, (5, 7)), jnp.int32)
+  encoder_tokens = encoder_tokens.at[3, 4:].set(0)
+  for (config, params), chain_only in (((target_config, target_params), False),
+                                       ((draft_config, draft_params), True)):
+    want, got = _t5_decodes(target_params, params, encoder_tokens, target_config, config, 12,
+                            chain_only)
+    _check_greedy(got, want, lengths_differ=False)
+    assert np.asarray(want[0]).any()
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"tree_branching": ()}, "tree_branching must be a non-empty sequence of integers >= 1"),
+    ({"tree_branching": (2, 0)}, "tree_branching must be a non-empty sequence of integers >= 1"),
+    ({"tree_branching": 4}, "tree_branching must be a non-empty sequence of integers >= 1"),
+    ({"tree_rule": "coin"}, "tree_rule must be one of"),
+    ({"tree_rule": "most_likely", "temperature": 1.0},
+     "tree_rule 'most_likely' is exact only at a greedy temperature"),
+    ({"topk": 2, "topp": 0.5}, "at most one of topk"),
+    ({"logit_callback_fn": lambda logits, state: logits},
+     "decode loop 'speculative_tree_sample' takes no setting 'logit_callback_fn'"),
+    ({"gamma": 4}, "decode loop 'speculative_tree_sample' takes no setting 'gamma'"),
+])
+def test_bad_settings_are_one_line_errors(settings, message):
+  loop = loops.get("speculative_tree_sample")
+  with pytest.raises(ValueError, match=message) as error:
+    loop.check(settings)
+  assert "\n" not in str(error.value)
+  target, draft = toy_setup.make_pair(VOCAB, "near")
+  if "logit_callback_fn" not in settings and "gamma" not in settings:
+    with pytest.raises(ValueError, match=message):  # the function itself, before tracing
+      token_tree.speculative_tree_sample(
+          jnp.zeros((2, LENGTH), jnp.int32), target.init_cache(2, LENGTH),
+          target.tokens_to_logits, EOS, draft_cache=draft.init_cache(2, LENGTH),
+          draft_tokens_to_logits=draft.tokens_to_logits, **settings)
+
+
+def test_a_decoder_is_built_with_its_settings():
+  config, _ = _tiny_t5(32, 16, 1, 0)
+  decoder = core.Decoder.create("speculative_tree_sample", network.Transformer(config),
+                                network.Transformer(config), tree_branching=[2, 2],
+                                tree_rule="without_replacement")
+  assert decoder.resolved_settings()["tree_branching"] == (2, 2)
+  with pytest.raises(ValueError, match="tree_rule must be one of"):
+    core.Decoder.create("speculative_tree_sample", network.Transformer(config),
+                        network.Transformer(config), tree_rule="beam")
+
+
+def test_infer_runs_the_tree_config(tmp_path, capsys):
+  """configs/decoding/speculative_tree.gin through `spec_decode.infer` on a tiny pair, greedy:
+  the baseline's outputs, the loop's settings and counters in the summary."""
+  target, draft = tiny_t5.write_pair(tmp_path, vocab_size=8000)
+  run_gin = tiny_t5.write_run_gin(
+      tmp_path / "run.gin", target, draft, tiny_t5.DEMO_VOCAB_FILE, 0,
+      {"inputs": 16, "targets": 8}, batch_size=2, extra="""
+include 'configs/decoding/speculative_tree.gin'
+TREE_BRANCHING = (2, 2)
+TREE_RULE = 'most_likely'
+""")
+  out = tmp_path / "out"
+  try:
+    status = infer.main([f"--gin_file={run_gin}", "--text=A dog runs.", "--text=Two cats sleep.",
+                         f"--gin.INFER_OUTPUT_DIR='{out}'"])
+  finally:
+    gin.clear_config()
+  printed = capsys.readouterr()
+  assert status == 0, printed.err
+  summary = json.loads((out / infer_outputs.SUMMARY_FILE).read_text())
+  assert (f"{summary['tokens_per_target_call']:.2f} tokens per target call (tree (2, 2), "
+          f"{summary['accepted_per_iteration']:.2f} nodes accepted per call)") in printed.out
+  assert summary["decode_loop"] == "speculative_tree_sample"
+  assert summary["decode_settings"]["tree_branching"] == [2, 2]
+  assert summary["decode_settings"]["tree_rule"] == "most_likely"
+  assert summary["identical_outputs"] is True
+  iterations = sum(summary["accepted_depths"])
+  assert summary["target_calls"] == iterations > 0
+  assert summary["tokens_per_target_call"] == pytest.approx(
+      summary["generated_tokens"] / summary["target_calls"])
+
+
+def test_a_gamma_given_to_the_tree_loop_is_a_one_line_error(tmp_path, capsys):
+  target, draft = tiny_t5.write_pair(tmp_path, vocab_size=8000)
+  run_gin = tiny_t5.write_run_gin(
+      tmp_path / "run.gin", target, draft, tiny_t5.DEMO_VOCAB_FILE, 0,
+      {"inputs": 16, "targets": 8}, batch_size=2,
+      extra="include 'configs/decoding/speculative_tree.gin'\nGAMMA = 4\n")
+  status, stderr = tiny_t5.run_infer_main(
+      [f"--gin_file={run_gin}", "--text=Hello", f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'out'}'"],
+      capsys)
+  assert status == 2 and len(stderr) == 1, stderr
+  assert "decode loop 'speculative_tree_sample' takes no setting 'gamma'" in stderr[0]
+
+
+def test_greedy_decodes_are_the_targets_on_a_decoder_only_model():
+  """Through `core.Decoder.predict`, a decoder-only target continuing prompts of different
+  lengths (prefilled, each row starting at its own position), its own draft and a smaller
+  one: the target's greedy continuations."""
+  config = network.DecoderOnlyConfig(vocab_size=23, emb_dim=12, num_heads=2, num_layers=2,
+                                     head_dim=5, mlp_dim=16, mlp_activations=("gelu", "linear"),
+                                     dropout_rate=0.0)
+  draft_config = dataclasses.replace(config, num_layers=1, emb_dim=8)
+  tokens = jnp.ones((1, 12), jnp.int32)
+  init = lambda c, seed: network.module_of(c).init(jax.random.PRNGKey(seed), tokens,
+                                                    tokens)["params"]
+  params, draft_params = init(config, 0), init(draft_config, 1)
+  prompt = np.zeros((3, 12), np.int32)
+  causal = np.zeros_like(prompt)
+  for row, length in enumerate((3, 1, 5)):
+    prompt[row, 1:1 + length] = np.arange(5, 5 + length)
+    causal[row, :1 + length] = 1
+  batch = {"decoder_input_tokens": prompt, "decoder_causal_attention": causal}
+  module = network.DecoderOnlyTransformer(config)
+  want, _ = core.Decoder.create("temperature_sample", module, temperature=0.0).predict(
+      params, None, batch, eos_id=EOS)
+  for draft, draft_weights in ((module, params),
+                               (network.DecoderOnlyTransformer(draft_config), draft_params)):
+    decoder = core.Decoder.create("speculative_tree_sample", module, draft, temperature=0.0,
+                                  tree_branching=(2, 2), tree_rule="most_likely")
+    got, aux = decoder.predict(params, draft_weights, batch, eos_id=EOS)
+    np.testing.assert_array_equal(got, want)
+    assert np.asarray(want).any() and np.sum(aux["accepted_tokens"]) > 0
