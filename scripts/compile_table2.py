@@ -9,13 +9,16 @@ Run (Python 3.12 with `pip install -e . "jax[tpu]"`): `python scripts/compile_ta
 docs/table2/compiled/<family>/<job>.json and is skipped when that file exists, so an interrupted
 run resumes. Per family and P: each row's speculative decode, one baseline per (task,
 temperature), the target's calls of k = 1 and every row's gamma + 1 once per task, and each
-draft's call. Nothing here is run on a TPU: memory and costs are the compiler's.
+draft's call; then (stage 'ops', jobs ops_p1_*) those calls on one chip again with the
+operations each runs in sequence counted, for the fitted cost model of compiled.md's last
+section. Nothing here is run on a TPU: memory and costs are the compiler's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import sys
 import time
@@ -45,7 +48,8 @@ def _row_args(family: str, row: str) -> list[str]:
 
 def jobs(family: str) -> list[tuple[str, str, list[str]]]:
   """(stage, job name, aot arguments) of one family: stage 'p1' and 'p4' the programs of every
-  row on one chip and on four, 'more' the batch sweep and the multi-host row."""
+  row on one chip and on four, 'more' the batch sweep and the multi-host row, 'ops' the calls
+  on one chip again with their sequential operations counted."""
   found = []
   for num_partitions, topology in PARTITIONS.items():
     stage = f"p{num_partitions}"
@@ -73,13 +77,32 @@ def jobs(family: str) -> list[tuple[str, str, list[str]]]:
   found.append(("more", "p16_v4-32_ende_small_t0",
                 _row_args(family, "ende_small_t0") + ["--topology=v4-32", "--num_partitions=16",
                                                       "--programs=decode"]))
+  # The calls alone again with their sequential operations counted (`programs.sequential_ops`),
+  # for the cost model fitted in `report.fit_op_latency`: per task the target's calls and each
+  # draft's, on one chip (the paper's setting).
+  for task in ("ende", "cnndm"):
+    rows = [name for name in paper.TABLE2 if name.startswith(task)]
+    tokens = sorted({1} | {paper.TABLE2[name].gamma + 1 for name in rows})
+    for size in ("small", "base", "large"):
+      programs = ["draft_call"] + (["target_calls"] if size == "small" else [])
+      found.append(("ops", f"ops_p1_{task}_{size}",
+                    _row_args(family, f"{task}_{size}_t0") + [
+                        "--topology=v4:1x1x1", "--num_partitions=1",
+                        f"--programs={','.join(programs)}",
+                        f"--call_tokens={','.join(map(str, tokens))}"]))
+  # Each draft's call on a v4-8 (P = 4) replicated and sharded like the target, for the
+  # placement each row should use (`placement.draft_placements`).
+  for size in ("small", "base", "large"):
+    found.append(("ops", f"placement_p4_ende_{size}",
+                  _row_args(family, f"ende_{size}_t0") + [
+                      "--topology=v4-8", "--num_partitions=4", "--programs=draft_placement"]))
   return found
 
 
 def run(families: list[str]) -> None:
   """Every job not yet written, stage by stage (one chip, then four, then the rest), so an
   interrupted run has the paper's own setting for both targets first."""
-  for stage in ("p1", "p4", "more"):
+  for stage in ("p1", "p4", "more", "ops"):
     for family in families:
       (OUT / family).mkdir(parents=True, exist_ok=True)
       for job_stage, name, arguments in jobs(family):
@@ -136,6 +159,118 @@ def _reading(figures: dict[str, dict], prefix: str) -> list[str]:
           "decoder projections, later than these figures, no longer make)."]
 
 
+def _op_latency_rows(figures: dict[str, dict]) -> list:
+  """Each Table 2 row's `report.CallCosts` from the 'ops' jobs (calls on one chip with their
+  sequential operations counted); empty until they are compiled."""
+  from spec_decode.aot import report  # pylint: disable=g-import-not-at-top
+  rows = []
+  for row_name, row in paper.TABLE2.items():
+    task, size, _ = row_name.split("_")
+    calls = figures.get(f"ops_p1_{task}_small", {}).get("target_calls", {})
+    draft = figures.get(f"ops_p1_{task}_{size}", {}).get("draft_call")
+    if not draft or "1" not in calls or str(row.gamma + 1) not in calls:
+      return []
+    cost = lambda call, chip=figures[f"ops_p1_{task}_small"]["chip"]: (_roofline(call, chip),
+                                                                       call["sequential_ops"])
+    rows.append(report.CallCosts(row_name, row.alpha, row.gamma, row.speedup, cost(calls["1"]),
+                                 cost(calls[str(row.gamma + 1)]), cost(draft)))
+  return rows
+
+
+def _op_latency_section(figures: dict[str, dict]) -> list[str]:
+  """The roofline plus one fitted latency per sequential operation against the paper's rows."""
+  from spec_decode.aot import report  # pylint: disable=g-import-not-at-top
+  rows = _op_latency_rows(figures)
+  if not rows:
+    return []
+  latency = report.fit_op_latency(rows)
+  held_out = report.leave_one_out(rows)
+  rms = lambda predicted: math.sqrt(sum(math.log(p / row.speedup) ** 2
+                                        for row, p in zip(rows, predicted)) / len(rows))
+  roofline = [row.predicted_speedup(0.0) for row in rows]
+  fitted = [row.predicted_speedup(latency) for row in rows]
+  out_of_sample = [predicted for _, _, predicted in held_out]
+  lines = [
+      "### A fixed cost per sequential operation (P = 1, compiled and fitted, not measured)", "",
+      "Each call's time is its roofline plus one latency for every operation its compiled "
+      "program runs in sequence (`programs.sequential_ops`: fusions, copies, custom calls, "
+      "collectives; prefetches and views left out), the one latency fitted to the paper's "
+      "speedups (`report.fit_op_latency`, least squares of log(predicted / paper)); 'left out' "
+      "fits it on the 11 other rows and predicts the row with that. The calls were compiled "
+      "again alone for one v4 chip, with the TPU's decoder projections (the 'ops' jobs of "
+      "`python scripts/compile_table2.py --family t5_1_1`, 2026-12-05, load average about 5 "
+      "from other work).", "",
+      "| row | target k=1: roofline ms, ops | k=gamma+1: ops | draft k=1: roofline ms, ops | "
+      "roofline | + fitted latency | left out: latency us, prediction | paper |",
+      "|---|---|---|---|---|---|---|---|"]
+  for row, plain, with_term, (_, alone, predicted) in zip(rows, roofline, fitted, held_out):
+    lines.append(f"| {row.name} | {row.target[0] * 1e3:.2f}, {row.target[1]} | "
+                 f"{row.verify[1]} | {row.draft[0] * 1e3:.3f}, {row.draft[1]} | {plain:.2f}x | "
+                 f"{with_term:.2f}x | {alone * 1e6:.2f}, {predicted:.2f}x | {row.speedup}x |")
+  large = next(row for row in rows if row.name == "ende_large_t0")
+  small = next(row for row in rows if row.name == "ende_small_t0")
+  alone = report.fit_op_latency([large])
+  lines += [
+      "", f"Fitted on all 12 rows: {latency * 1e6:.2f} us per sequential operation. RMS of "
+      f"log(predicted / paper) over the rows: roofline alone {rms(roofline):.3f}, with the "
+      f"fitted latency {rms(fitted):.3f}, left out {rms(out_of_sample):.3f}.", "",
+      "What it says: a fixed cost per operation does not explain the large drafts. The "
+      f"T5.1.1-XXL target runs about as many operations in sequence ({large.target[1]} at k=1) "
+      f"as the T5-large draft ({large.draft[1]}): both have 24 decoder layers, so a cost per "
+      "operation (or per layer) lengthens target and draft calls alike and c barely moves. "
+      f"The latency that alone gives ende_large_t0 the paper's {large.speedup}x is "
+      f"{alone * 1e6:.2f} us, and with it ende_small_t0 falls to "
+      f"{small.predicted_speedup(alone):.2f}x (paper {small.speedup}x); fitted on all rows, the "
+      "term trades the small drafts' fit for the large ones', and left out it predicts no "
+      f"better than the roofline alone. (The target's 1-token call runs more operations than "
+      f"its {large.gamma + 1}-token call, {large.target[1]} against {large.verify[1]}; why is "
+      "not traced here.) How "
+      "far to trust this: 12 rows but 3 draft calls and one target call per task, one chip "
+      "kind, every time a roofline of a compiled program and none measured, and the paper's "
+      "speedups measured on its own implementation; the counts are exact for these programs, "
+      "the latency is only what fits best.", ""]
+  return lines
+
+
+def _placement_section(figures: dict[str, dict]) -> list[str]:
+  """Each draft's call on a v4-8 replicated and sharded like the target, and which to use."""
+  found = {size: figures.get(f"placement_p4_ende_{size}") for size in ("small", "base", "large")}
+  if not all(found.values()):
+    return []
+  latency = next(iter(found.values()))["draft_placements"][0]["collective_latency"]
+  lines = [
+      "### Draft placement on a v4-8 (P = 4, EnDe; compiled, the collective latency assumed)",
+      "",
+      "Each draft's 1-token call compiled alone with its parameters replicated on the 4 chips "
+      "(`decode_layout`'s default) and sharded like the target's (the T5X hook's SHARD_DRAFT): "
+      "its roofline per chip plus the collectives the call runs (counted in its compiled HLO) "
+      f"at an assumed {latency * 1e6:.3g} us each (`placement.COLLECTIVE_LATENCY`, not measured; "
+      "`python -m spec_decode.aot --programs=draft_placement --collective_latency=S`). "
+      "'Break-even' is the collective latency below which the sharded draft is the cheaper: "
+      "the roofline it saves over its collectives. The 'placement' jobs of "
+      "`python scripts/compile_table2.py --family t5_1_1`, 2026-12-05.", "",
+      "| draft | replicated: roofline ms, collectives | sharded: roofline ms, collectives | "
+      "break-even us | use |", "|---|---|---|---|---|"]
+  for size, figures_of in found.items():
+    placements = {p["placement"]: p for p in figures_of["draft_placements"]}
+    replicated, sharded = placements["replicated"], placements["sharded"]
+    cell = lambda p: (f"not possible ({p['impossible'].split(': ')[-1].split(' (e.g.')[0]})"
+                      if p["impossible"]
+                      else f"{p['roofline_seconds'] * 1e3:.3f}, {p['collectives']}")
+    even = "-"
+    if not sharded["impossible"] and sharded["collectives"]:
+      saved = replicated["roofline_seconds"] - sharded["roofline_seconds"]
+      even = f"{saved / sharded['collectives'] * 1e6:.2f}"
+    best = figures_of["draft_placements"][0]["placement"]
+    lines.append(f"| T5-{size} | {cell(replicated)} | {cell(sharded)} | {even} | {best} |")
+  return lines + [
+      "", "A sharded draft runs collectives inside its call (three per decoder layer and one "
+      "more, by the counts above), so the choice turns on the latency of one small collective "
+      "on the chips' interconnect, which no compile gives: below the "
+      "break-even the sharded draft is the cheaper, above it the replicated one. Measure it "
+      "on a TPU before trusting the 'use' column.", ""]
+
+
 def render() -> str:
   from spec_decode.bench import theory  # pylint: disable=g-import-not-at-top
   lines = [
@@ -172,9 +307,9 @@ def render() -> str:
       "speedup falls; sharding the draft like the target (`decode_layout`'s "
       "`draft_logical_axis_rules`, the T5X hook's SHARD_DRAFT) would keep P = 1's c. Against "
       "the paper's measurements (one TPU-v4, their fine-tuned models and alpha), the roofline "
-      "predicts the small drafts' speedups closely and overpredicts the large drafts': a "
-      "roofline counts bytes, but a batch-1 call of a 24-layer T5-large pays a fixed cost per "
-      "layer that bytes do not show, so its real c is larger.",
+      "predicts the small drafts' speedups closely and overpredicts the large drafts'; one "
+      "fixed latency per operation run in sequence, fitted on the paper's rows, does not "
+      "explain that (the last section of the T5.1.1-XXL target's).",
       ""]
   for family in FAMILIES:
     figures = _load(family)
@@ -249,6 +384,7 @@ def render() -> str:
                 f"{program['code_bytes'] / 2**20:.0f} MiB code per chip; collectives inside "
                 f"the loop: {len(program['loop_collectives'])}, all "
                 f"{sorted({op for op, _ in program['loop_collectives']})}.", ""]
+    lines += _op_latency_section(figures) + _placement_section(figures)
     times = [p["compile_seconds"] for f in figures.values() for p in f.get("programs", [])]
     if times:
       lines += [f"Whole decodes compiled in {min(times):.0f}-{max(times):.0f} s each on this "

@@ -38,7 +38,10 @@ such instead of numbers. Not counted: activations, logits, the engine's small [B
 XLA's temporaries, so leave headroom. With `--compile_for=TOPOLOGY` (a TPU topology of
 `spec_decode.aot`, e.g. v4-8; needs `jax[tpu]`), the decode is also compiled by XLA for each P
 the topology has chips for, on P of them, and XLA's own per-device arguments, temporaries and
-code are printed under the formula's (`python -m spec_decode.aot` says more). With
+code are printed under the formula's (`python -m spec_decode.aot` says more); where P > 1 and
+there is a draft, its call compiled replicated and sharded like the target, each priced by its
+roofline plus its collectives at an assumed latency (`aot.placement.draft_placements`), and the
+placement the run should use (the T5X hook's SHARD_DRAFT). With
 `--largest_batch_up_to=N` as well, for each such P the largest batch size up to N (a multiple of
 the mesh's 'data' axis) whose decode fits one chip's HBM by XLA's memory analysis, found by
 bisection over compiled programs (`largest_batch`: at most log2(N) + 3 compiles per P) instead of
@@ -380,6 +383,7 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
   """XLA's per-device memory of the decode for each P the topology holds (`spec_decode.aot`),
   or with `--largest_batch_up_to` the largest batch that fits for each."""
   from spec_decode.aot import programs  # pylint: disable=g-import-not-at-top  (imports plan)
+  from spec_decode.aot import placement  # pylint: disable=g-import-not-at-top
   from spec_decode.aot import runs  # pylint: disable=g-import-not-at-top
   from spec_decode.aot import topologies  # pylint: disable=g-import-not-at-top
   try:
@@ -389,14 +393,17 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
     raise gin_utils.UsageError(gin_utils.first_line(e)) from None
   hbm = topology.chip.hbm_bytes
 
-  def attempt(row: PlanRow, batch_size: int | None) -> programs.Program | str:
-    """The decode compiled for P = row.num_partitions, or XLA:TPU's refusal to compile one
-    whose temporaries its HBM cannot hold."""
+  def read(row: PlanRow, batch_size: int | None) -> runs.Run:
     aot_args = argparse.Namespace(
         gin_file=args.gin_file, draft_gin_file=args.draft_gin_file,
         num_partitions=row.num_partitions, batch_size=batch_size,
         input_length=args.input_length, target_length=args.target_length)
-    run = runs.read_run(aot_args, bindings, devices[:math.prod(row.mesh_shape)])
+    return runs.read_run(aot_args, bindings, devices[:math.prod(row.mesh_shape)])
+
+  def attempt(row: PlanRow, batch_size: int | None) -> programs.Program | str:
+    """The decode compiled for P = row.num_partitions, or XLA:TPU's refusal to compile one
+    whose temporaries its HBM cannot hold."""
+    run = read(row, batch_size)
     try:
       return programs.predict_program(
           run.layout, run.model.decoder, eos_id=runs.EOS_ID, num_decodes=run.model.num_decodes,
@@ -419,6 +426,19 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
   def fits_hbm(program: programs.Program | str) -> bool:
     return not isinstance(program, str) and program.device_bytes <= hbm
 
+  def placed(row: PlanRow) -> list[str]:
+    """Where a target split over several chips leaves the draft: its call replicated and
+    sharded, priced (`placement.draft_placements`), and the placement to use."""
+    run = read(row, args.batch_size)
+    if run.layout.draft is None or run.layout.mesh.shape["model"] == 1:
+      return []
+    calls = placement.draft_placement_calls(
+        run.layout, batch_rows=run.batch_size * run.model.num_decodes,
+        input_length=run.input_length, max_decode_len=run.decode_length,
+        param_dtype=run.checkpoint_dtype)
+    return [f"P={row.num_partitions} {line.strip()}" for line in
+            placement.format_draft_placements(placement.draft_placements(calls, topology.chip))]
+
   print(f"compiled by XLA for {topology.name} ({topology.chip.kind}), per device, not run:")
   for row in rows:
     if row.mesh_shape is None or math.prod(row.mesh_shape) > len(devices):
@@ -434,6 +454,8 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
         program = attempt(row, args.batch_size)
         print(f"P={row.num_partitions}: {describe(program)} (fits {format_bytes(hbm)}: "
               f"{'yes' if fits_hbm(program) else 'NO'})")
+        for line in placed(row):
+          print(line)
         continue
       found = largest_batch(fits, args.largest_batch_up_to, step=row.mesh_shape[0])
     except ValueError as e:

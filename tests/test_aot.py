@@ -24,7 +24,9 @@ from spec_decode import paths
 from spec_decode import plan
 from spec_decode.runtime import platforms
 from spec_decode.aot import cli
+from spec_decode.aot import placement
 from spec_decode.aot import programs
+from spec_decode.aot import report
 from spec_decode.aot import runs
 from spec_decode.aot import topologies
 from spec_decode.t5 import cpu_kernels
@@ -235,6 +237,11 @@ def test_plan_prints_xlas_temporaries_beside_its_formula(capsys):
   compiled = [line for line in printed.splitlines() if line.startswith("P=")
               and "temporaries" in line]
   assert [line.split(":")[0] for line in compiled] == ["P=1", "P=2", "P=4"], printed
+  # Where the target is split, the draft's placements are priced and one is chosen.
+  chosen = [line for line in printed.splitlines() if line.startswith("P=") and "use: " in line]
+  assert [line.split()[0] for line in chosen] == ["P=2", "P=4"], printed
+  # The demo's draft has 2 heads: 4 chips cannot split it like the target.
+  assert "P=4 sharded: not possible: " in printed and "P=4 use: replicated" in printed, printed
 
 
 @needs_tpu_compiler
@@ -303,3 +310,105 @@ def test_the_demo_compiles_for_an_h200_without_a_gpu(tmp_path):
   program = json.loads(out.read_text())["programs"][0]
   assert program["argument_bytes"] > 0
   assert not any(name.startswith("spec_decode") for name in program["custom_calls"])
+
+
+# A compiled module's text as XLA prints it, cut down: a prefetch, a loop of 3 known iterations
+# whose body runs a kernel and a fused all-reduce, then a custom call and a copy.
+SCHEDULED_HLO = """HloModule m, is_scheduled=true
+
+%fused_add (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %add.1 = f32[4]{0} add(%p0, %p0)
+}
+
+%fused_reduce (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %all-reduce.1 = f32[4]{0} all-reduce(%p0), replica_groups={}, to_apply=%sum
+}
+
+%body (state: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %state = (s32[], f32[4]{0}) parameter(0)
+  %gte.0 = s32[] get-tuple-element(%state), index=0
+  %gte.1 = f32[4]{0} get-tuple-element(%state), index=1
+  %fusion.2 = f32[4]{0} fusion(%gte.1), kind=kLoop, calls=%fused_add
+  %fusion.3 = f32[4]{0} fusion(%fusion.2), kind=kOutput, calls=%fused_reduce
+  ROOT %tuple.1 = (s32[], f32[4]{0}) tuple(%gte.0, %fusion.3)
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %copy-start.1 = (f32[4]{0}, f32[4]{0:S(1)}, u32[]) copy-start(%x)
+  %copy-done.1 = f32[4]{0:S(1)} copy-done(%copy-start.1)
+  %constant.1 = s32[] constant(0)
+  %tuple.0 = (s32[], f32[4]{0}) tuple(%constant.1, %copy-done.1)
+  %while.1 = (s32[], f32[4]{0}) while(%tuple.0), condition=%cond, body=%body, TRIPS
+  %gte.2 = f32[4]{0} get-tuple-element(%while.1), index=1
+  %custom-call.1 = f32[4]{0} custom-call(%gte.2), custom_call_target="Foo"
+  ROOT %copy.1 = f32[4]{0} copy(%custom-call.1)
+}
+"""
+
+
+def test_sequential_ops_count_each_loop_iteration_and_skip_what_runs_nothing():
+  known = SCHEDULED_HLO.replace("TRIPS", 'backend_config={"known_trip_count":{"n":"3"}}')
+  assert programs.sequential_ops(known) == ["fusion", "all-reduce"] * 3 + ["custom-call",
+                                                                           "copy"]
+  # A loop whose trip count XLA does not know is counted once.
+  unknown = SCHEDULED_HLO.replace("TRIPS", "backend_config={}")
+  assert programs.sequential_ops(unknown) == ["fusion", "all-reduce", "custom-call", "copy"]
+
+
+def _synthetic_rows(op_latency):
+  """Rows of made-up calls whose 'measured' speedups are Theorem 3.8 with each call's roofline
+  plus `op_latency` per sequential operation, computed here, not by the code under test."""
+  rows = []
+  for name, (alpha, gamma, draft_seconds, draft_ops) in {
+      "shallow": (0.75, 7, 1e-4, 150), "middle": (0.8, 5, 3e-4, 300),
+      "deep": (0.82, 3, 8e-4, 600), "deep_t1": (0.6, 3, 8e-4, 600)}.items():
+    target, verify = (1e-2, 900), (1.05e-2, 950)
+    seconds = lambda call: call[0] + call[1] * op_latency
+    c = seconds((draft_seconds, draft_ops)) / seconds(target)
+    v = seconds(verify) / seconds(target)
+    speedup = (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + v))
+    rows.append(report.CallCosts(name, alpha, gamma, speedup, target, verify,
+                                 (draft_seconds, draft_ops)))
+  return rows
+
+
+@pytest.mark.parametrize("planted", [0.0, 2e-6, 1.5e-5])
+def test_the_fit_recovers_a_planted_latency_per_operation(planted):
+  rows = _synthetic_rows(planted)
+  assert report.fit_op_latency(rows) == pytest.approx(planted, rel=1e-3, abs=1e-9)
+  for row, latency, predicted in report.leave_one_out(rows):
+    assert latency == pytest.approx(planted, rel=1e-3, abs=1e-9)
+    assert predicted == pytest.approx(row.speedup, rel=1e-4)
+  if planted:  # without the term, the deep drafts are overpredicted
+    assert rows[2].predicted_speedup(0.0) > 1.1 * rows[2].speedup
+
+
+def test_the_fit_needs_measured_speedups():
+  rows = _synthetic_rows(1e-6)
+  with pytest.raises(ValueError, match="measured speedups"):
+    report.fit_op_latency([dataclasses.replace(rows[0], speedup=0.0)] + rows[1:])
+
+
+@needs_tpu_compiler
+def test_the_draft_placement_is_priced_by_its_bytes_and_its_collectives(layout):
+  """On 2 chips a sharded draft reads half its weights per chip but runs collectives inside its
+  call, the replicated one none: free collectives favour sharding, dear ones replication."""
+  calls = placement.draft_placement_calls(layout, batch_rows=BATCH, input_length=INPUT_LENGTH,
+                                         max_decode_len=TARGET_LENGTH)
+  replicated, sharded = calls["replicated"], calls["sharded"]
+  assert replicated.sequential_collectives == 0 < sharded.sequential_collectives
+  assert sharded.argument_bytes < 0.75 * replicated.argument_bytes
+  chip = topologies.topology("v4-8").chip
+  free = placement.draft_placements(calls, chip, collective_latency=0.0)
+  assert [p.placement for p in free] == ["sharded", "replicated"]
+  dear = placement.draft_placements(calls, chip, collective_latency=1e-3)
+  assert [p.placement for p in dear] == ["replicated", "sharded"]
+  assert dear[1].seconds == pytest.approx(
+      dear[1].roofline_seconds + 1e-3 * sharded.sequential_collectives)
+  assert "use: replicated (the T5X hook's SHARD_DRAFT=False)" in placement.format_draft_placements(
+      dear)[-1]
+  with pytest.raises(ValueError, match="collective latency"):
+    placement.draft_placements(calls, chip, collective_latency=-1.0)

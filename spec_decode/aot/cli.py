@@ -18,18 +18,22 @@ import jax.numpy as jnp
 from spec_decode import gin_utils
 from spec_decode.infer import cli as infer_cli
 from spec_decode import plan
+from spec_decode.aot import placement
 from spec_decode.aot import programs
 from spec_decode.aot import report
 from spec_decode.aot import runs
 from spec_decode.aot import topologies
 from spec_decode.bench import paper
 
-PROGRAMS = ("decode", "baseline", "target_calls", "draft_call")
+PROGRAMS = ("decode", "baseline", "target_calls", "draft_call", "draft_placement")
+
+
 def compile_run(run: runs.Run, wanted: Sequence[str], call_tokens: Sequence[int],
                 progress: Any, jobs: int = 1) -> dict[str, Any]:
   """Every program asked for: {'decode': Program, 'baseline': Program, 'target_calls':
-  {k: Program}, 'draft_call': Program}, each present when compiled; `jobs` compile at once
-  (XLA compiles a program on one core)."""
+  {k: Program}, 'draft_call': Program, 'draft_placement': {placement: Program}}, each present
+  when compiled ('draft_placement' where the mesh splits the target over several devices);
+  `jobs` compile at once (XLA compiles a program on one core)."""
   model, layout = run.model, run.layout
   sizes = dict(batch_size=run.batch_size, input_length=run.input_length,
                target_length=run.target_length, param_dtype=run.checkpoint_dtype,
@@ -54,6 +58,10 @@ def compile_run(run: runs.Run, wanted: Sequence[str], call_tokens: Sequence[int]
       pending["draft_call"] = pool.submit(programs.call_program, layout, "draft",
                                           num_tokens=1, param_dtype=run.checkpoint_dtype,
                                           **rows)
+    if ("draft_placement" in wanted and layout.draft is not None
+        and layout.mesh.shape["model"] > 1):
+      pending["draft_placement"] = pool.submit(
+          placement.draft_placement_calls, layout, param_dtype=run.checkpoint_dtype, **rows)
     return {name: ({k: future.result() for k, future in value.items()}
                    if isinstance(value, dict) else value.result())
             for name, value in pending.items()}
@@ -91,7 +99,9 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.R
       f"{chip.hbm_bytes_per_second / 1e9:.0f} GB/s, {chip.hbm_bytes / 2**30:.0f} GiB HBM)."]
   lines += report.format_programs(whole + list(compiled.get("target_calls", {}).values())
                                   + ([compiled["draft_call"]] if "draft_call" in compiled
-                                     else []), plans)
+                                     else [])
+                                  + [p for p in compiled.get("draft_placement", {}).values()
+                                     if not isinstance(p, str)], plans)
   for program in whole:
     lines.append(report.format_collectives(program))
     lines.append(report.format_relaid(program))
@@ -106,6 +116,11 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.R
     found = report.estimates(compiled["target_calls"], compiled.get("draft_call"), chip,
                              alpha if model.is_speculative else None, gamma)
     lines += report.format_estimates(found, alpha, gamma, row.speedup if row else None)
+  placements = []
+  if "draft_placement" in compiled:
+    placements = placement.draft_placements(compiled["draft_placement"], chip,
+                                         args.collective_latency)
+    lines += placement.format_draft_placements(placements)
   print("\n".join(lines))
   return {
       "gin_files": list(args.gin_file), "topology": topology.name,
@@ -122,7 +137,11 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.R
                        for k, p in compiled.get("target_calls", {}).items()},
       "draft_call": (report.as_json(compiled["draft_call"]) if "draft_call" in compiled
                      else None),
-      "estimates": [dataclasses.asdict(e) for e in found]}
+      "estimates": [dataclasses.asdict(e) for e in found],
+      "draft_placement": {name: p if isinstance(p, str) else report.as_json(p)
+                          for name, p in compiled.get("draft_placement", {}).items()},
+      "draft_placements": [{**dataclasses.asdict(p), "seconds": p.seconds}
+                           for p in placements]}
 
 
 def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -149,6 +168,10 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                       help="fed tokens k of the target calls compiled alone")
   parser.add_argument("--alpha", type=float, default=None,
                       help="alpha for Theorem 3.8 (default: the paper's, for a Table 2 row)")
+  parser.add_argument("--collective_latency", type=float, default=placement.COLLECTIVE_LATENCY,
+                      help="seconds assumed for one collective of a draft call, to price the "
+                           "sharded draft against the replicated one (default "
+                           f"{placement.COLLECTIVE_LATENCY:g}, an assumption)")
   parser.add_argument("--output_json", default=None, help="also write the figures here")
   parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                       help="programs compiled at once (default: 2, or this host's cores)")
@@ -164,6 +187,8 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> None:
     unknown = sorted(set(wanted) - set(PROGRAMS))
     if unknown:
       raise ValueError(f"--programs takes {', '.join(PROGRAMS)}, got {', '.join(unknown)}")
+    if args.collective_latency < 0:
+      raise ValueError(f"--collective_latency is seconds >= 0, got {args.collective_latency}")
     call_tokens = sorted({int(k) for k in args.call_tokens.split(",") if k})
     if "target_calls" in wanted and (not call_tokens or call_tokens[0] < 1
                                      or 1 not in call_tokens):

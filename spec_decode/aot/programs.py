@@ -12,7 +12,9 @@ Each gives a `Program`: per-device memory (`memory_analysis`), flops, bytes acce
 `optimal_seconds` (`cost_analysis`: XLA's cost model, not a measurement), the collectives
 inside the program's while loops, the custom calls it holds, and the parameters the program
 copies into another layout before a while loop and hands to it (`loop_relaid_parameters`:
-such a copy stays live for the whole loop, temporaries the plan's formula does not count).
+such a copy stays live for the whole loop, temporaries the plan's formula does not count), and
+the operations the program launches one after another (`sequential_ops`: its kernels, copies,
+custom calls and collectives, each paying a fixed launch cost that a roofline does not show).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode import core
+from spec_decode.aot import topologies
 from spec_decode.runtime import decode_layout
 from spec_decode.runtime import partitioning
 from spec_decode.engine import decoding
@@ -54,6 +57,10 @@ class Program:
   custom_calls: tuple[str, ...]  # custom-call targets in the compiled program
   # (parameter, bytes) of every weight copied before a while loop and live across it
   loop_relaid_parameters: tuple[tuple[str, int], ...] = ()
+  # the operations the program launches in sequence, and how many of them are collectives
+  # (`sequential_ops`); 0 in figures compiled before they were counted
+  sequential_ops: int = 0
+  sequential_collectives: int = 0
 
   @property
   def loop_relaid_bytes(self) -> int:
@@ -65,6 +72,13 @@ class Program:
     them, temporaries and code."""
     return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
             + self.code_bytes)
+
+
+def roofline_seconds(program: Program, chip: topologies.Chip) -> float:
+  """max(flops / peak bf16 FLOP/s, argument bytes / HBM bandwidth) on `chip`: a bound no run of
+  the program on that chip beats (`report` says why argument bytes)."""
+  return max(program.flops / chip.bf16_flops_per_second,
+             program.argument_bytes / chip.hbm_bytes_per_second)
 
 
 def compile_program(name: str, lower: Callable[[], jax.stages.Lowered],
@@ -84,6 +98,7 @@ def compile_program(name: str, lower: Callable[[], jax.stages.Lowered],
     cost = cost[0] if cost else {}
   cost = dict(cost or {})
   text = compiled.as_text()
+  launched = sequential_ops(text)
   return Program(
       name=name, lower_seconds=lowered_at - start, compile_seconds=compiled_at - lowered_at,
       argument_bytes=int(memory.argument_size_in_bytes),
@@ -94,7 +109,9 @@ def compile_program(name: str, lower: Callable[[], jax.stages.Lowered],
       optimal_seconds=(float(cost["optimal_seconds"]) if "optimal_seconds" in cost else None),
       loop_collectives=tuple(sorted(collectives_in_loop(text))),
       custom_calls=tuple(sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))),
-      loop_relaid_parameters=tuple(loop_relaid_parameters(text)))
+      loop_relaid_parameters=tuple(loop_relaid_parameters(text)),
+      sequential_ops=len(launched),
+      sequential_collectives=sum(kind in COLLECTIVES for kind in launched))
 
 
 def abstract_params(config: network.NetworkConfig, dtype: Any = None) -> Any:
@@ -165,21 +182,41 @@ def call_program(layout: decode_layout.DecodeLayout, role: str, *, batch_rows: i
                          lambda: jitted.lower(*arguments), progress)
 
 
+def _computation_lines(hlo: str) -> tuple[str, dict[str, list[str]]]:
+  """The name of a compiled HLO module's entry computation, and each computation's instruction
+  lines by name."""
+  computations: dict[str, list[str]] = {}
+  entry, lines = "", []
+  for line in hlo.splitlines():
+    header = re.match(r"(ENTRY )?%?([\w.\-]+) .*\{$", line)
+    if header and not line.startswith(" "):
+      lines = computations.setdefault(header.group(2), [])
+      entry = header.group(2) if header.group(1) else entry
+    elif line.startswith("  "):
+      lines.append(line)
+  return entry, computations
+
+
+def _called(lines: list[str], attributes: str = "calls|body|condition|to_apply|"
+            "branch_computations") -> set[str]:
+  """The computations that instruction lines call through the given attributes."""
+  return set(re.findall(r"%([\w.\-]+)", " ".join(
+      re.findall(rf"(?:{attributes})=(\{{[^}}]*\}}|%[\w.\-]+)", "\n".join(lines)))))
+
+
+def _collective_in(lines: list[str]) -> str | None:
+  """The first collective among instruction lines, else None."""
+  for line in lines:
+    for op in COLLECTIVES:
+      if re.search(rf"\s{op}(-start)?\(", line):
+        return op
+  return None
+
+
 def collectives_in_loop(hlo: str) -> list[tuple[str, str]]:
   """(collective, op_name) of every collective inside a while loop of a compiled HLO module's
   text (the loop bodies and every computation they call)."""
-  computations: dict[str, list[str]] = {}
-  lines: list[str] = []
-  for line in hlo.splitlines():
-    header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
-    if header and not line.startswith(" "):
-      lines = computations.setdefault(header.group(1), [])
-    elif line.startswith("  "):
-      lines.append(line)
-  called = {name: set(re.findall(r"%([\w.\-]+)", " ".join(
-      re.findall(r"(?:calls|body|condition|to_apply|branch_computations)=(\{[^}]*\}|%[\w.\-]+)",
-                 "\n".join(body)))))
-            for name, body in computations.items()}
+  _, computations = _computation_lines(hlo)
   pending = [m for body in computations.values() for line in body
              for m in re.findall(r" while\(.*body=%([\w.\-]+)", line)]
   in_loop: set[str] = set()
@@ -187,15 +224,58 @@ def collectives_in_loop(hlo: str) -> list[tuple[str, str]]:
     name = pending.pop()
     if name not in in_loop:
       in_loop.add(name)
-      pending.extend(called.get(name, ()))
+      pending.extend(_called(computations.get(name, [])))
   found = []
   for name in in_loop:
     for line in computations.get(name, ()):
-      for op in COLLECTIVES:
-        if re.search(rf"\s{op}(-start)?\(", line):
-          op_name = re.search(r'op_name="([^"]*)"', line)
-          found.append((op, op_name.group(1) if op_name else "?"))
+      op = _collective_in([line])
+      if op:
+        op_name = re.search(r'op_name="([^"]*)"', line)
+        found.append((op, op_name.group(1) if op_name else "?"))
   return found
+
+
+# What adds no step to the sequence: names, views and constants; moves between memory spaces
+# that XLA:TPU starts early to run beside the kernels (prefetches, whole or sliced); and the
+# second half of an asynchronous pair (its `-start` is counted).
+_NOT_SEQUENTIAL = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
+                   "partition-id", "replica-id", "opt-barrier", "copy-start", "slice-start")
+
+
+def sequential_ops(hlo: str) -> list[str]:
+  """The operations a compiled HLO module's entry computation runs one after another, in
+  order: each fusion (one kernel, whatever it fuses), copy, custom call, collective and other
+  instruction, an asynchronous pair once (its `-start`); a while loop's body once per iteration
+  where XLA knows its trip count (once otherwise), a call's computation, a conditional's longest
+  branch. Names, views, constants and prefetches (`_NOT_SEQUENTIAL`) are left out. Each is given
+  by its opcode, or by the collective it performs (also when fused)."""
+  entry, computations = _computation_lines(hlo)
+
+  def launched(computation: str) -> list[str]:
+    found: list[str] = []
+    for line in computations.get(computation, ()):
+      instruction = _instruction(line)
+      if instruction is None:
+        continue
+      _, current = instruction
+      opcode = current.opcode
+      if opcode in _NOT_SEQUENTIAL or opcode.endswith("-done"):
+        continue
+      if opcode == "while":
+        trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', current.attributes)
+        found += launched(*_called([line], "body")) * (int(trips.group(1)) if trips else 1)
+      elif opcode == "call":
+        found += launched(*_called([line], "to_apply"))
+      elif opcode == "conditional":
+        found += max((launched(branch) for branch in _called([line], "branch_computations")),
+                     key=len, default=[])
+      else:
+        fused = [line for name in _called([line], "calls") for line in computations.get(name, ())]
+        found.append(_collective_in([line]) or _collective_in(fused) or opcode.removesuffix(
+            "-start"))
+    return found
+
+  return launched(entry)
 
 
 # Bytes per element of the HLO types a parameter may have.
@@ -217,6 +297,7 @@ class _Instruction:
   operands: tuple[str, ...]
   op_name: str
   custom_call_target: str
+  attributes: str = ""  # the text after the operands
 
   @property
   def kind(self) -> str:
@@ -233,35 +314,30 @@ def _closing(text: str, depth: int) -> int:
   return len(text)
 
 
+def _instruction(line: str) -> tuple[str, _Instruction] | None:
+  """The name and parts of one instruction line of compiled HLO text, None for other lines."""
+  match = re.match(r"\s+(?:ROOT )?%([\w.\-]+) = ", line)
+  if not match:
+    return None
+  rest = line[match.end():]
+  if rest.startswith("("):  # a tuple shape: up to its closing parenthesis
+    end = _closing(rest, 0)
+    shape, rest = rest[:end + 1], rest[end + 2:]
+  else:
+    shape, _, rest = rest.partition(" ")
+  opcode, _, rest = rest.partition("(")
+  end = _closing(rest, 1)  # the operands, then the attributes
+  op_name = re.search(r'op_name="([^"]*)"', rest[end:])
+  target = re.search(r'custom_call_target="([^"]*)"', rest[end:])
+  return match.group(1), _Instruction(
+      shape, opcode, tuple(re.findall(r"%([\w.\-]+)", rest[:end])),
+      op_name.group(1) if op_name else "", target.group(1) if target else "", rest[end:])
+
+
 def _entry_instructions(hlo: str) -> dict[str, _Instruction]:
   """The instructions of a compiled HLO module's entry computation, by name."""
-  found: dict[str, _Instruction] = {}
-  in_entry = False
-  for line in hlo.splitlines():
-    if line.startswith("ENTRY "):
-      in_entry = True
-      continue
-    if not in_entry:
-      continue
-    if line.startswith("}"):
-      break
-    match = re.match(r"\s+(?:ROOT )?%([\w.\-]+) = ", line)
-    if not match:
-      continue
-    rest = line[match.end():]
-    if rest.startswith("("):  # a tuple shape: up to its closing parenthesis
-      end = _closing(rest, 0)
-      shape, rest = rest[:end + 1], rest[end + 2:]
-    else:
-      shape, _, rest = rest.partition(" ")
-    opcode, _, rest = rest.partition("(")
-    end = _closing(rest, 1)  # the operands, then the attributes
-    op_name = re.search(r'op_name="([^"]*)"', rest[end:])
-    target = re.search(r'custom_call_target="([^"]*)"', rest[end:])
-    found[match.group(1)] = _Instruction(
-        shape, opcode, tuple(re.findall(r"%([\w.\-]+)", rest[:end])),
-        op_name.group(1) if op_name else "", target.group(1) if target else "")
-  return found
+  entry, computations = _computation_lines(hlo)
+  return dict(found for found in map(_instruction, computations.get(entry, ())) if found)
 
 
 def _array_bytes(shape: str) -> int:

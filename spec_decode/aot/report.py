@@ -15,13 +15,22 @@ for 2.7 GiB of arguments. That is accounting, not a copy: no buffer of the weigh
 written (the temporaries are 0.05 GiB).
 v(k) = time of a k-token target call / time of a 1-token call; c = time of a 1-token draft call
 / time of a 1-token target call (the paper's c and, where v = 1, its Theorem 3.8).
+
+A third time, fitted rather than bound: the roofline plus one fixed latency for each operation
+the call runs in sequence (`programs.Program.sequential_ops`): at batch 1 a small draft's
+kernels are too short to reach either peak, and a deep one (T5-large, 24 layers) runs many of
+them. `fit_op_latency` fits that one latency to measured speedups (`CallCosts` per row),
+`leave_one_out` checks it on rows it was not fitted on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from spec_decode import plan
 from spec_decode.aot import programs
@@ -29,9 +38,60 @@ from spec_decode.aot import topologies
 from spec_decode.engine import drafting
 
 
-def roofline_seconds(program: programs.Program, chip: topologies.Chip) -> float:
-  return max(program.flops / chip.bf16_flops_per_second,
-             program.argument_bytes / chip.hbm_bytes_per_second)
+@dataclasses.dataclass(frozen=True)
+class CallCosts:
+  """What the fixed-latency cost model needs of one row: its alpha and gamma, the measured
+  speedup to fit (0 where there is none), and (roofline seconds, sequential operations) of the
+  target's 1-token call, its (gamma + 1)-token call and the draft's 1-token call (as
+  `programs.roofline_seconds` and `programs.Program.sequential_ops` give them)."""
+  name: str
+  alpha: float
+  gamma: int
+  speedup: float
+  target: tuple[float, int]
+  verify: tuple[float, int]
+  draft: tuple[float, int]
+
+  def predicted_speedup(self, op_latency: float) -> float:
+    """Theorem 3.8 with each call's time its roofline plus `op_latency` per operation."""
+    seconds = lambda call: call[0] + call[1] * op_latency
+    one = seconds(self.target)
+    return float(drafting.expected_tokens_per_cost(
+        self.alpha, self.gamma, seconds(self.draft) / one, seconds(self.verify) / one))
+
+
+def fit_op_latency(rows: Sequence[CallCosts], largest: float = 1e-3) -> float:
+  """The one latency per sequential operation, between 0 and `largest` seconds, that brings
+  the rows' predicted speedups closest to their measured ones (least squares of the log ratio:
+  an overprediction and an underprediction by the same factor weigh the same). A scan of 0 and
+  a log-spaced grid, refined by golden-section search between the best point's neighbours."""
+  if not rows or any(row.speedup <= 0 for row in rows):
+    raise ValueError("fit_op_latency needs rows with measured speedups")
+  loss = lambda latency: sum(math.log(row.predicted_speedup(latency) / row.speedup) ** 2
+                             for row in rows)
+  grid = np.concatenate([[0.0], np.geomspace(largest * 1e-6, largest, 241)])
+  best = int(np.argmin([loss(latency) for latency in grid]))
+  low, high = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+  ratio = (math.sqrt(5) - 1) / 2
+  for _ in range(60):
+    left, right = high - ratio * (high - low), low + ratio * (high - low)
+    if loss(left) <= loss(right):
+      high = right
+    else:
+      low = left
+  found = (low + high) / 2
+  return found if loss(found) <= loss(grid[best]) else float(grid[best])
+
+
+def leave_one_out(rows: Sequence[CallCosts],
+                  largest: float = 1e-3) -> list[tuple[CallCosts, float, float]]:
+  """(row, the latency fitted on every other row, the row's speedup predicted with it): how
+  well the fit predicts a row it did not see."""
+  found = []
+  for i, row in enumerate(rows):
+    latency = fit_op_latency([other for j, other in enumerate(rows) if j != i], largest)
+    found.append((row, latency, row.predicted_speedup(latency)))
+  return found
 
 
 def xla_seconds(program: programs.Program) -> float | None:
@@ -54,7 +114,7 @@ def estimates(target_calls: Mapping[int, programs.Program],
               alpha: float | None, gamma: int | None) -> list[Estimate]:
   """Both estimates (see the module docstring) from calls compiled alone."""
   found = []
-  for name, seconds_of in (("roofline", lambda p: roofline_seconds(p, chip)),
+  for name, seconds_of in (("roofline", lambda p: programs.roofline_seconds(p, chip)),
                            ("XLA", xla_seconds)):
     seconds = {k: seconds_of(program) for k, program in target_calls.items()}
     one = seconds.get(1)
@@ -134,7 +194,7 @@ def format_programs(compiled: Sequence[programs.Program],
 def format_calls(target_calls: Mapping[int, programs.Program],
                  draft_call: programs.Program | None, chip: topologies.Chip) -> list[str]:
   rows = [["call", "GFLOP", "arguments GiB", "XLA bytes accessed GiB", "XLA optimal_seconds",
-           "roofline s"]]
+           "roofline s", "ops in sequence"]]
   calls = [(f"target k={k}", p) for k, p in sorted(target_calls.items())]
   if draft_call is not None:
     calls.append(("draft k=1", draft_call))
@@ -142,7 +202,7 @@ def format_calls(target_calls: Mapping[int, programs.Program],
     rows.append([label, f"{program.flops / 1e9:.2f}", _gib(program.argument_bytes),
                  _gib(program.bytes_accessed),
                  "-" if program.optimal_seconds is None else f"{program.optimal_seconds:.3g}",
-                 f"{roofline_seconds(program, chip):.3g}"])
+                 f"{programs.roofline_seconds(program, chip):.3g}", str(program.sequential_ops)])
   return _table(rows)
 
 
