@@ -315,6 +315,9 @@ def test_greedy_decodes_are_the_targets_on_t5():
     ({"tree_branching": ()}, "tree_branching must be a non-empty sequence of integers >= 1"),
     ({"tree_branching": (2, 0)}, "tree_branching must be a non-empty sequence of integers >= 1"),
     ({"tree_branching": 4}, "tree_branching must be a non-empty sequence of integers >= 1"),
+    ({"tree_branching": (2.0, 1)}, "tree_branching must be a non-empty sequence of integers"),
+    ({"tree_branching": [[2], [1]]}, "tree_branching must be a non-empty sequence of integers"),
+    ({"tree_branching": "42"}, "tree_branching must be a non-empty sequence of integers >= 1"),
     ({"tree_rule": "coin"}, "tree_rule must be one of"),
     ({"tree_rule": "most_likely", "temperature": 1.0},
      "tree_rule 'most_likely' is exact only at a greedy temperature"),
@@ -335,6 +338,24 @@ def test_bad_settings_are_one_line_errors(settings, message):
           jnp.zeros((2, LENGTH), jnp.int32), target.init_cache(2, LENGTH),
           target.tokens_to_logits, EOS, draft_cache=draft.init_cache(2, LENGTH),
           draft_tokens_to_logits=draft.tokens_to_logits, **settings)
+
+
+def test_a_tree_deeper_than_the_decode_is_a_one_line_error():
+  """A decode of LENGTH tokens keeps at most LENGTH nodes of a path; the loop says so before it
+  traces anything (a tree exactly that deep is run)."""
+  target, draft = toy_setup.make_pair(VOCAB, "near")
+  run = lambda branching: token_tree.speculative_tree_sample(
+      jnp.zeros((2, LENGTH), jnp.int32), target.init_cache(2, LENGTH), target.tokens_to_logits,
+      EOS, draft_cache=draft.init_cache(2, LENGTH), draft_tokens_to_logits=draft.tokens_to_logits,
+      tree_branching=branching, tree_rule="most_likely", temperature=0.0)
+  with pytest.raises(ValueError, match=rf"tree_branching \(2, 1, 1, 1, 1\) is 5 deep, deeper "
+                     rf"than the {LENGTH} tokens a decode holds") as error:
+    run((2, 1, 1, 1, 1))
+  assert "\n" not in str(error.value)
+  want = decoding.temperature_sample(jnp.zeros((2, LENGTH), jnp.int32),
+                                     target.init_cache(2, LENGTH), target.tokens_to_logits, EOS,
+                                     temperature=0.0)
+  np.testing.assert_array_equal(run((2,) + (1,) * (LENGTH - 1))[0], want[0])
 
 
 def test_a_decoder_is_built_with_its_settings():
