@@ -88,7 +88,7 @@ def main() -> None:
   parser.add_argument("--top", type=int, default=3)
   args = parser.parse_args()
   sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
-  encoder_tokens = tree_vs_chain._encoded(sources[:args.sentences])  # pylint: disable=protected-access
+  encoder_tokens = tree_vs_chain.encoded(sources[:args.sentences])
   target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
 
   acceptance = tree_choice.greedy_acceptance(_ranks(target, draft, encoder_tokens),
@@ -110,7 +110,7 @@ def main() -> None:
   chain = (1,) * args.max_depth
   chosen = list(ranked[:args.top])
   chosen += [choice for choice in ranked if choice.branching == chain and choice not in chosen]
-  decoders = {choice.branching: tree_vs_chain._decoder(  # pylint: disable=protected-access
+  decoders = {choice.branching: tree_vs_chain.decoder(
       token_tree.speculative_tree_sample, target, draft, tree_branching=choice.branching,
       tree_rule="most_likely", temperature=0.0) for choice in chosen}
   totals = {branching: [0, 0, 0.0] for branching in decoders}  # generated, calls, seconds

@@ -7,10 +7,10 @@ and its chi-square test at its floor, 100,000 sequences per law, for every sampl
 data; the same test must reject deliberately wrong rules (the negative controls: a residual never
 updated, a rejection resampled from the target, children drawn without replacement verified as if
 with it) and a wrong tree mask (nodes that see the other nodes of their depth), which the greedy
-test must catch too. Greedy: the same decodes and scores as `temperature_sample` at temperature 0, on the toy
-models and on a tiny T5 at batch > 1 (rows finishing at different steps, prompts prefilled), also
-for a target that takes no tree call (chain calls, one per path). Bad settings: one ValueError line
-each.
+test must catch too. Greedy: the same decodes and scores as `temperature_sample` at temperature
+0, on the toy models and on a tiny T5 at batch > 1 (rows finishing at different steps, prompts
+prefilled), also for a target that takes no tree call (chain calls, one per path). Bad settings
+(a tree deeper than the decode among them): one ValueError line each.
 """
 
 import dataclasses

@@ -4,8 +4,8 @@
 configs/t5x/speculative_infer.gin (or, for t5x.eval, speculative.gin) and a draft checkpoint
 predicts what the same run predicts with T5X's own sampler, with the speculative counters in
 t5x.infer's outputs, in float32 and in bfloat16, and with target and draft in the Orbax format
-T5X writes by default, and so does the token-tree loop (configs/t5x/speculative_tree.gin); with T5X's beam_search (4 beams, alpha 0.6) it predicts what T5X's beam
-search predicts; so it does on 8 simulated CPU devices with T5X's partitioner at
+T5X writes by default, and so does the token-tree loop (configs/t5x/speculative_tree.gin);
+with T5X's beam_search (4 beams, alpha 0.6) it predicts what T5X's beam search predicts; so it does on 8 simulated CPU devices with T5X's partitioner at
 num_partitions 2 and 4 (the target's parameters model-sharded, the draft's replicated, or
 sharded with SHARD_DRAFT); bad settings fail in one line before anything is restored or
 compiled.
