@@ -223,4 +223,4 @@ def test_tree_run_predicts_what_t5x_predicts(setup, runs):
           == [example["prediction_tokens"] for example in outputs(setup, "float32_False")])
   assert sum(example["aux"]["accepted_tokens"] for example in examples) > 0
   config = (setup["directory"] / "tree" / "config.gin").read_text()
-  assert "'speculative_tree_sample'" in config, config
+  assert "DECODE_LOOP = 'speculative_tree_sample'" in config, config

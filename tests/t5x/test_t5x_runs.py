@@ -451,11 +451,13 @@ def test_lookup_runs_predict_what_t5x_predicts(setup, runs, baseline, name):
 
 def test_tree_run_predicts_what_t5x_predicts(setup, runs, baseline):
   """t5x.infer with the token-tree loop selected by its gin file predicts T5X's own greedy
-  outputs, with one target call per tree."""
+  outputs, and the run's operative config binds the tree."""
   _succeeded(runs["tree"])
   examples = outputs(setup, "tree")
   assert ([example["prediction_tokens"] for example in examples]
           == [example["prediction_tokens"] for example in baseline])
   assert sum(example["aux"]["accepted_tokens"] for example in examples) > 0
   config = (setup["directory"] / "tree" / "config.gin").read_text()
-  assert "'speculative_tree_sample'" in config and "'tree_branching': (2, 2)" in config, config
+  for bound in ("DECODE_LOOP = 'speculative_tree_sample'", "TREE_BRANCHING = (2, 2)",
+                "{'tree_branching': %TREE_BRANCHING, 'tree_rule': %TREE_RULE}"):
+    assert bound in config, config
