@@ -34,7 +34,7 @@ from spec_decode.t5 import vocab
 LENGTH = 64
 
 
-def _encoded(sentences: list[str]) -> np.ndarray:
+def encoded(sentences: list[str]) -> np.ndarray:
   vocabulary = vocab.SentencePieceVocabulary(str(demo_pair.VOCAB_PATH))
   tokens = np.zeros((len(sentences), LENGTH), np.int32)
   for row, sentence in enumerate(sentences):
@@ -44,7 +44,7 @@ def _encoded(sentences: list[str]) -> np.ndarray:
   return tokens
 
 
-def _decoder(loop, target, draft, **settings):
+def decoder(loop, target, draft, **settings):
   """decode(encoder tokens [1, L], rng) -> (decodes [1, L], generated tokens, target calls)."""
   (target_config, target_params), (draft_config, draft_params) = target, draft
 
@@ -80,19 +80,19 @@ def main() -> None:
   parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
   args = parser.parse_args()
   sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
-  encoder_tokens = _encoded(sources[:args.sentences])
+  encoder_tokens = encoded(sources[:args.sentences])
   target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
   for temperature in args.temperatures:
     greedy = temperature == 0.0
-    decoders = {"target alone": _decoder(decoding.temperature_sample, target, draft,
+    decoders = {"target alone": decoder(decoding.temperature_sample, target, draft,
                                          temperature=temperature),
-                f"chain gamma {args.gamma}": _decoder(decoding.speculative_sample, target,
+                f"chain gamma {args.gamma}": decoder(decoding.speculative_sample, target,
                                                       draft, gamma=args.gamma,
                                                       temperature=temperature)}
     for tree in args.trees:
       branching = tuple(int(b) for b in tree.split(","))
       rule = "most_likely" if greedy else args.tree_rule
-      decoders[f"tree {tree} {rule}"] = _decoder(
+      decoders[f"tree {tree} {rule}"] = decoder(
           token_tree.speculative_tree_sample, target, draft, tree_branching=branching,
           tree_rule=rule, temperature=temperature)
     totals = {name: [0, 0, 0.0] for name in decoders}  # generated, target calls, seconds

@@ -6,10 +6,11 @@ and its chi-square test at its floor, 100,000 sequences per law, for every sampl
 `tree_rules` at temperature 1 and with top-k and top-p, and one temperature per example given as
 data; the same test must reject deliberately wrong rules (the negative controls: a residual never
 updated, a rejection resampled from the target, children drawn without replacement verified as if
-with it). Greedy: the same decodes and scores as `temperature_sample` at temperature 0, on the toy
-models and on a tiny T5 at batch > 1 (rows finishing at different steps, prompts prefilled), also
-for a target that takes no tree call (chain calls, one per path). Bad settings: one ValueError line
-each.
+with it) and a wrong tree mask (nodes that see the other nodes of their depth), which the greedy
+test must catch too. Greedy: the same decodes and scores as `temperature_sample` at temperature
+0, on the toy models and on a tiny T5 at batch > 1 (rows finishing at different steps, prompts
+prefilled), also for a target that takes no tree call (chain calls, one per path). Bad settings
+(a tree deeper than the decode among them): one ValueError line each.
 """
 
 import dataclasses
@@ -147,8 +148,57 @@ def test_negative_controls_fail(name):
   assert p_value < P_VALUE_FLOOR, f"{name} was not caught: p = {p_value:.2e}"
 
 
+@flax.struct.dataclass
+class _SiblingsSeeEachOther:
+  """A target whose tree call is given a mask that also lets each node see the nodes of its
+  depth (its siblings and cousins): the toy model then continues the first of them instead of
+  the node's parent, so every node but the first of its depth is scored after a wrong path."""
+  model: toy.PrefixHashModel
+  num_nodes: int = flax.struct.field(pytree_node=False)
+
+  def init_cache(self, *shape):
+    return self.model.init_cache(*shape)
+
+  def tokens_to_logits(self, state):
+    nodes = state.token_positions[:, -self.num_nodes:]  # the tree call feeds the nodes last
+    same_depth = nodes[:, :, None] == nodes[:, None, :]
+    mask = state.token_mask.at[:, -self.num_nodes:, -self.num_nodes:].set(
+        state.token_mask[:, -self.num_nodes:, -self.num_nodes:] | same_depth)
+    return self.model.tokens_to_logits(dataclasses.replace(state, token_mask=mask))
+
+
+@pytest.mark.slow
+def test_a_mask_that_lets_siblings_see_each_other_fails():
+  """The mask is the loop's to get right: the exact-law test catches a target call whose nodes
+  see the other nodes of their depth (a negative control: its p-value is no check of an exact
+  decoder)."""
+  target, draft = toy_setup.make_pair(VOCAB, "far", seed=1)
+  branching = (3, 2)
+  wrong = _SiblingsSeeEachOther(target, token_tree.TreeShape(branching).num_nodes)
+  decodes, _, _ = _tree(wrong, draft, jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32),
+                        jax.random.PRNGKey(0), branching, "multi_round")
+  p_value = test_exactness.chi_square_p_value(
+      np.asarray(decodes[:, 0]), test_exactness.exact_law(target, (1.0, 0, 0.0)))
+  assert p_value < P_VALUE_FLOOR, f"siblings seeing each other was not caught: p = {p_value:.2e}"
+
+
 GREEDY = (0.0, 0, 0.0)
 TOY_VOCAB, TOY_LENGTH = 24, 9
+
+
+def test_greedy_decodes_differ_where_siblings_see_each_other():
+  """The greedy identity test has the power to catch the same wrong mask."""
+  target, draft = toy_setup.make_pair(TOY_VOCAB, "near", seed=2)
+  inputs = jnp.asarray(toy_setup.random_prompts(np.random.default_rng(0), 16, TOY_LENGTH,
+                                                TOY_VOCAB, 3))
+  want = jax.jit(lambda inputs: decoding.temperature_sample(
+      inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
+      temperature=0.0))(inputs)
+  branching = (3, 2)
+  wrong = _SiblingsSeeEachOther(target, token_tree.TreeShape(branching).num_nodes)
+  decodes, _, _ = _tree(wrong, draft, inputs, jax.random.PRNGKey(0), branching, "most_likely",
+                        GREEDY)
+  assert np.any(np.asarray(decodes) != np.asarray(want[0]))
 
 
 def _first_form(tokens_to_logits):
@@ -265,6 +315,9 @@ def test_greedy_decodes_are_the_targets_on_t5():
     ({"tree_branching": ()}, "tree_branching must be a non-empty sequence of integers >= 1"),
     ({"tree_branching": (2, 0)}, "tree_branching must be a non-empty sequence of integers >= 1"),
     ({"tree_branching": 4}, "tree_branching must be a non-empty sequence of integers >= 1"),
+    ({"tree_branching": (2.0, 1)}, "tree_branching must be a non-empty sequence of integers"),
+    ({"tree_branching": [[2], [1]]}, "tree_branching must be a non-empty sequence of integers"),
+    ({"tree_branching": "42"}, "tree_branching must be a non-empty sequence of integers >= 1"),
     ({"tree_rule": "coin"}, "tree_rule must be one of"),
     ({"tree_rule": "most_likely", "temperature": 1.0},
      "tree_rule 'most_likely' is exact only at a greedy temperature"),
@@ -285,6 +338,24 @@ def test_bad_settings_are_one_line_errors(settings, message):
           jnp.zeros((2, LENGTH), jnp.int32), target.init_cache(2, LENGTH),
           target.tokens_to_logits, EOS, draft_cache=draft.init_cache(2, LENGTH),
           draft_tokens_to_logits=draft.tokens_to_logits, **settings)
+
+
+def test_a_tree_deeper_than_the_decode_is_a_one_line_error():
+  """A decode of LENGTH tokens keeps at most LENGTH nodes of a path; the loop says so before it
+  traces anything (a tree exactly that deep is run)."""
+  target, draft = toy_setup.make_pair(VOCAB, "near")
+  run = lambda branching: token_tree.speculative_tree_sample(
+      jnp.zeros((2, LENGTH), jnp.int32), target.init_cache(2, LENGTH), target.tokens_to_logits,
+      EOS, draft_cache=draft.init_cache(2, LENGTH), draft_tokens_to_logits=draft.tokens_to_logits,
+      tree_branching=branching, tree_rule="most_likely", temperature=0.0)
+  with pytest.raises(ValueError, match=rf"tree_branching \(2, 1, 1, 1, 1\) is 5 deep, deeper "
+                     rf"than the {LENGTH} tokens a decode holds") as error:
+    run((2, 1, 1, 1, 1))
+  assert "\n" not in str(error.value)
+  want = decoding.temperature_sample(jnp.zeros((2, LENGTH), jnp.int32),
+                                     target.init_cache(2, LENGTH), target.tokens_to_logits, EOS,
+                                     temperature=0.0)
+  np.testing.assert_array_equal(run((2,) + (1,) * (LENGTH - 1))[0], want[0])
 
 
 def test_a_decoder_is_built_with_its_settings():

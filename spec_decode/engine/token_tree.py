@@ -155,6 +155,10 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
       rescale_log_probs=rescale_log_probs, logit_callback_fn=None,
       block_size=shape.max_depth + 1)
   batch_size, max_decode_len = inputs.shape
+  if shape.max_depth > max_decode_len:
+    raise ValueError(f"tree_branching {shape.branching} is {shape.max_depth} deep, deeper than "
+                     f"the {max_decode_len} tokens a decode holds (max_decode_len): nodes past "
+                     f"depth {max_decode_len} could never be kept")
   cache, draft_cache = decode_rows.expand((cache, draft_cache), num_decodes)
   num_rows = rows.index.shape[0]
   # Per iteration: one draw per drafted node, one per child tried, one for the next token.

@@ -4,7 +4,8 @@ T5X hook. A tiny T5X decoder-only run (T5X's `DecoderOnlyModel` over T5X's own n
 seqio task of `t5x_tasks` through `seqio.DecoderFeatureConverter`: prompts of different lengths)
 made speculative by adding configs/t5x/speculative_decoder_only_infer.gin (for t5x.eval,
 speculative_decoder_only.gin) and a draft checkpoint predicts what the same run predicts with
-T5X's own sampler: in float32 as a causal LM, in bfloat16 as a prefix LM, sharded over a
+T5X's own sampler: in float32 as a causal LM, with the token-tree loop too
+(configs/t5x/speculative_tree.gin), in bfloat16 as a prefix LM, sharded over a
 (data 2, model 2) mesh of 4 CPU devices with the draft sharded too, and through t5x.eval. Target
 and draft are checkpoints T5X's Checkpointer wrote, restored by T5X (the target) and by the hook
 (the draft) into the hook's decoder-only network. Every run is a subprocess, as a user's.
@@ -29,7 +30,7 @@ import t5x_setup  # pylint: disable=g-import-not-at-top
 import t5x_tasks  # pylint: disable=g-import-not-at-top
 import xla_flags  # pylint: disable=g-import-not-at-top
 from test_t5x_runs import (SHARDED_RUN_GIN, TINY_EVAL_GIN, TINY_INFER_GIN,  # pylint: disable=g-import-not-at-top
-                           _partition_specs)
+                           TREE_RUN, _partition_specs)
 
 # The slow tier (python -m t5x.infer as subprocesses).
 pytestmark = pytest.mark.slow
@@ -111,10 +112,11 @@ def setup(tmp_path_factory) -> dict[str, Any]:
 
 
 def run_t5x(setup: dict[str, Any], name: str, *, speculative: bool, script: str = "infer",
-            bindings: tuple[str, ...] = (), sharded: bool = False
-            ) -> subprocess.CompletedProcess:
+            bindings: tuple[str, ...] = (), gin_files: tuple[pathlib.Path, ...] = (),
+            sharded: bool = False) -> subprocess.CompletedProcess:
   """`python -m t5x.<script>` of the tiny run, made speculative by spec_decode's gin file as a
-  user does (then `bindings`; `sharded`: on SHARDED's mesh); output in <tmp>/name."""
+  user does (then `gin_files`, `bindings`; `sharded`: on SHARDED's mesh); output in
+  <tmp>/name."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(t5x_setup.REPO_ROOT), str(HERE)]))
   command = [sys.executable, "-m", f"t5x.{script}",
              f"--gin_search_paths={t5x_setup.REPO_ROOT}",
@@ -128,6 +130,7 @@ def run_t5x(setup: dict[str, Any], name: str, *, speculative: bool, script: str 
     env["XLA_FLAGS"] = xla_flags.with_devices(SHARDED["devices"], env.get("XLA_FLAGS", ""))
     command += [f"--gin_file={setup['directory'] / 'sharded.gin'}", "--gin.SHARD_DRAFT=True"]
   output_dir = {"infer": "INFER_OUTPUT_DIR", "eval": "EVAL_OUTPUT_DIR"}[script]
+  command += [f"--gin_file={gin_file}" for gin_file in gin_files]
   command += [f"--gin.CHECKPOINT_PATH='{setup['target']}'",
               f"--gin.{output_dir}='{setup['directory'] / name}'",
               *(f"--gin.{binding}" for binding in bindings)]
@@ -147,6 +150,7 @@ def runs(setup) -> dict[str, subprocess.CompletedProcess]:
          for variant, bindings in VARIANTS.items() for speculative in (False, True)},
       "sharded": dict(speculative=True, sharded=True),
       "eval": dict(speculative=True, script="eval"),
+      "tree": dict(speculative=True, **TREE_RUN),
   }
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
     futures = {name: pool.submit(run_t5x, setup, name, **kwargs)
@@ -208,3 +212,15 @@ def test_speculative_eval_predicts_what_t5x_infer_predicts(setup, runs):
   with open(path) as f:
     predictions = [json.loads(line)["prediction"] for line in f]
   assert predictions == [example["prediction"] for example in outputs(setup, "float32_False")]
+
+
+def test_tree_run_predicts_what_t5x_predicts(setup, runs):
+  """The token-tree loop on the language model (float32, causal): T5X's greedy outputs."""
+  _succeeded(runs["tree"])
+  _succeeded(runs["float32_False"])
+  examples = outputs(setup, "tree")
+  assert ([example["prediction_tokens"] for example in examples]
+          == [example["prediction_tokens"] for example in outputs(setup, "float32_False")])
+  assert sum(example["aux"]["accepted_tokens"] for example in examples) > 0
+  config = (setup["directory"] / "tree" / "config.gin").read_text()
+  assert "DECODE_LOOP = 'speculative_tree_sample'" in config, config

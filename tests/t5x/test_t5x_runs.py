@@ -4,8 +4,8 @@
 configs/t5x/speculative_infer.gin (or, for t5x.eval, speculative.gin) and a draft checkpoint
 predicts what the same run predicts with T5X's own sampler, with the speculative counters in
 t5x.infer's outputs, in float32 and in bfloat16, and with target and draft in the Orbax format
-T5X writes by default; with T5X's beam_search (4 beams, alpha 0.6) it predicts what T5X's beam
-search predicts; so it does on 8 simulated CPU devices with T5X's partitioner at
+T5X writes by default, and so does the token-tree loop (configs/t5x/speculative_tree.gin);
+with T5X's beam_search (4 beams, alpha 0.6) it predicts what T5X's beam search predicts; so it does on 8 simulated CPU devices with T5X's partitioner at
 num_partitions 2 and 4 (the target's parameters model-sharded, the draft's replicated, or
 sharded with SHARD_DRAFT); bad settings fail in one line before anything is restored or
 compiled.
@@ -148,6 +148,10 @@ BFLOAT16 = ("network.T5Config.dtype='bfloat16'", "utils.RestoreCheckpointConfig.
 # Runs with n-gram lookup drafts: alone (no draft checkpoint at all), and beside the draft.
 LOOKUP_RUNS = {"lookup": ("DRAFT_SOURCE='lookup'", "DRAFT_CHECKPOINT_PATH=None"),
                "lookup_model": ("DRAFT_SOURCE='lookup+model'", "LOOKUP_MIN_NGRAM=1")}
+# The token-tree loop (configs/t5x/speculative_tree.gin), greedy: the draft's 2 likeliest
+# children per node, 2 deep. GAMMA None again: run_t5x binds the chain's.
+TREE_RUN = dict(gin_files=(pathlib.Path("configs/t5x/speculative_tree.gin"),),
+                bindings=("TREE_BRANCHING=(2, 2)", "TREE_RULE='most_likely'", "GAMMA=None"))
 STATS = ("alpha", "tokens_per_target_call", "target_calls", "draft_calls", "drafted_tokens",
          "accepted_tokens", "generated_tokens", "scores")
 
@@ -234,6 +238,7 @@ def runs(setup) -> dict[str, subprocess.CompletedProcess]:
                                    for b in bindings))
          for name, (bindings, _) in BAD_RUNS.items()},
       **{name: dict(speculative=True, bindings=bindings) for name, bindings in LOOKUP_RUNS.items()},
+      "tree": dict(speculative=True, **TREE_RUN),
       "orbax": dict(speculative=True,
                     bindings=(f"CHECKPOINT_PATH='{setup['target_orbax']}'",
                               f"DRAFT_CHECKPOINT_PATH='{setup['draft_orbax']}'")),
@@ -442,3 +447,17 @@ def test_lookup_runs_predict_what_t5x_predicts(setup, runs, baseline, name):
     assert "speculative_draft" not in (setup["directory"] / name / "model-info.txt").read_text()
   else:
     assert drafted > lookup_drafted
+
+
+def test_tree_run_predicts_what_t5x_predicts(setup, runs, baseline):
+  """t5x.infer with the token-tree loop selected by its gin file predicts T5X's own greedy
+  outputs, and the run's operative config binds the tree."""
+  _succeeded(runs["tree"])
+  examples = outputs(setup, "tree")
+  assert ([example["prediction_tokens"] for example in examples]
+          == [example["prediction_tokens"] for example in baseline])
+  assert sum(example["aux"]["accepted_tokens"] for example in examples) > 0
+  config = (setup["directory"] / "tree" / "config.gin").read_text()
+  for bound in ("DECODE_LOOP = 'speculative_tree_sample'", "TREE_BRANCHING = (2, 2)",
+                "{'tree_branching': %TREE_BRANCHING, 'tree_rule': %TREE_RULE}"):
+    assert bound in config, config

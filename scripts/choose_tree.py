@@ -1,0 +1,139 @@
+"""Choosing a token tree for the demo pair: acceptance measured per depth and child rank, the best
+tree for a node budget and this machine's v(k), and its predicted tokens per target call next to
+the measured ones.
+
+On the first --sentences sentences of Multi30k's test split (as scripts/tree_vs_chain.py
+encodes them, greedy): the target's decode, then the draft's logits after each prefix of it in
+one call; the rank of each output token among them gives the acceptance of 'most_likely' by
+depth and rank (`tree_choice.greedy_acceptance`, --max_depth x --max_rank). v(k), the time of a
+target call feeding k tokens per row relative to one token, is --target_costs ("k:v,...") or,
+without it, measured here (`spec_decode.runtime.call_costs`, batch 1, widths 1, 2, 4, ... up to
+the widest tree's call, interleaved; linear between them); --draft_cost is the draft's c. Every
+shape within --node_budget nodes is ranked by predicted tokens per unit of time
+(`tree_choice.rank_trees`); the --top best, and the chain (1,) * max_depth, are then decoded by
+`speculative_tree_sample` on the same sentences: predicted and measured tokens per target call
+side by side (measured: generated tokens / target calls over all sentences, the last call of
+each sentence cut at EOS) and wall seconds.
+
+  python scripts/choose_tree.py --data_dir DATA [--sentences 20] [--node_budget 16] \
+      [--max_depth 5] [--max_rank 4] [--target_costs 1:1,8:1.1,32:1.6] [--draft_cost 0.1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode.checkpoints import demo_pair
+from spec_decode.data import corpora
+from spec_decode.engine import decoding
+from spec_decode.engine import token_tree
+from spec_decode.engine import tree_choice
+from spec_decode.runtime import call_costs
+from spec_decode.t5 import network
+from spec_decode.t5 import vocab
+import tree_vs_chain
+
+LENGTH = tree_vs_chain.LENGTH
+
+
+def _ranks(target, draft, encoder_tokens: np.ndarray) -> list[np.ndarray]:
+  """Per sentence, each greedy output token's rank among the draft's logits after the output
+  before it (EOS included)."""
+  (target_config, target_params), (draft_config, draft_params) = target, draft
+
+  @jax.jit
+  def ranks(encoder_tokens):
+    inputs = jnp.zeros((encoder_tokens.shape[0], LENGTH), jnp.int32)
+    decodes, _ = decoding.temperature_sample(
+        inputs, network.init_decode_cache(target_config, target_params, encoder_tokens, LENGTH),
+        network.make_tokens_to_logits(target_config, target_params), vocab.EOS_ID,
+        temperature=0.0)
+    outputs = decodes[:, 0]
+    fed = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))  # BOS (0), then the output
+    logits, _ = network.make_tokens_to_logits(draft_config, draft_params)(decoding.DecodingState(
+        cur_index=jnp.zeros((fed.shape[0],), jnp.int32), cur_token=fed, sequences=fed,
+        cache=network.init_decode_cache(draft_config, draft_params, encoder_tokens, LENGTH)))
+    chosen = jnp.take_along_axis(logits, outputs[:, :, None], axis=2)
+    return outputs, jnp.sum(logits > chosen, axis=2)
+
+  outputs, ranks = (np.asarray(x) for x in ranks(jnp.asarray(encoder_tokens)))
+  return [row_ranks[:np.sum(row > 0)] for row, row_ranks in zip(outputs, ranks)]
+
+
+def _measured_costs(target, widths: list[int]) -> dict[int, float]:
+  config, params = target
+  module = network.Transformer(config)
+  seconds = call_costs.interleaved_call_seconds(
+      {k: [call_costs.Call(module, params, k)] for k in widths}, batch_size=1,
+      input_length=LENGTH, cache_length=LENGTH, loops=20, repetitions=5)
+  return {k: seconds[k]["median_s"] / seconds[1]["median_s"] for k in widths}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--data_dir", default=None,
+                      help="the data root holding multi30k/ (default: $SPEC_DECODE_DATA_ROOT)")
+  parser.add_argument("--sentences", type=int, default=20)
+  parser.add_argument("--node_budget", type=int, default=16)
+  parser.add_argument("--max_depth", type=int, default=5)
+  parser.add_argument("--max_rank", type=int, default=4)
+  parser.add_argument("--target_costs", default=None,
+                      help="v(k) as 'k:v,...' (default: measured on this machine)")
+  parser.add_argument("--draft_cost", type=float, default=0.0)
+  parser.add_argument("--top", type=int, default=3)
+  args = parser.parse_args()
+  sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
+  encoder_tokens = tree_vs_chain.encoded(sources[:args.sentences])
+  target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
+
+  acceptance = tree_choice.greedy_acceptance(_ranks(target, draft, encoder_tokens),
+                                             args.max_depth, args.max_rank)
+  print(f"acceptance by depth (rows) and child rank (columns), {len(encoder_tokens)} sentences:")
+  for depth, row in enumerate(acceptance):
+    print(f"  depth {depth}: " + " ".join(f"{p:.3f}" for p in row))
+  if args.target_costs:
+    costs = {int(k): float(v) for k, v in (item.split(":") for item in
+                                           args.target_costs.split(","))}
+  else:
+    widest = args.max_depth + 1 + args.node_budget
+    widths = sorted({1, widest} | {2 ** i for i in range(1, widest.bit_length())})
+    costs = _measured_costs(target, widths)
+  print("v(k): " + ", ".join(f"{k}: {v:.2f}" for k, v in sorted(costs.items())))
+
+  ranked = tree_choice.rank_trees(acceptance, args.node_budget, args.max_depth, costs,
+                                  args.draft_cost)
+  chain = (1,) * args.max_depth
+  chosen = list(ranked[:args.top])
+  chosen += [choice for choice in ranked if choice.branching == chain and choice not in chosen]
+  decoders = {choice.branching: tree_vs_chain.decoder(
+      token_tree.speculative_tree_sample, target, draft, tree_branching=choice.branching,
+      tree_rule="most_likely", temperature=0.0) for choice in chosen}
+  totals = {branching: [0, 0, 0.0] for branching in decoders}  # generated, calls, seconds
+  first = jnp.asarray(encoder_tokens[:1])
+  for decode in decoders.values():
+    jax.block_until_ready(decode(first, jax.random.PRNGKey(0)))  # compiled, run once
+  for row in range(len(encoder_tokens)):
+    tokens = jnp.asarray(encoder_tokens[row:row + 1])
+    for branching, decode in decoders.items():
+      start = time.perf_counter()
+      _, generated, calls = jax.block_until_ready(decode(tokens, jax.random.PRNGKey(row)))
+      totals[branching][2] += time.perf_counter() - start
+      totals[branching][0] += int(generated)
+      totals[branching][1] += int(calls)
+  print(f"{len(ranked)} shapes within {args.node_budget} nodes and depth {args.max_depth}; "
+        f"the best {args.top} and the chain, greedy ('most_likely'), batch 1:")
+  for choice in chosen:
+    generated, calls, seconds = totals[choice.branching]
+    print(f"  tree {str(choice.branching):18s} "
+          f"{token_tree.TreeShape(choice.branching).num_nodes:3d} nodes  predicted "
+          f"{choice.tokens_per_call:.2f} tokens/call ({choice.tokens_per_time:.2f} per unit "
+          f"time)  measured {generated / calls:.2f} tokens/call  {seconds:6.2f} s")
+
+
+if __name__ == "__main__":
+  main()
