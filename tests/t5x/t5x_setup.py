@@ -136,3 +136,35 @@ def save_orbax_checkpoint(directory: pathlib.Path, config: t5x_network.T5Config,
 def load_params(path: str) -> dict:
   """A T5X checkpoint's parameters, read by T5X."""
   return t5x_checkpoints.load_t5x_checkpoint(path)["target"]
+
+
+def t5_1_1_model_gin(config: t5x_network.T5Config, *, task_name: str, inputs_length: int,
+                     targets_length: int, imports: str = "") -> str:
+  """A T5X user's tiny T5.1.1 model gin on a test task: T5X's t5_1_1/base.gin with `config`'s
+  dimensions in float32, seqio's test vocabulary, no dropout; `imports`, more gin import lines.
+  The caller appends its own bindings."""
+  return f"""
+from __gin__ import dynamic_registration
+import seqio
+from t5x import utils
+from t5x.examples.t5 import network
+import t5x_tasks
+{imports}
+include 't5x/examples/t5/t5_1_1/base.gin'
+
+DROPOUT_RATE = 0.0
+seqio.SentencePieceVocabulary.sentencepiece_model_file = '{VOCAB_FILE}'
+seqio.SentencePieceVocabulary.extra_ids = {T5_EXTRA_IDS}
+network.T5Config:
+  dtype = 'float32'
+  vocab_size = {config.vocab_size}
+  emb_dim = {config.emb_dim}
+  num_heads = {config.num_heads}
+  num_encoder_layers = {config.num_encoder_layers}
+  num_decoder_layers = {config.num_decoder_layers}
+  head_dim = {config.head_dim}
+  mlp_dim = {config.mlp_dim}
+
+MIXTURE_OR_TASK_NAME = '{task_name}'
+TASK_FEATURE_LENGTHS = {{'inputs': {inputs_length}, 'targets': {targets_length}}}
+"""

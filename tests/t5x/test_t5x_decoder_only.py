@@ -73,18 +73,7 @@ def checkpoints(tmp_path_factory, configs) -> dict:
 
 
 def decoder_batch(rows: list[tuple[list[int], list[int]]]) -> dict[str, np.ndarray]:
-  """A batch as `seqio.DecoderFeatureConverter` writes one: targets = prompt + targets, inputs
-  shifted right behind BOS 0, causal attention 1 over BOS and the prompt."""
-  batch = {name: np.zeros((len(rows), LENGTH), np.int32)
-           for name in ("decoder_target_tokens", "decoder_input_tokens",
-                        "decoder_causal_attention", "decoder_loss_weights")}
-  for row, (prompt, targets) in enumerate(rows):
-    sequence = prompt + targets
-    batch["decoder_target_tokens"][row, :len(sequence)] = sequence
-    batch["decoder_input_tokens"][row, 1:len(sequence)] = sequence[:-1]
-    batch["decoder_causal_attention"][row, :len(prompt) + 1] = 1
-    batch["decoder_loss_weights"][row, len(prompt):len(sequence)] = 1
-  return batch
+  return t5x_decoder_only.decoder_batch(rows, LENGTH)
 
 
 def both_params(checkpoints: dict, draft: str = "draft") -> dict:

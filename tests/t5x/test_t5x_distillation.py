@@ -142,16 +142,7 @@ def test_decoder_only_loss_is_the_divergence_from_t5xs_target_network(tmp_path, 
   assert isinstance(model, distillation.DistillationDecoderOnlyModel)
   # seqio's DecoderFeatureConverter's rows: a prompt, then targets; loss on the targets only.
   rows = [([5, 7, 9], [11, 12, 13, 1]), ([20, 21, 22, 23, 24], [30, 1])]
-  length = 10
-  batch = {name: np.zeros((len(rows), length), np.int32)
-           for name in ("decoder_target_tokens", "decoder_input_tokens",
-                        "decoder_causal_attention", "decoder_loss_weights")}
-  for row, (prompt, targets) in enumerate(rows):
-    sequence = prompt + targets
-    batch["decoder_target_tokens"][row, :len(sequence)] = sequence
-    batch["decoder_input_tokens"][row, 1:len(sequence)] = sequence[:-1]
-    batch["decoder_causal_attention"][row, :len(prompt) + 1] = 1
-    batch["decoder_loss_weights"][row, len(prompt):len(sequence)] = 1
+  batch = t5x_decoder_only.decoder_batch(rows, length=10)
   loss, metrics = jax.jit(model.loss_fn)(draft_params, batch, None)
   target_model = t5x_setup.t5x_model(target_config, inputs_bidirectional_attention=prefix_lm)
   kl = divergences.per_position(
@@ -292,31 +283,9 @@ def test_the_gin_files_bind_the_draft_model_of_their_family(gin_file, model, pac
 
 # A T5X user's tiny draft model on the training task: T5X's model gin for T5.1.1, the draft's
 # dimensions. Run with t5x/configs/runs/pretrain.gin before it, distill_draft.gin after it.
-DRAFT_MODEL_GIN = f"""
-from __gin__ import dynamic_registration
-import seqio
-import __main__ as train_script
-from t5x import utils
-from t5x.examples.t5 import network
-import t5x_tasks
-
-include 't5x/examples/t5/t5_1_1/base.gin'
-
-DROPOUT_RATE = 0.0
-seqio.SentencePieceVocabulary.sentencepiece_model_file = '{t5x_setup.VOCAB_FILE}'
-seqio.SentencePieceVocabulary.extra_ids = {t5x_setup.T5_EXTRA_IDS}
-network.T5Config:
-  dtype = 'float32'
-  vocab_size = {DRAFT.vocab_size}
-  emb_dim = {DRAFT.emb_dim}
-  num_heads = {DRAFT.num_heads}
-  num_encoder_layers = {DRAFT.num_encoder_layers}
-  num_decoder_layers = {DRAFT.num_decoder_layers}
-  head_dim = {DRAFT.head_dim}
-  mlp_dim = {DRAFT.mlp_dim}
-
-MIXTURE_OR_TASK_NAME = '{t5x_tasks.TRAIN_TASK_NAME}'
-TASK_FEATURE_LENGTHS = {{'inputs': {INPUT_LENGTH}, 'targets': {TARGET_LENGTH}}}
+DRAFT_MODEL_GIN = t5x_setup.t5_1_1_model_gin(
+    DRAFT, task_name=t5x_tasks.TRAIN_TASK_NAME, inputs_length=INPUT_LENGTH,
+    targets_length=TARGET_LENGTH, imports="import __main__ as train_script\n") + f"""
 BATCH_SIZE = {t5x_tasks.NUM_EXAMPLES}
 USE_CACHED_TASKS = False
 train_script.train.train_eval_dataset_cfg = None

@@ -50,34 +50,11 @@ SIMULATED_DEVICES = 8
 GAMMA = 3
 # A T5X user's tiny T5.1.1 model on the test task: T5X's model gin, greedy temperature_sample.
 # Included by the run files below, after T5X's run defaults, which it overrides.
-TINY_MODEL_GIN = f"""
-from __gin__ import dynamic_registration
-import seqio
-from t5x import decoding
-from t5x import models
-from t5x import utils
-from t5x.examples.t5 import network
-import t5x_tasks
-
-include 't5x/examples/t5/t5_1_1/base.gin'
-
-DROPOUT_RATE = 0.0
-seqio.SentencePieceVocabulary.sentencepiece_model_file = '{t5x_setup.VOCAB_FILE}'
-seqio.SentencePieceVocabulary.extra_ids = {t5x_setup.T5_EXTRA_IDS}
-network.T5Config:
-  dtype = 'float32'
-  vocab_size = {RUN_CONFIG.vocab_size}
-  emb_dim = {RUN_CONFIG.emb_dim}
-  num_heads = {RUN_CONFIG.num_heads}
-  num_encoder_layers = {RUN_CONFIG.num_encoder_layers}
-  num_decoder_layers = {RUN_CONFIG.num_decoder_layers}
-  head_dim = {RUN_CONFIG.head_dim}
-  mlp_dim = {RUN_CONFIG.mlp_dim}
+TINY_MODEL_GIN = t5x_setup.t5_1_1_model_gin(
+    RUN_CONFIG, task_name=t5x_tasks.TASK_NAME, inputs_length=24, targets_length=12,
+    imports="from t5x import decoding\nfrom t5x import models\n") + """
 models.EncoderDecoderModel.decode_fn = @decoding.temperature_sample
 decoding.temperature_sample.temperature = 0.0
-
-MIXTURE_OR_TASK_NAME = '{t5x_tasks.TASK_NAME}'
-TASK_FEATURE_LENGTHS = {{'inputs': 24, 'targets': 12}}
 utils.DatasetConfig.batch_size = 4
 utils.RestoreCheckpointConfig.dtype = 'float32'
 """
