@@ -60,7 +60,6 @@ import jax.numpy as jnp
 from clu import metrics as clu_metrics
 from t5x import losses as t5x_losses
 from t5x import models as t5x_models
-from tensorflow.io import gfile
 
 from spec_decode.checkpoints import architecture
 from spec_decode.checkpoints import checkpoint_faults
@@ -219,14 +218,6 @@ def _check_data_source(model: t5x_models.BaseTransformerModel, data_source: str,
                      f"takes no temperature: bind decoding.temperature_sample")
 
 
-def _target_path(target_checkpoint_path: str | None) -> str:
-  if not target_checkpoint_path:
-    raise ValueError("no target checkpoint: set TARGET_CHECKPOINT_PATH")
-  if not gfile.exists(target_checkpoint_path):
-    raise ValueError(f"target checkpoint not found: {target_checkpoint_path}")
-  return target_checkpoint_path
-
-
 def distillation_version(model: t5x_models.EncoderDecoderModel | t5x_models.DecoderOnlyModel,
                          target_checkpoint_path: str | None, divergence: str = "tv",
                          temperature: float = 1.0, beta: float | None = None,
@@ -248,7 +239,8 @@ def distillation_version(model: t5x_models.EncoderDecoderModel | t5x_models.Deco
   divergences.check(divergence, divergences.resolve_beta(divergence, beta), temperature)
   _check_data_source(model, data_source, draft_sample_fraction)
   decoder_only = isinstance(model, t5x_models.DecoderOnlyModel)
-  path = _target_path(target_checkpoint_path)
+  path = speculative.existing_checkpoint(target_checkpoint_path, role="target",
+                                         macro="TARGET_CHECKPOINT_PATH")
   draft_config = speculative.config_from_t5x(
       model.module.config, network.DecoderOnlyConfig if decoder_only else network.T5Config)
   target_config = architecture.config_from_params(

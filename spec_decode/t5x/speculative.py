@@ -106,12 +106,14 @@ def config_from_t5x(t5x_config: Any,
                      f"{e}") from None
 
 
-def _check_draft_path(draft_checkpoint_path: str | None) -> str:
-  if not draft_checkpoint_path:
-    raise ValueError("no draft checkpoint: set DRAFT_CHECKPOINT_PATH")
-  if not gfile.exists(draft_checkpoint_path):
-    raise ValueError(f"draft checkpoint not found: {draft_checkpoint_path}")
-  return draft_checkpoint_path
+def existing_checkpoint(path: str | None, *, role: str = "draft",
+                        macro: str = "DRAFT_CHECKPOINT_PATH") -> str:
+  """`path`, or ValueError naming `macro` where none is set or naming the missing path."""
+  if not path:
+    raise ValueError(f"no {role} checkpoint: set {macro}")
+  if not gfile.exists(path):
+    raise ValueError(f"{role} checkpoint not found: {path}")
+  return path
 
 
 def check_target_checkpoint(checkpoint_path: Any) -> None:
@@ -146,7 +148,7 @@ def draft_config_from_checkpoint(draft_checkpoint_path: str,
   checkpoint (only the msgpack index or the Orbax metadata is read;
   `architecture.config_from_params`: what shapes cannot tell is the target's; a checkpoint of
   the other family is a ValueError)."""
-  path = _check_draft_path(draft_checkpoint_path)
+  path = existing_checkpoint(draft_checkpoint_path)
   return architecture.config_from_params(read_draft_params(path, shapes_only=True),
                                          target_config, path)
 
@@ -480,7 +482,7 @@ def restore_draft_params(state_dict: PyTree, target_state_dict: PyTree, *,
   del target_state_dict, is_resuming  # the draft is added whatever is restored
   if DRAFT_PARAMS_KEY in state_dict["target"] or not draft_checkpoint_path:
     return state_dict
-  path = _check_draft_path(draft_checkpoint_path)
+  path = existing_checkpoint(draft_checkpoint_path)
   draft = read_draft_params(path)
   checkpoint_faults.check_finite_params(draft, path)
   return {**state_dict, "target": {**state_dict["target"], DRAFT_PARAMS_KEY: draft}}
