@@ -201,10 +201,10 @@ def test_the_trainer_distills_from_the_initial_draft_and_leaves_the_target(pair_
   target_file = pair_files / "target.safetensors"
   target_bytes = target_file.read_bytes()
   distillation = draft_distillation.Distillation(
-      target=str(target_file), initial_draft=str(pair_files / "draft.safetensors"),
-      divergence="jsd", data_source="mixture", draft_sample_fraction=0.5)
+      target=str(target_file), divergence="jsd", data_source="mixture",
+      draft_sample_fraction=0.5)
   metrics = _train(pair_files, tmp_path / "run", distillation, eval_every=3, bleu_examples=2,
-                   eval_batch_size=4)
+                   eval_batch_size=4, initial_model=str(pair_files / "draft.safetensors"))
   assert set(metrics) == {"eval_jsd", "eval_alpha", "eval_alpha_t0", "eval_alpha_t1",
                           "eval_bleu"}
   # Distilled at temperature 1: alpha at T=1 is the distillation temperature's.

@@ -5,9 +5,8 @@ outputs alone (`distill`'s sequence-level data).
 
 Contract:
 - `Distillation` (gin-configurable, `train.train.distillation`) names the frozen target (a demo
-  model name or a `.safetensors` path in `spec_decode.checkpoints.demo_pair`'s format), the draft
-  the run starts from (`initial_draft`, same forms; None: the trainer's fresh initialization of
-  `train.train.config`), the divergence (`divergences.DIVERGENCES`; `beta` for 'jsd' only), the
+  model name or a `.safetensors` path in `spec_decode.checkpoints.demo_pair`'s format; the draft
+  the run starts from is the trainer's `initial_model`, same forms), the divergence (`divergences.DIVERGENCES`; `beta` for 'jsd' only), the
   `temperature` both distributions are taken at (the decoding temperature alpha is wanted for:
   total variation is then exactly 1 - alpha at a position), and the data source:
     'dataset'        the task's targets (the trainer's batches as they are)
@@ -20,8 +19,8 @@ Contract:
   Decodes are as long as the batch's targets, weighted up to and including their first EOS.
   Bad settings (an unknown divergence or source, beta where it cannot take effect or outside
   (0, 1), a fraction outside (0, 1) or without 'mixture', temperature <= 0) are a one-line
-  ValueError when it is built; a target or initial draft whose vocabulary or config does not fit
-  the trained one, when the trainer starts (`load_target`, `load_initial_draft`).
+  ValueError when it is built; a target whose vocabulary is not the draft's, when the trainer
+  starts (`load_target`).
 - `train_step(state, batch, rng, target_params=..., ...)`: one optimizer step of the draft (the
   trainer's `train_state.TrainState`, its params the draft's). The target's parameters are an
   argument, read and never updated (no gradient reaches them); the step's samples and dropout
@@ -74,7 +73,6 @@ def check_data_source(data_source: str, draft_sample_fraction: float | None) -> 
 class Distillation:
   """What the draft is distilled from and how (see the module docstring)."""
   target: str
-  initial_draft: str | None = None
   divergence: str = "tv"
   temperature: float = 1.0
   beta: float | None = None
@@ -99,17 +97,6 @@ def load_target(distillation: Distillation, draft_config: network.T5Config
     raise ValueError(f"target and draft vocabularies differ: the target has {config.vocab_size} "
                      f"ids, the draft {draft_config.vocab_size}")
   return config, jax.device_put(params)
-
-
-def load_initial_draft(distillation: Distillation, draft_config: network.T5Config) -> Any:
-  """The parameters the draft starts from, or None for a fresh initialization."""
-  if distillation.initial_draft is None:
-    return None
-  config, params = demo_pair.load_model(distillation.initial_draft)
-  if config != draft_config:
-    raise ValueError(f"the initial draft {distillation.initial_draft} is not a model of "
-                     f"train.config: {config} != {draft_config}")
-  return jax.device_put(params)
 
 
 def sample(config: network.T5Config, params: Any, encoder_input_tokens: jax.Array,

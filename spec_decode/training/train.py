@@ -15,6 +15,10 @@ What it does (all knobs are arguments of the gin-configurable `train`):
   {step, params, opt_state}) and, via `spec_decode.checkpoints.t5x_format.save_t5x`, T5X's
   legacy layout in `model_dir/t5x/checkpoint_<step>` (`t5x_checkpoints`); the last `keep_checkpoints` are kept;
 - a progress line every `log_every` steps: loss, z-loss, accuracy, gradient norm, target tokens/s;
+- `initial_model` (a demo model name or a `.safetensors` path in
+  `spec_decode.checkpoints.demo_pair`'s format, of `config`): the parameters a new run starts
+  from, with a fresh optimizer (fine-tuning, continued training, a draft's distillation);
+  None: `init_params` of `seed`;
 - resume: a run restarts from the newest `checkpoint_<step>.msgpack` in `model_dir`. The data
   batch and the dropout rng of step s are pure functions of (seed, s), so a resumed run is
   bitwise identical to an uninterrupted one;
@@ -45,6 +49,7 @@ import numpy as np
 import optax
 import sentencepiece as spm
 
+from spec_decode.checkpoints import demo_pair
 from spec_decode.data import corpora
 from spec_decode import gin_utils
 from spec_decode import models
@@ -143,6 +148,15 @@ def create_state(config: network.NetworkConfig, optimizer: optax.GradientTransfo
   if clip_grad_norm:
     optimizer = optax.chain(optax.clip_by_global_norm(clip_grad_norm), optimizer)
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optimizer)
+
+
+def load_initial_model(name_or_path: str, config: network.T5Config) -> Any:
+  """The parameters (on the device) of `initial_model`, which must be a model of `config`."""
+  initial_config, params = demo_pair.load_model(name_or_path)
+  if initial_config != config:
+    raise ValueError(f"the initial model {name_or_path} is not a model of train.config: "
+                     f"{initial_config} != {config}")
+  return jax.device_put(params)
 
 
 def latest_checkpoint(model_dir: pathlib.Path) -> pathlib.Path | None:
@@ -271,6 +285,7 @@ def train(model_dir: str,
           t5x_checkpoints: bool = True,
           log_every: int = 20,
           seed: int = 0,
+          initial_model: str | None = None,
           distillation: draft_distillation.Distillation | None = None) -> dict[str, float]:
   """Trains until `num_train_steps` (or the wall-time budget); returns the last eval metrics.
 
@@ -297,12 +312,11 @@ def train(model_dir: str,
   print(f"train pairs {len(stream.encoded.inputs)} in {stream.batches_per_epoch} batches/epoch; "
         f"eval pairs {len(eval_encoded.inputs)}", flush=True)
   step_fn = None
-  if distillation is None:
-    state = create_state(config, optimizer, clip_grad_norm, seed)
-  else:
+  state = create_state(config, optimizer, clip_grad_norm, seed,
+                       params=None if initial_model is None else load_initial_model(initial_model,
+                                                                                    config))
+  if distillation is not None:
     target_config, target_params = draft_distillation.load_target(distillation, config)
-    state = create_state(config, optimizer, clip_grad_norm, seed,
-                         params=draft_distillation.load_initial_draft(distillation, config))
     step_fn = functools.partial(draft_distillation.train_step, target_params=target_params,
                                 distillation=distillation, target_config=target_config,
                                 draft_config=config, dropout=config.dropout_rate > 0)
