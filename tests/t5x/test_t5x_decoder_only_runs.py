@@ -4,8 +4,8 @@ T5X hook. A tiny T5X decoder-only run (T5X's `DecoderOnlyModel` over T5X's own n
 seqio task of `t5x_tasks` through `seqio.DecoderFeatureConverter`: prompts of different lengths)
 made speculative by adding configs/t5x/speculative_decoder_only_infer.gin (for t5x.eval,
 speculative_decoder_only.gin) and a draft checkpoint predicts what the same run predicts with
-T5X's own sampler: in float32 as a causal LM, with the token-tree loop too
-(configs/t5x/speculative_tree.gin), in bfloat16 as a prefix LM, sharded over a
+T5X's own sampler: in float32 as a causal LM and in bfloat16 as a prefix LM, each also with the
+token-tree loop (configs/t5x/speculative_tree.gin), sharded over a
 (data 2, model 2) mesh of 4 CPU devices with the draft sharded too, and through t5x.eval. Target
 and draft are checkpoints T5X's Checkpointer wrote, restored by T5X (the target) and by the hook
 (the draft) into the hook's decoder-only network. Every run is a subprocess, as a user's.
@@ -150,7 +150,9 @@ def runs(setup) -> dict[str, subprocess.CompletedProcess]:
          for variant, bindings in VARIANTS.items() for speculative in (False, True)},
       "sharded": dict(speculative=True, sharded=True),
       "eval": dict(speculative=True, script="eval"),
-      "tree": dict(speculative=True, **TREE_RUN),
+      **{f"tree_{variant}": dict(speculative=True, gin_files=TREE_RUN["gin_files"],
+                                 bindings=TREE_RUN["bindings"] + bindings)
+         for variant, bindings in VARIANTS.items()},
   }
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
     futures = {name: pool.submit(run_t5x, setup, name, **kwargs)
@@ -214,13 +216,18 @@ def test_speculative_eval_predicts_what_t5x_infer_predicts(setup, runs):
   assert predictions == [example["prediction"] for example in outputs(setup, "float32_False")]
 
 
-def test_tree_run_predicts_what_t5x_predicts(setup, runs):
-  """The token-tree loop on the language model (float32, causal): T5X's greedy outputs."""
-  _succeeded(runs["tree"])
-  _succeeded(runs["float32_False"])
-  examples = outputs(setup, "tree")
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_tree_run_predicts_what_t5x_predicts(setup, runs, variant):
+  """The token-tree loop on the language model (float32 causal, bfloat16 prefix LM): T5X's
+  greedy outputs of the same variant."""
+  _succeeded(runs[f"tree_{variant}"])
+  _succeeded(runs[f"{variant}_False"])
+  examples = outputs(setup, f"tree_{variant}")
   assert ([example["prediction_tokens"] for example in examples]
-          == [example["prediction_tokens"] for example in outputs(setup, "float32_False")])
+          == [example["prediction_tokens"] for example in outputs(setup, f"{variant}_False")])
   assert sum(example["aux"]["accepted_tokens"] for example in examples) > 0
-  config = (setup["directory"] / "tree" / "config.gin").read_text()
+  config = (setup["directory"] / f"tree_{variant}" / "config.gin").read_text()
   assert "DECODE_LOOP = 'speculative_tree_sample'" in config, config
+  for binding in VARIANTS[variant]:
+    name, value = binding.split("=")
+    assert f"{name} = {value}" in config, config

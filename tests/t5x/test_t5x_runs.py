@@ -4,7 +4,8 @@
 configs/t5x/speculative_infer.gin (or, for t5x.eval, speculative.gin) and a draft checkpoint
 predicts what the same run predicts with T5X's own sampler, with the speculative counters in
 t5x.infer's outputs, in float32 and in bfloat16, and with target and draft in the Orbax format
-T5X writes by default, and so does the token-tree loop (configs/t5x/speculative_tree.gin);
+T5X writes by default, and so does the token-tree loop (configs/t5x/speculative_tree.gin, in
+float32 and in bfloat16);
 with T5X's beam_search (4 beams, alpha 0.6) it predicts what T5X's beam search predicts; so it does on 8 simulated CPU devices with T5X's partitioner at
 num_partitions 2 and 4 (the target's parameters model-sharded, the draft's replicated, or
 sharded with SHARD_DRAFT); bad settings fail in one line before anything is restored or
@@ -305,13 +306,18 @@ def baseline_and_speculative(setup, suffix: str, bindings: tuple[str, ...] = (),
 
 @pytest.fixture(scope="module")
 def bfloat16_runs(setup) -> dict[str, list[dict]]:
-  """The baseline and the speculative run in bfloat16 (run apart from `runs`, so these tests
-  can run alone): name -> outputs."""
-  return baseline_and_speculative(setup, "bfloat16", bindings=BFLOAT16)
+  """The baseline, the speculative run and the token-tree run in bfloat16 (run apart from `runs`,
+  so these tests can run alone): name -> outputs."""
+  runs = baseline_and_speculative(setup, "bfloat16", bindings=BFLOAT16)
+  tree = run_t5x(setup, "tree_bfloat16", speculative=True, gin_files=TREE_RUN["gin_files"],
+                 bindings=BFLOAT16 + TREE_RUN["bindings"])
+  _succeeded(tree)
+  return {**runs, "tree": outputs(setup, "tree_bfloat16")}
 
 
-def test_bfloat16_speculative_run_predicts_what_t5x_predicts(setup, bfloat16_runs):
-  baseline, speculative = bfloat16_runs["baseline"], bfloat16_runs["speculative"]
+@pytest.mark.parametrize("name", ["speculative", "tree"])
+def test_bfloat16_speculative_run_predicts_what_t5x_predicts(setup, bfloat16_runs, name):
+  baseline, speculative = bfloat16_runs["baseline"], bfloat16_runs[name]
   assert len(baseline) == t5x_tasks.NUM_EXAMPLES
   assert ([example["prediction_tokens"] for example in speculative]
           == [example["prediction_tokens"] for example in baseline])
