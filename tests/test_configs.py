@@ -47,8 +47,10 @@ RUNS = ["configs/demo/infer.gin"] + TABLE2 + TABLE2_T5_1_0
 MODEL_FILES = [f for f in ALL if f.startswith("configs/models/")
                or f in ("configs/demo/target.gin", "configs/demo/draft.gin")]
 LM_TRAIN_FILES = ["configs/train/lm_target.gin", "configs/train/lm_draft.gin"]
+# The pieces every training file includes: the data and schedule, and an optimizer.
+TRAIN_PIECES = ["configs/train/adamw.gin", "configs/train/base.gin"]
 TRAIN_FILES = [f for f in ALL if f.startswith("configs/train/")
-               and not f.startswith("configs/train/lm_")]
+               and not f.startswith("configs/train/lm_") and f not in TRAIN_PIECES]
 T5X_FILES = [f for f in ALL if f.startswith("configs/t5x/")
              or (f.startswith("configs/table2/") and f.endswith("/t5x.gin"))]
 FRAGMENTS = [f for f in ALL
