@@ -517,19 +517,21 @@ def test_lookup_branches_follow_the_target_law(case):
   assert lookup_accepted[::2].mean() > lookup_accepted[1::2].mean()
 
 
+_EXACT_LOOKUP_WALK = tree_rules.deterministic_walk  # what the wrong walks below are made from
+
+
 def _walk_resampling_from_the_target(target_probs, children, present):
   """A listed child accepted with p(x), but a rejection leaves the law as it was: the next
   token comes from p again, which a rejected child still has mass in."""
-  accept, _ = tree_rules.deterministic_walk(target_probs, children, present)
+  accept, _ = _EXACT_LOOKUP_WALK(target_probs, children, present)
   return accept, target_probs
 
 
 def _walk_taking_absent_children(target_probs, children, present):
-  """Absent branches taken for proposals of their filler id, 0, and present ones accepted
-  without the residual: each with min(1, p(x) / q(x)) of a point mass, p(x)."""
+  """Absent branches taken for proposals (of id 2, a word, in place of their filler 0)."""
   del present
-  return tree_rules.deterministic_walk(target_probs, jnp.maximum(children, 2),
-                                       jnp.ones(children.shape, bool))
+  return _EXACT_LOOKUP_WALK(target_probs, jnp.maximum(children, 2),
+                            jnp.ones(children.shape, bool))
 
 
 @pytest.mark.slow
