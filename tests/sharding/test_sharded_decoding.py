@@ -78,12 +78,13 @@ def _single_device_speculative(params, draft_params, encoder_input_tokens, decod
 
 def _partition_decoders(partitioner, target=TARGET, draft=DRAFT, draft_logical_axis_rules=None,
                         num_decodes=1, loop="speculative_sample", draft_source="model",
-                        **settings):
+                        lookup_min_ngram=None, **settings):
   """The core's decoders (`core.Decoder.predict`, all decodes, decoder inputs forced as
   prompts) partitioned on the layout of target and draft: .baseline(params, encoder tokens,
   decoder inputs, rng) and .speculative(params, draft params, ...) -> (decodes [B, n, L],
   scores [B, n], aux), and the parameters' shardings. `loop` (gamma GAMMA for
-  'speculative_sample') with the drafts of `draft_source` (`core.make_draft`)."""
+  'speculative_sample') with the drafts of `draft_source` (`core.make_draft`, its lookup's
+  `lookup_min_ngram`)."""
   layout = decode_layout.decode_layout(partitioner, target, draft, draft_logical_axis_rules)
 
   def partitioned(decoder):
@@ -101,8 +102,8 @@ def _partition_decoders(partitioner, target=TARGET, draft=DRAFT, draft_logical_a
     settings = {"gamma": GAMMA, **settings}
   speculative = core.Decoder.create(
       loop, network.Transformer(target),
-      core.make_draft(draft_source, None if draft is None else network.Transformer(draft)),
-      **settings)
+      core.make_draft(draft_source, None if draft is None else network.Transformer(draft),
+                      lookup_min_ngram=lookup_min_ngram), **settings)
   baseline = partitioned(speculative.baseline())
   return types.SimpleNamespace(
       params_shardings=layout.params_shardings,
