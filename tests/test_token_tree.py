@@ -326,6 +326,12 @@ def test_greedy_decodes_are_the_targets_on_t5():
     ({"logit_callback_fn": lambda logits, state: logits},
      "decode loop 'speculative_tree_sample' takes no setting 'logit_callback_fn'"),
     ({"gamma": 4}, "decode loop 'speculative_tree_sample' takes no setting 'gamma'"),
+    ({"lookup_branches": -1}, "lookup_branches must be an integer >= 0"),
+    ({"lookup_branches": 2.0}, "lookup_branches must be an integer >= 0"),
+    ({"lookup_branches": 2}, "lookup_depth must be an integer >= 1"),
+    ({"lookup_branches": 2, "lookup_depth": 0}, "lookup_depth must be an integer >= 1"),
+    ({"lookup_depth": 3}, "lookup_depth 3 is set but lookup_branches is 0"),
+    ({"tree_branching": (), "lookup_depth": 3}, "lookup_depth 3 is set but lookup_branches is 0"),
 ])
 def test_bad_settings_are_one_line_errors(settings, message):
   loop = loops.get("speculative_tree_sample")
@@ -357,6 +363,34 @@ def test_a_tree_deeper_than_the_decode_is_a_one_line_error():
                                      target.init_cache(2, LENGTH), target.tokens_to_logits, EOS,
                                      temperature=0.0)
   np.testing.assert_array_equal(run((2,) + (1,) * (LENGTH - 1))[0], want[0])
+
+
+def test_lookup_branches_with_the_wrong_draft_are_one_line_errors():
+  """Lookup branches without a lookup draft, a model's tree without a model, a model without
+  a tree, and lookup branches deeper than the decode: refused before anything is traced."""
+  target, draft = toy_setup.make_pair(VOCAB, "near")
+  drafter = engine_lookup.NGramLookup(VOCAB)
+  source = jnp.full((2, 3), 2, jnp.int32)
+  alone = (drafter.init_cache(source), drafter.tokens_to_logits)
+  combined = (engine_lookup.init_combined_cache(drafter, source, draft.init_cache(2, LENGTH)),
+              engine_lookup.with_model(drafter, draft.tokens_to_logits))
+  for (draft_cache, draft_tokens_to_logits), settings, message in (
+      ((draft.init_cache(2, LENGTH), draft.tokens_to_logits), dict(tree_branching=(2,)),
+       "lookup_branches 2 needs an n-gram lookup draft"),
+      (alone, dict(tree_branching=(2,)),
+       r"a lookup draft alone has no model to expand tree_branching \(2,\)"),
+      (combined, dict(tree_branching=()),
+       r"tree_branching \(\) leaves the draft model of 'lookup\+model' unused"),
+      (alone, dict(tree_branching=(), lookup_depth=LENGTH + 1),
+       rf"lookup_depth {LENGTH + 1} is {LENGTH + 1} deep, deeper than the {LENGTH} tokens")):
+    with pytest.raises(ValueError, match=message) as error:
+      jax.eval_shape(lambda: token_tree.speculative_tree_sample(
+          jnp.zeros((2, LENGTH), jnp.int32), target.init_cache(2, LENGTH),
+          target.tokens_to_logits, EOS, draft_cache=draft_cache,
+          draft_tokens_to_logits=draft_tokens_to_logits,
+          **{"lookup_branches": 2, "lookup_depth": 2, "tree_rule": "most_likely",
+             "temperature": 0.0, **settings}))
+    assert "\n" not in str(error.value)
 
 
 def test_a_decoder_is_built_with_its_settings():

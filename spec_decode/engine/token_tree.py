@@ -162,7 +162,7 @@ def _lookup_parts(draft_tokens_to_logits: TokensToLogits, draft_cache: Any,
   parts = lookup.parts(draft_tokens_to_logits, draft_cache)
   if parts is None:
     raise ValueError(f"lookup_branches {shape.lookup_branches} needs an n-gram lookup draft "
-                     f"(draft_source 'lookup' or 'lookup+model'), got {draft_tokens_to_logits!r}")
+                     f"(draft_source 'lookup' or 'lookup+model'), not another draft")
   drafter, _, model, _ = parts
   if model is None and shape.branching:
     raise ValueError(f"a lookup draft alone has no model to expand tree_branching "
