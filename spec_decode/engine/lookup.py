@@ -13,6 +13,9 @@ Where no suffix of at least `min_ngram` tokens matches, every logit is -inf: the
 proposing a made-up token. `with_model` combines a lookup with a draft model: the lookup's
 proposal where it has one, the model's logits elsewhere, per row and per draft position.
 
+`branches` gives a token tree (`token_tree`) every earlier match at once: one branch of copied
+tokens per distinct continuation, absent where a row has fewer matches.
+
 Everything is fixed-shape JAX inside the caller's jit: the source is the concatenation
 [encoder tokens | output tokens] (Le + S entries), and each of the k fed positions compares its
 last max_ngram tokens with every window of the source ([B, k, max_ngram, Le + S] booleans).

@@ -27,6 +27,13 @@ of depth D; at the start, the token at i alone), both caches holding the positio
 The caches end as if the path had been decoded because the next iteration feeds it to both.
 Exactness: each iteration emits tokens with the target's law given the prefix (the rule's
 walk, `tree_rules`); the tree's shape is static and its tokens come from the draft alone.
+Lookup branches: with an n-gram lookup draft (`lookup`), `lookup_branches` chains of
+`lookup_depth` tokens copied after earlier matches of the row's suffix (`lookup.branches`)
+hang from the root beside the model's tree (or alone: no draft call at all). They are
+deterministic children: the walk tries the root's lookup children first, each accepted with
+the target's residual probability (`tree_rules.deterministic_walk`; a branch a row lacks is
+absent, never accepted), then the model's children, drawn and verified from q with the
+lookup's children removed; below a lookup node, its branch's next token is its one child.
 A model that takes no tree call (it never reads the contract's token_positions and
 token_mask) is given chain calls instead, one per node's path
 (`speculative_beam_search.path_logits`; the stats count every call).
