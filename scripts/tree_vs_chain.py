@@ -8,8 +8,9 @@ paper's setting), with T5's task prefix, inputs and outputs of 64 tokens. At eac
 --trees (`speculative_tree_sample`: --tree_rule when sampling, 'most_likely' when greedy).
 Each decoder is compiled once and run once untimed, then every sentence is decoded by each
 decoder in turn (interleaved, so load changes hit all alike). Printed per decoder: tokens per
-target call (over all sentences: generated tokens / target calls), total wall seconds, and the
-speedup over the target alone; greedy decodes are checked identical to the target's.
+target call (over all sentences: generated tokens / target calls, both printed), total wall
+seconds, and the speedup over the target alone; greedy decodes are checked identical to the
+target's.
 
 --draft_source 'lookup' drafts by n-gram lookup alone (`core.make_draft`'s n-gram lengths): the
 chain is the lookup's chain and each tree is --lookup_branches branches of --lookup_depth tokens
@@ -153,8 +154,8 @@ def main() -> None:
     print(f"temperature {temperature}, {len(encoder_tokens)} sentences, batch 1"
           + (" (greedy decodes identical to the target's)" if greedy else ""))
     for name, (generated, calls, seconds) in totals.items():
-      print(f"  {name:44s} {generated / calls:5.2f} tokens/target call  {seconds:7.2f} s  "
-            f"{baseline_seconds / seconds:5.2f}x")
+      print(f"  {name:44s} {generated / calls:6.3f} tokens/target call ({generated} / {calls})"
+            f"  {seconds:7.2f} s  {baseline_seconds / seconds:5.2f}x")
 
 
 if __name__ == "__main__":
