@@ -8,11 +8,18 @@ paper's setting), with T5's task prefix, inputs and outputs of 64 tokens. At eac
 --trees (`speculative_tree_sample`: --tree_rule when sampling, 'most_likely' when greedy).
 Each decoder is compiled once and run once untimed, then every sentence is decoded by each
 decoder in turn (interleaved, so load changes hit all alike). Printed per decoder: tokens per
-target call (over all sentences: generated tokens / target calls), total wall seconds, and the
-speedup over the target alone; greedy decodes are checked identical to the target's.
+target call (over all sentences: generated tokens / target calls, both printed), total wall
+seconds, and the speedup over the target alone; greedy decodes are checked identical to the
+target's.
+
+--draft_source 'lookup' drafts by n-gram lookup alone (`core.make_draft`'s n-gram lengths): the
+chain is the lookup's chain and each tree is --lookup_branches branches of --lookup_depth tokens
+(--trees unused); 'lookup+model' adds the branches to each tree of the draft model and the
+chain is the chain loop's combination (the lookup's token where it matches, else the model's).
 
   python scripts/tree_vs_chain.py --data_dir DATA [--sentences 50] [--gamma 4] \
-      [--trees 4,2,1 2,2,1,1] [--tree_rule without_replacement] [--temperatures 0 1]
+      [--trees 4,2,1 2,2,1,1] [--tree_rule without_replacement] [--temperatures 0 1] \
+      [--draft_source lookup --lookup_branches 2 4 8 --lookup_depth 4]
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import core
 from spec_decode.checkpoints import demo_pair
 from spec_decode.data import corpora
 from spec_decode.engine import decoding
+from spec_decode.engine import lookup
 from spec_decode.engine import token_tree
 from spec_decode.t5 import network
 from spec_decode.t5 import vocab
@@ -44,9 +53,24 @@ def encoded(sentences: list[str]) -> np.ndarray:
   return tokens
 
 
-def decoder(loop, target, draft, **settings):
+def decoder(loop, target, draft, draft_source="model", **settings):
   """decode(encoder tokens [1, L], rng) -> (decodes [1, L], generated tokens, target calls)."""
   (target_config, target_params), (draft_config, draft_params) = target, draft
+  drafts = core.make_draft(draft_source, None if draft_source == "lookup"
+                           else network.Transformer(draft_config))
+
+  def draft_calls(encoder_tokens):
+    """(the draft's cache, its tokens_to_logits) for `drafts`."""
+    if draft_source == "lookup":
+      drafter = drafts.drafter(target_config.vocab_size)
+      return drafter.init_cache(encoder_tokens), drafter.tokens_to_logits
+    model_calls = (network.init_decode_cache(draft_config, draft_params, encoder_tokens, LENGTH),
+                   network.make_tokens_to_logits(draft_config, draft_params))
+    if draft_source == "model":
+      return model_calls
+    drafter = drafts.drafter(target_config.vocab_size)
+    return (lookup.init_combined_cache(drafter, encoder_tokens, model_calls[0]),
+            lookup.with_model(drafter, model_calls[1]))
 
   def decode(encoder_tokens, rng):
     inputs = jnp.zeros((encoder_tokens.shape[0], LENGTH), jnp.int32)
@@ -57,12 +81,10 @@ def decoder(loop, target, draft, **settings):
                         **settings)
       generated = jnp.sum(decodes[:, 0] > 0)
       return decodes[:, 0], generated, generated
+    draft_cache, draft_tokens_to_logits = draft_calls(encoder_tokens)
     decodes, _, stats = loop(
-        inputs, cache, tokens_to_logits, vocab.EOS_ID, decode_rng=rng,
-        draft_cache=network.init_decode_cache(draft_config, draft_params, encoder_tokens,
-                                              LENGTH),
-        draft_tokens_to_logits=network.make_tokens_to_logits(draft_config, draft_params),
-        **settings)
+        inputs, cache, tokens_to_logits, vocab.EOS_ID, decode_rng=rng, draft_cache=draft_cache,
+        draft_tokens_to_logits=draft_tokens_to_logits, **settings)
     return decodes[:, 0], jnp.sum(stats.generated_tokens), jnp.sum(stats.target_calls)
 
   return jax.jit(decode)
@@ -78,6 +100,11 @@ def main() -> None:
                       help="tree shapes: children per node at each depth, comma-separated")
   parser.add_argument("--tree_rule", default="without_replacement")
   parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+  parser.add_argument("--draft_source", choices=("model", "lookup", "lookup+model"),
+                      default="model")
+  parser.add_argument("--lookup_branches", type=int, nargs="+", default=[4],
+                      help="lookup branches of each tree (draft_source lookup, lookup+model)")
+  parser.add_argument("--lookup_depth", type=int, default=4)
   args = parser.parse_args()
   sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
   encoder_tokens = encoded(sources[:args.sentences])
@@ -87,14 +114,25 @@ def main() -> None:
     decoders = {"target alone": decoder(decoding.temperature_sample, target, draft,
                                          temperature=temperature),
                 f"chain gamma {args.gamma}": decoder(decoding.speculative_sample, target,
-                                                      draft, gamma=args.gamma,
+                                                      draft, args.draft_source, gamma=args.gamma,
                                                       temperature=temperature)}
-    for tree in args.trees:
-      branching = tuple(int(b) for b in tree.split(","))
-      rule = "most_likely" if greedy else args.tree_rule
-      decoders[f"tree {tree} {rule}"] = decoder(
-          token_tree.speculative_tree_sample, target, draft, tree_branching=branching,
-          tree_rule=rule, temperature=temperature)
+    rule = "most_likely" if greedy else args.tree_rule
+    trees = [()] if args.draft_source == "lookup" else [
+        tuple(int(b) for b in tree.split(",")) for tree in args.trees]
+    for branching in trees:
+      name = f"tree {','.join(map(str, branching))} {rule}"
+      if args.draft_source != "lookup":
+        decoders[name] = decoder(token_tree.speculative_tree_sample, target, draft,
+                                 tree_branching=branching, tree_rule=rule,
+                                 temperature=temperature)
+      if args.draft_source == "model":
+        continue
+      for branches in args.lookup_branches:
+        label = f"lookup {branches}x{args.lookup_depth}"
+        decoders[f"{name} + {label}" if branching else f"tree {label}"] = (
+            decoder(token_tree.speculative_tree_sample, target, draft, args.draft_source,
+                    tree_branching=branching, tree_rule=rule, lookup_branches=branches,
+                    lookup_depth=args.lookup_depth, temperature=temperature))
     totals = {name: [0, 0, 0.0] for name in decoders}  # generated, target calls, seconds
     first = jnp.asarray(encoder_tokens[:1])
     for decode in decoders.values():
@@ -116,8 +154,8 @@ def main() -> None:
     print(f"temperature {temperature}, {len(encoder_tokens)} sentences, batch 1"
           + (" (greedy decodes identical to the target's)" if greedy else ""))
     for name, (generated, calls, seconds) in totals.items():
-      print(f"  {name:36s} {generated / calls:5.2f} tokens/target call  {seconds:7.2f} s  "
-            f"{baseline_seconds / seconds:5.2f}x")
+      print(f"  {name:44s} {generated / calls:6.3f} tokens/target call ({generated} / {calls})"
+            f"  {seconds:7.2f} s  {baseline_seconds / seconds:5.2f}x")
 
 
 if __name__ == "__main__":

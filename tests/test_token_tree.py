@@ -34,6 +34,7 @@ from spec_decode.checkpoints import t5x_format
 from spec_decode.infer import outputs as infer_outputs
 from spec_decode.engine import decoding
 from spec_decode.engine import loops
+from spec_decode.engine import lookup as engine_lookup
 from spec_decode.engine import toy
 from spec_decode.engine import token_tree
 from spec_decode.engine import tree_rules
@@ -325,6 +326,12 @@ def test_greedy_decodes_are_the_targets_on_t5():
     ({"logit_callback_fn": lambda logits, state: logits},
      "decode loop 'speculative_tree_sample' takes no setting 'logit_callback_fn'"),
     ({"gamma": 4}, "decode loop 'speculative_tree_sample' takes no setting 'gamma'"),
+    ({"lookup_branches": -1}, "lookup_branches must be an integer >= 0"),
+    ({"lookup_branches": 2.0}, "lookup_branches must be an integer >= 0"),
+    ({"lookup_branches": 2}, "lookup_depth must be an integer >= 1"),
+    ({"lookup_branches": 2, "lookup_depth": 0}, "lookup_depth must be an integer >= 1"),
+    ({"lookup_depth": 3}, "lookup_depth 3 is set but lookup_branches is 0"),
+    ({"tree_branching": (), "lookup_depth": 3}, "lookup_depth 3 is set but lookup_branches is 0"),
 ])
 def test_bad_settings_are_one_line_errors(settings, message):
   loop = loops.get("speculative_tree_sample")
@@ -356,6 +363,34 @@ def test_a_tree_deeper_than_the_decode_is_a_one_line_error():
                                      target.init_cache(2, LENGTH), target.tokens_to_logits, EOS,
                                      temperature=0.0)
   np.testing.assert_array_equal(run((2,) + (1,) * (LENGTH - 1))[0], want[0])
+
+
+def test_lookup_branches_with_the_wrong_draft_are_one_line_errors():
+  """Lookup branches without a lookup draft, a model's tree without a model, a model without
+  a tree, and lookup branches deeper than the decode: refused before anything is traced."""
+  target, draft = toy_setup.make_pair(VOCAB, "near")
+  drafter = engine_lookup.NGramLookup(VOCAB)
+  source = jnp.full((2, 3), 2, jnp.int32)
+  alone = (drafter.init_cache(source), drafter.tokens_to_logits)
+  combined = (engine_lookup.init_combined_cache(drafter, source, draft.init_cache(2, LENGTH)),
+              engine_lookup.with_model(drafter, draft.tokens_to_logits))
+  for (draft_cache, draft_tokens_to_logits), settings, message in (
+      ((draft.init_cache(2, LENGTH), draft.tokens_to_logits), dict(tree_branching=(2,)),
+       "lookup_branches 2 needs an n-gram lookup draft"),
+      (alone, dict(tree_branching=(2,)),
+       r"a lookup draft alone has no model to expand tree_branching \(2,\)"),
+      (combined, dict(tree_branching=()),
+       r"tree_branching \(\) leaves the draft model of 'lookup\+model' unused"),
+      (alone, dict(tree_branching=(), lookup_depth=LENGTH + 1),
+       rf"lookup_depth {LENGTH + 1} is {LENGTH + 1} deep, deeper than the {LENGTH} tokens")):
+    with pytest.raises(ValueError, match=message) as error:
+      jax.eval_shape(lambda: token_tree.speculative_tree_sample(
+          jnp.zeros((2, LENGTH), jnp.int32), target.init_cache(2, LENGTH),
+          target.tokens_to_logits, EOS, draft_cache=draft_cache,
+          draft_tokens_to_logits=draft_tokens_to_logits,
+          **{"lookup_branches": 2, "lookup_depth": 2, "tree_rule": "most_likely",
+             "temperature": 0.0, **settings}))
+    assert "\n" not in str(error.value)
 
 
 def test_a_decoder_is_built_with_its_settings():
@@ -442,3 +477,190 @@ def test_greedy_decodes_are_the_targets_on_a_decoder_only_model():
     got, aux = decoder.predict(params, draft_weights, batch, eos_id=EOS)
     np.testing.assert_array_equal(got, want)
     assert np.asarray(want).any() and np.sum(aux["accepted_tokens"]) > 0
+
+
+# --------------------------------------------------------------------------- lookup branches
+
+# (drafter, branching, rule, (temperature, topk, topp)): n-gram lookup branches (3 of depth 2)
+# alone, and beside a model's tree under every sampling rule. test_exactness's lookup sources:
+# half the rows copy from a random source, half from their own output only, so rows with
+# different numbers of matches (none, one, several) share every batch.
+LOOKUP_CASES = {
+    "lookup_temperature_1": ("lookup", (), "deterministic", (1.0, 0, 0.0)),
+    "lookup_top_p_0.8": ("lookup", (), "deterministic", (1.0, 0, 0.8)),
+    **{f"lookup+near_{rule}": ("lookup+near", (2, 1), rule, (1.0, 0, 0.0))
+       for rule in SAMPLING_RULES},
+}
+LOOKUP_BRANCHES, LOOKUP_DEPTH = 3, 2
+
+
+@functools.partial(jax.jit, static_argnames=("drafter", "branching", "rule", "sampling_args",
+                                             "lookup_walk"))
+def _lookup_tree(target, draft, source, inputs, rng, drafter, branching, rule, sampling_args,
+                 lookup_walk=None):
+  """The tree loop with lookup branches over `source [B, Le]`, the lookup alone (`draft`
+  None) or beside `draft`'s tree; `lookup_walk` replaces `tree_rules.deterministic_walk` (a
+  negative control)."""
+  temperature, topk, topp = sampling_args
+  if draft is None:
+    draft_cache, draft_tokens_to_logits = drafter.init_cache(source), drafter.tokens_to_logits
+  else:
+    draft_cache = engine_lookup.init_combined_cache(drafter, source,
+                                                    draft.init_cache(*inputs.shape))
+    draft_tokens_to_logits = engine_lookup.with_model(drafter, draft.tokens_to_logits)
+  run = lambda: token_tree.speculative_tree_sample(
+      inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
+      draft_cache=draft_cache, draft_tokens_to_logits=draft_tokens_to_logits,
+      tree_branching=branching, tree_rule=rule, lookup_branches=LOOKUP_BRANCHES,
+      lookup_depth=LOOKUP_DEPTH, decode_rng=rng, temperature=temperature, topk=topk, topp=topp)
+  if lookup_walk is None:
+    return run()
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(tree_rules, "deterministic_walk", lookup_walk)
+    return run()
+
+
+def _draw_lookup(case, seed=0, lookup_walk=None):
+  drafter_kind, branching, rule, sampling_args = LOOKUP_CASES[case]
+  target, near = toy_setup.make_pair(VOCAB, "near", seed=1)
+  drafter = engine_lookup.NGramLookup(VOCAB, max_ngram=3, min_ngram=1)
+  decodes, _, stats = _lookup_tree(
+      target, near if drafter_kind == "lookup+near" else None,
+      jnp.asarray(test_exactness.lookup_sources(NUM_SAMPLES)),
+      jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32), jax.random.PRNGKey(seed), drafter,
+      branching, rule, sampling_args, lookup_walk)
+  return np.asarray(decodes[:, 0]), test_exactness.exact_law(target, sampling_args), stats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", tiers.newest_among(LOOKUP_CASES, ["lookup+near_deterministic"]))
+def test_lookup_branches_follow_the_target_law(case):
+  decodes, law, stats = _draw_lookup(case)
+  p_value = test_exactness.chi_square_p_value(decodes, law)
+  assert p_value > P_VALUE_FLOOR, f"{case}: p = {p_value:.2e}"
+  lookup_accepted = np.asarray(stats.lookup_accepted_tokens)[:, 0]
+  accepted = np.asarray(stats.accepted_tokens)[:, 0]
+  assert lookup_accepted.sum() > 0.05 * NUM_SAMPLES  # the branches were weighed and kept
+  assert np.all(lookup_accepted <= accepted)
+  if LOOKUP_CASES[case][0] == "lookup":
+    np.testing.assert_array_equal(lookup_accepted, accepted)
+    np.testing.assert_array_equal(stats.draft_calls, 0)  # no model: no draft call
+  else:
+    assert np.sum(accepted - lookup_accepted) > 0.05 * NUM_SAMPLES  # the model's tree too
+  # Rows copying from a source keep more lookup nodes than rows matching their output only.
+  assert lookup_accepted[::2].mean() > lookup_accepted[1::2].mean()
+
+
+_EXACT_LOOKUP_WALK = tree_rules.deterministic_walk  # what the wrong walks below are made from
+
+
+def _walk_resampling_from_the_target(target_probs, children, present):
+  """A listed child accepted with p(x), but a rejection leaves the law as it was: the next
+  token comes from p again, which a rejected child still has mass in."""
+  accept, _ = _EXACT_LOOKUP_WALK(target_probs, children, present)
+  return accept, target_probs
+
+
+def _walk_taking_absent_children(target_probs, children, present):
+  """Absent branches taken for proposals (of id 2, a word, in place of their filler 0)."""
+  del present
+  return _EXACT_LOOKUP_WALK(target_probs, jnp.maximum(children, 2),
+                            jnp.ones(children.shape, bool))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lookup_walk", [_walk_resampling_from_the_target,
+                                         _walk_taking_absent_children])
+def test_negative_controls_of_the_lookup_branches_fail(lookup_walk):
+  """The exact-law test catches a walk of the lookup's branches that keeps a rejected
+  child's mass, and one that takes absent branches for proposals."""
+  decodes, law, _ = _draw_lookup("lookup_temperature_1", lookup_walk=lookup_walk)
+  p_value = test_exactness.chi_square_p_value(decodes, law)
+  assert p_value < P_VALUE_FLOOR, f"{lookup_walk.__name__} was not caught: p = {p_value:.2e}"
+
+
+def test_a_node_of_deterministic_children_emits_the_target_law():
+  """Children x0, x1 (distinct, listed), x1 repeated and one absent: x0 is accepted with p(x0),
+  x1 with p(x1) / (1 - p(x0)), the repeat and the absent never, and the residual is p without
+  x0 and x1, renormalized: the emitted token is distributed as p."""
+  p = jnp.asarray([0.0, 0.1, 0.2, 0.3, 0.4])
+  accept, residual = tree_rules.deterministic_walk(
+      p, jnp.asarray([3, 4, 4, 2]), jnp.asarray([True, True, True, False]))
+  np.testing.assert_allclose(accept, [0.3, 0.4 / 0.7, 0.0, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(residual, [0.0, 1 / 3, 2 / 3, 0.0, 0.0], rtol=1e-6)
+  reject = np.cumprod(1 - np.asarray(accept))
+  emitted = np.asarray(residual) * reject[-1]
+  emitted[3] += accept[0]
+  emitted[4] += reject[0] * accept[1]
+  np.testing.assert_allclose(emitted, p, atol=1e-6)
+
+
+def test_lookup_branches_are_every_earlier_match_one_per_first_token():
+  """Hand-made rows: matches in the source (stopped by its padding) and in the output (copied
+  on past the row's end, the repeat's period), one branch per distinct first token, the
+  longest match first, absent branches where a row has fewer matches."""
+  source = jnp.asarray([[5, 6, 7, 5, 6, 9, 0, 0],   # "5 6" continues with 7 and 9
+                        [8, 8, 8, 8, 8, 8, 8, 8],   # no match
+                        [3, 4, 0, 0, 0, 0, 0, 0]])  # "4" ends the source: nothing follows
+  sequences = jnp.asarray([[0, 6, 3, 5, 6, 0],      # suffix "5 6" at index 4, "6" at 1
+                           [0, 2, 3, 0, 0, 0],      # suffix "3": nothing earlier
+                           [0, 4, 2, 4, 0, 0]])     # "4" at 1, then "2 4": period 2
+  tokens, present = engine_lookup.branches(
+      source, sequences, jnp.asarray([4, 2, 3]), num_branches=3, depth=4, max_ngram=3,
+      min_ngram=1)
+  np.testing.assert_array_equal(present, [
+      [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]],
+      [[0, 0, 0, 0]] * 3,
+      [[1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]]])
+  # Two source matches of "5 6" (the input's first, longest, first), then the output's "6".
+  np.testing.assert_array_equal(tokens[0], [[7, 5, 6, 9], [9, 0, 0, 0], [3, 5, 6, 3]])
+  np.testing.assert_array_equal(tokens[2], [[2, 4, 2, 4], [0] * 4, [0] * 4])
+
+
+@pytest.mark.parametrize("drafter_kind,branching,rule", [
+    ("lookup", (), "most_likely"), ("lookup+near", (2, 1), "most_likely"),
+    ("lookup+near", (2, 1), "deterministic")])
+def test_greedy_lookup_trees_decode_the_targets(drafter_kind, branching, rule):
+  """Rows copying the target's own greedy output (the lookup's branches accepted whole), a
+  shuffled copy, random words and nothing, with forced prompts: `temperature_sample`'s
+  decodes and scores."""
+  target, near = toy_setup.make_pair(TOY_VOCAB, "near", seed=2, eos_shift=-2.0)
+  rng = np.random.default_rng(1)
+  inputs = jnp.asarray(toy_setup.random_prompts(rng, 8, TOY_LENGTH, TOY_VOCAB, 2))
+  want = jax.jit(lambda inputs: decoding.temperature_sample(
+      inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
+      temperature=0.0))(inputs)
+  source = np.array(want[0][:, 0])
+  source[2::4] = rng.permuted(source[2::4], axis=1)
+  source[1::4] = rng.integers(2, TOY_VOCAB, source[1::4].shape)
+  source[3::4] = 0
+  drafter = engine_lookup.NGramLookup(TOY_VOCAB, max_ngram=3, min_ngram=1)
+  got = _lookup_tree(target, near if drafter_kind == "lookup+near" else None,
+                     jnp.asarray(source), inputs, jax.random.PRNGKey(0), drafter, branching,
+                     rule, GREEDY)
+  _check_greedy(got, want, lengths_differ=False)
+  lookup_accepted = np.asarray(got[2].lookup_accepted_tokens)[:, 0]
+  assert lookup_accepted[::4].sum() > lookup_accepted[3::4].sum()  # copies are taken
+
+
+def test_greedy_lookup_trees_through_the_decoder_on_t5():
+  """`core.Decoder` with draft_source 'lookup' and 'lookup+model' (a smaller T5) on a tiny T5
+  target at batch 4: the target's greedy decodes."""
+  target_config, target_params = _tiny_t5(32, 32, 2, 0)
+  draft_config, draft_params = _tiny_t5(32, 16, 1, 1)
+  encoder_tokens = np.random.default_rng(0).integers(2, 32, (4, 7)).astype(np.int32)
+  encoder_tokens[3, 4:] = 0
+  batch = {"encoder_input_tokens": encoder_tokens,
+           "decoder_input_tokens": np.zeros((4, 12), np.int32)}
+  target = network.Transformer(target_config)
+  want, _ = core.Decoder.create("temperature_sample", target, temperature=0.0).predict(
+      target_params, None, batch, eos_id=EOS)
+  for source, model, weights, branching in (
+      ("lookup", None, None, ()),
+      ("lookup+model", network.Transformer(draft_config), draft_params, (2, 1))):
+    decoder = core.Decoder.create(
+        "speculative_tree_sample", target, core.make_draft(source, model), temperature=0.0,
+        tree_branching=branching, tree_rule="most_likely", lookup_branches=3, lookup_depth=3)
+    got, aux = decoder.predict(target_params, weights, batch, eos_id=EOS)
+    np.testing.assert_array_equal(got, want)
+    assert np.sum(aux["lookup_accepted_tokens"]) > 0, source

@@ -109,6 +109,7 @@ class TreeStats(_Counters):
   draft_calls: jax.Array
   tree_nodes: jax.Array  # nodes the target scored, summed over its iterations
   accepted_tokens: jax.Array  # drafted nodes accepted and kept (not past EOS/limit)
+  lookup_accepted_tokens: jax.Array  # of accepted_tokens: nodes of n-gram lookup branches
   generated_tokens: jax.Array  # tokens committed (accepted + the next token, cut at EOS)
   accepted_depths: jax.Array  # [N, D + 1]: entry a counts the iterations that accepted a nodes
 
@@ -126,4 +127,5 @@ class TreeStats(_Counters):
   @classmethod
   def zeros(cls, num_rows: int, max_depth: int) -> "TreeStats":
     zero = jnp.zeros((num_rows,), jnp.int32)
-    return cls(zero, zero, zero, zero, zero, jnp.zeros((num_rows, max_depth + 1), jnp.int32))
+    return cls(zero, zero, zero, zero, zero, zero,
+               jnp.zeros((num_rows, max_depth + 1), jnp.int32))

@@ -27,6 +27,13 @@ of depth D; at the start, the token at i alone), both caches holding the positio
 The caches end as if the path had been decoded because the next iteration feeds it to both.
 Exactness: each iteration emits tokens with the target's law given the prefix (the rule's
 walk, `tree_rules`); the tree's shape is static and its tokens come from the draft alone.
+Lookup branches: with an n-gram lookup draft (`lookup`), `lookup_branches` chains of
+`lookup_depth` tokens copied after earlier matches of the row's suffix (`lookup.branches`)
+hang from the root beside the model's tree (or alone: no draft call at all). They are
+deterministic children: the walk tries the root's lookup children first, each accepted with
+the target's residual probability (`tree_rules.deterministic_walk`; a branch a row lacks is
+absent, never accepted), then the model's children, drawn and verified from q with the
+lookup's children removed; below a lookup node, its branch's next token is its one child.
 A model that takes no tree call (it never reads the contract's token_positions and
 token_mask) is given chain calls instead, one per node's path
 (`speculative_beam_search.path_logits`; the stats count every call).
@@ -46,6 +53,7 @@ import numpy as np
 
 from spec_decode.engine import contract
 from spec_decode.engine import decode_rows
+from spec_decode.engine import lookup
 from spec_decode.engine import loops
 from spec_decode.engine import sampling
 from spec_decode.engine import speculative_beam_search
@@ -58,59 +66,118 @@ TREE_FIELDS = ("token_positions", "token_mask")
 
 @dataclasses.dataclass(frozen=True)
 class TreeShape:
-  """The static tree of `branching`: nodes numbered depth by depth, node (d, j) the j-th of
-  depth d (1..D), its parent (d - 1, j // branching[d - 1])."""
+  """The static tree of `branching` (the draft model's nodes, numbered depth by depth: node
+  (d, j) the j-th of depth d (1..D), its parent (d - 1, j // branching[d - 1])), then
+  `lookup_branches` chains of `lookup_depth` nodes hanging from the root (the lookup's
+  branches, branch b's node at depth d numbered `lookup_node(b, d)`)."""
   branching: tuple[int, ...]
+  lookup_branches: int = 0
+  lookup_depth: int = 0
 
   @property
-  def max_depth(self) -> int:
+  def model_depth(self) -> int:
     return len(self.branching)
 
   @property
+  def max_depth(self) -> int:
+    return max(self.model_depth, self.lookup_depth if self.lookup_branches else 0)
+
+  @property
   def widths(self) -> tuple[int, ...]:
-    """Nodes per depth, 1 (the root) first."""
-    return tuple(int(np.prod(self.branching[:d])) for d in range(self.max_depth + 1))
+    """The model's nodes per depth, 1 (the root) first."""
+    return tuple(int(np.prod(self.branching[:d])) for d in range(self.model_depth + 1))
 
   @property
   def offsets(self) -> tuple[int, ...]:
-    """The id of each depth's first node (depth 1 at 0), and the node count last."""
+    """The id of each depth's first model node (depth 1 at 0), and their count last."""
     return tuple(int(x) for x in np.cumsum((0,) + self.widths[1:]))
 
   @property
-  def num_nodes(self) -> int:
+  def num_model_nodes(self) -> int:
     return self.offsets[-1]
+
+  @property
+  def num_nodes(self) -> int:
+    """Every node the target scores: the model's, then the lookup's."""
+    return self.num_model_nodes + self.lookup_branches * self.lookup_depth
+
+  def lookup_node(self, branch: Any, depth: Any) -> Any:
+    """The id of lookup branch `branch`'s node at `depth` (1..lookup_depth)."""
+    return self.num_model_nodes + branch * self.lookup_depth + depth - 1
 
   def depths(self) -> np.ndarray:
     """[T] each node's depth, 1..D."""
-    return np.repeat(np.arange(1, self.max_depth + 1), self.widths[1:])
+    model = np.repeat(np.arange(1, self.model_depth + 1), self.widths[1:])
+    return np.concatenate([model, np.tile(np.arange(1, self.lookup_depth + 1),
+                                          self.lookup_branches)]).astype(np.int32)
 
   def ancestors(self) -> np.ndarray:
     """[T, T] node q' is an ancestor of (or is) node q."""
     mask = np.eye(self.num_nodes, dtype=bool)
-    for depth in range(2, self.max_depth + 1):
+    for depth in range(2, self.model_depth + 1):
       for j in range(self.widths[depth]):
         node = self.offsets[depth - 1] + j
         parent = self.offsets[depth - 2] + j // self.branching[depth - 1]
         mask[node] |= mask[parent]
+    for branch in range(self.lookup_branches):
+      for depth in range(2, self.lookup_depth + 1):
+        node = self.lookup_node(branch, depth)
+        mask[node] |= mask[node - 1]
     return mask
+
+
+def _is_count(value: Any, least: int) -> bool:
+  return (not isinstance(value, bool) and isinstance(value, (int, np.integer))
+          and value >= least)
 
 
 def check_tree_settings(tree_branching: Sequence[int] = (4, 2, 1),
                         tree_rule: str | tree_rules.TreeRule = "multi_round",
-                        temperature: Any = 1.0,
-                        **sampling_settings: Any) -> None:
+                        temperature: Any = 1.0, lookup_branches: int = 0,
+                        lookup_depth: int | None = None, **sampling_settings: Any) -> None:
   """ValueError for a tree shape, rule or sampling setting `speculative_tree_sample` cannot
   run with."""
-  if (not isinstance(tree_branching, (tuple, list)) or not tree_branching
-      or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1
-             for b in tree_branching)):
+  if not _is_count(lookup_branches, 0):
+    raise ValueError(f"lookup_branches must be an integer >= 0 (the n-gram lookup's branches "
+                     f"at the root), got {lookup_branches!r}")
+  if lookup_branches and not _is_count(lookup_depth, 1):
+    raise ValueError(f"lookup_depth must be an integer >= 1 (the tokens each of the "
+                     f"{lookup_branches} lookup branches copies), got {lookup_depth!r}")
+  if not lookup_branches and lookup_depth is not None:
+    raise ValueError(f"lookup_depth {lookup_depth!r} is set but lookup_branches is 0: no "
+                     f"lookup branch to take it")
+  if (not isinstance(tree_branching, (tuple, list))
+      or not (tree_branching or lookup_branches)
+      or any(not _is_count(b, 1) for b in tree_branching)):
     raise ValueError(f"tree_branching must be a non-empty sequence of integers >= 1 (children "
-                     f"per node at each depth), got {tree_branching!r}")
+                     f"per node at each depth; empty only beside lookup branches), got "
+                     f"{tree_branching!r}")
   rule = tree_rules.get_rule(tree_rule) if isinstance(tree_rule, str) else tree_rule
   if rule.greedy_only and not sampling.is_greedy(temperature):
     raise ValueError(f"tree_rule {rule.name!r} is exact only at a greedy temperature (a number "
                      f"<= {sampling.GREEDY_TEMPERATURE}), got temperature {temperature!r}")
   sampling.check_settings(temperature=temperature, **sampling_settings)
+
+
+def _lookup_parts(draft_tokens_to_logits: TokensToLogits, draft_cache: Any,
+                  shape: "TreeShape") -> tuple[Any, TokensToLogits | None]:
+  """(the lookup, or None without lookup branches; the draft model's tokens_to_logits, None
+  for a lookup alone). ValueError for lookup branches without a lookup draft, a model tree
+  without a model, or a model without a tree."""
+  if not shape.lookup_branches:
+    return None, draft_tokens_to_logits
+  parts = lookup.parts(draft_tokens_to_logits, draft_cache)
+  if parts is None:
+    raise ValueError(f"lookup_branches {shape.lookup_branches} needs an n-gram lookup draft "
+                     f"(draft_source 'lookup' or 'lookup+model'), not another draft")
+  drafter, _, model, _ = parts
+  if model is None and shape.branching:
+    raise ValueError(f"a lookup draft alone has no model to expand tree_branching "
+                     f"{shape.branching}: set tree_branching to () (lookup branches only)")
+  if model is not None and not shape.branching:
+    raise ValueError("tree_branching () leaves the draft model of 'lookup+model' unused: give "
+                     "its tree, or draft with the lookup alone")
+  return drafter, model
 
 
 @flax.struct.dataclass
@@ -130,6 +197,7 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
                             draft_tokens_to_logits: TokensToLogits,
                             tree_branching: Sequence[int] = (4, 2, 1),
                             tree_rule: str | tree_rules.TreeRule = "multi_round",
+                            lookup_branches: int = 0, lookup_depth: int | None = None,
                             decode_rng: jax.Array | None = None, num_decodes: int = 1,
                             temperature: float = 1.0, topk: int = 0, topp: float = 0.0,
                             max_decode_steps: int | None = None,
@@ -140,13 +208,18 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
   """Token-tree speculative sampling (see the module docstring): `temperature_sample`'s law.
 
   `tree_branching[d]`: children per node at depth d; `tree_rule` names a rule of
-  `spec_decode.engine.tree_rules` ('multi_round', 'without_replacement'; 'most_likely' at a
-  greedy temperature) or is a `tree_rules.TreeRule`. Returns (decodes [B, num_decodes, L],
-  log_probs [B, num_decodes]: the target's, as `temperature_sample` scores the same tokens,
-  stats: TreeStats with [B, num_decodes] fields).
+  `spec_decode.engine.tree_rules` ('multi_round', 'without_replacement', 'deterministic';
+  'most_likely' at a greedy temperature) or is a `tree_rules.TreeRule`. With an n-gram lookup
+  draft (`lookup.NGramLookup.tokens_to_logits`, or `lookup.with_model`'s), `lookup_branches`
+  earlier matches of the row's suffix hang from the root as branches of `lookup_depth` copied
+  tokens each, beside the model's tree (a lookup alone: `tree_branching` ()). Returns (decodes
+  [B, num_decodes, L], log_probs [B, num_decodes]: the target's, as `temperature_sample`
+  scores the same tokens, stats: TreeStats with [B, num_decodes] fields).
   """
-  check_tree_settings(tree_branching, tree_rule, temperature)
-  shape = TreeShape(tuple(int(b) for b in tree_branching))
+  check_tree_settings(tree_branching, tree_rule, temperature, lookup_branches, lookup_depth)
+  shape = TreeShape(tuple(int(b) for b in tree_branching), int(lookup_branches),
+                    int(lookup_depth or 0))
+  drafter, model = _lookup_parts(draft_tokens_to_logits, draft_cache, shape)
   rule = tree_rules.get_rule(tree_rule) if isinstance(tree_rule, str) else tree_rule
   problem, rows = decode_rows.setup(
       inputs, eos_id=eos_id, num_decodes=num_decodes, initial_index=initial_index,
@@ -156,15 +229,20 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
       block_size=shape.max_depth + 1)
   batch_size, max_decode_len = inputs.shape
   if shape.max_depth > max_decode_len:
-    raise ValueError(f"tree_branching {shape.branching} is {shape.max_depth} deep, deeper than "
-                     f"the {max_decode_len} tokens a decode holds (max_decode_len): nodes past "
+    what = (f"tree_branching {shape.branching}" if shape.model_depth == shape.max_depth
+            else f"lookup_depth {shape.lookup_depth}")
+    raise ValueError(f"{what} is {shape.max_depth} deep, deeper than the {max_decode_len} "
+                     f"tokens a decode holds (max_decode_len): nodes past "
                      f"depth {max_decode_len} could never be kept")
   cache, draft_cache = decode_rows.expand((cache, draft_cache), num_decodes)
   num_rows = rows.index.shape[0]
-  # Per iteration: one draw per drafted node, one per child tried, one for the next token.
-  uniforms = sampling.decode_uniforms(decode_rng, *rows.sequences.shape,
-                                      shape.num_nodes + sum(shape.branching) + 1)
-  step = functools.partial(_tree_step, problem, tokens_to_logits, draft_tokens_to_logits,
+  # Per iteration: one draw per drafted node, one per model child tried, one for the next
+  # token, then one per lookup child tried.
+  lookup_tries = shape.lookup_branches + max(shape.lookup_depth - 1, 0)
+  uniforms = sampling.decode_uniforms(
+      decode_rng, *rows.sequences.shape,
+      shape.num_model_nodes + sum(shape.branching) + 1 + lookup_tries)
+  step = functools.partial(_tree_step, problem, tokens_to_logits, model, drafter,
                            shape=shape, rule=rule, decode_uniforms=uniforms)
   initial = TreeLoopState(rows, jnp.ones((num_rows,), jnp.int32), cache, draft_cache,
                           TreeStats.zeros(num_rows, shape.max_depth), jnp.int32(0))
@@ -237,80 +315,152 @@ def _target_call(tokens_to_logits: TokensToLogits, shape: TreeShape, *, start: j
   return jnp.concatenate([root, nodes.astype(root.dtype)], axis=1), cache, 1 + num_nodes
 
 
+def _model_cache(draft_cache: Any, drafter: Any) -> Any:
+  """The draft model's part of the draft's cache (`lookup.init_combined_cache` with a lookup)."""
+  return draft_cache if drafter is None else draft_cache["model"]
+
+
 def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
-               draft_tokens_to_logits: TokensToLogits, state: TreeLoopState, *,
-               shape: TreeShape, rule: tree_rules.TreeRule, decode_uniforms: jax.Array
-               ) -> TreeLoopState:
+               draft_tokens_to_logits: TokensToLogits | None, drafter: Any,
+               state: TreeLoopState, *, shape: TreeShape, rule: tree_rules.TreeRule,
+               decode_uniforms: jax.Array) -> TreeLoopState:
   rows, num_pending = state.rows, state.num_pending
   uniforms = sampling.iteration_uniforms(decode_uniforms, state.iteration)
   num_rows = rows.index.shape[0]
   row_ids = jnp.arange(num_rows)
   index, max_depth, widths, offsets = rows.index, shape.max_depth, shape.widths, shape.offsets
+  model_depth, num_model_nodes = shape.model_depth, shape.num_model_nodes
   depths = jnp.asarray(shape.depths())
   start = index - num_pending + 1
   chain = decode_rows.gather(rows.sequences, start[:, None] + jnp.arange(max_depth + 1))
   node_positions = index[:, None] + depths  # [N, T]
+  walk = uniforms[:, num_model_nodes:]
+  lookup_walk = walk[:, sum(shape.branching) + 1:]
+
+  # 0. The lookup's branches: tokens [N, M, Dl], copied from the source and the output.
+  if drafter is not None:
+    lookup_cache = state.draft_cache if draft_tokens_to_logits is None else (
+        state.draft_cache["lookup"])
+    lookup_ids, lookup_present = lookup.branches(
+        lookup_cache.source, rows.sequences, index, num_branches=shape.lookup_branches,
+        depth=shape.lookup_depth, max_ngram=drafter.max_ngram, min_ngram=drafter.min_ngram)
+    root_lookup = jnp.where(lookup_present[:, :, 0], lookup_ids[:, :, 0], -1)  # -1: no id
+  else:
+    lookup_ids = jnp.zeros((num_rows, 0, 0), jnp.int32)
 
   # 1. The draft: q at the root from the pending chain, then depth by depth.
-  draft_logits, draft_cache = contract.logits_of_one(
-      draft_tokens_to_logits, DecodingState(start, chain, rows.sequences, state.draft_cache),
-      num_pending - 1)
-  draft_logits, draft_calls = draft_logits[:, None], 1
-  draft_laws, ids, fed = [], jnp.zeros((num_rows, 0), jnp.int32), None
-  for depth in range(max_depth):
+  draft_laws, ids, draft_calls = [], jnp.zeros((num_rows, 0), jnp.int32), 0
+  draft_cache = state.draft_cache
+  if model_depth:
+    model_cache = _model_cache(state.draft_cache, drafter)
+    draft_logits, model_cache = contract.logits_of_one(
+        draft_tokens_to_logits, DecodingState(start, chain, rows.sequences, model_cache),
+        num_pending - 1)
+    draft_logits, draft_calls = draft_logits[:, None], 1
+  for depth in range(model_depth):
     positions = jnp.broadcast_to((index + depth + 1)[:, None], draft_logits.shape[:2])
     q = decode_rows.target_probs(problem, draft_logits, positions)  # [N, n_d, V]
+    if depth == 0 and drafter is not None:
+      # The model's children of the root are drawn with the lookup's removed: q_k fixed by
+      # the (deterministic) lookup children tried before them.
+      removed = jnp.any(jax.nn.one_hot(root_lookup, q.shape[-1]) > 0, axis=1)[:, None]
+      q = jnp.where(removed, 0.0, q)
+      draft_logits = jnp.where(removed, -jnp.inf, draft_logits)
     draft_laws.append(q)
     draws = uniforms[:, offsets[depth]:offsets[depth + 1]].reshape(
         num_rows, widths[depth], shape.branching[depth])
     ids = jnp.concatenate([ids, rule.draw(q, draft_logits, draws).reshape(num_rows, -1)],
                           axis=1)
     fed = decode_rows.with_forced(problem, ids, node_positions[:, :ids.shape[1]])
-    if depth + 1 < max_depth:
+    if depth + 1 < model_depth:
       fed_all = jnp.pad(fed, ((0, 0), (0, shape.num_nodes - fed.shape[1])))
-      draft_logits, draft_cache, calls = _node_logits(
+      draft_logits, model_cache, calls = _node_logits(
           draft_tokens_to_logits, shape, index=index, sequences=rows.sequences,
-          cache=draft_cache, fed=fed_all, depth=depth + 1)
+          cache=model_cache, fed=fed_all, depth=depth + 1)
       draft_calls += calls
+  if model_depth:
+    draft_cache = model_cache if drafter is None else {**state.draft_cache,
+                                                       "model": model_cache}
+  ids = jnp.concatenate([ids, lookup_ids.reshape(num_rows, -1)], axis=1)  # every node's id
+  fed = decode_rows.with_forced(problem, ids, node_positions)
 
   # 2. The target's one call.
   logits, cache, target_calls = _target_call(
       tokens_to_logits, shape, start=start, index=index, num_pending=num_pending, chain=chain,
       fed=fed, sequences=rows.sequences, cache=state.cache)
-  if logits.shape[-1] != draft_logits.shape[-1]:
+  if model_depth and logits.shape[-1] != draft_logits.shape[-1]:
     raise ValueError(f"target and draft vocabulary sizes differ: target logits have "
                      f"{logits.shape[-1]} entries, draft logits {draft_logits.shape[-1]}")
   target_laws = decode_rows.target_probs(
       problem, logits, jnp.concatenate([index[:, None], node_positions], axis=1) + 1)
 
-  # 3. The walk: slot 0 is the root, slot 1 + t node t.
-  walk = uniforms[:, shape.num_nodes:]
+  # 3. The walk: slot 0 is the root, slot 1 + t node t. At each depth the row's node tries its
+  # lookup children (the root: one per branch; a lookup node: the next of its branch) first,
+  # then its model children from what they left (the residual).
   slot = jnp.zeros((num_rows,), jnp.int32)
-  node_in_depth = jnp.zeros((num_rows,), jnp.int32)
+  node_in_depth = jnp.zeros((num_rows,), jnp.int32)  # of a model node
+  branch = jnp.full((num_rows,), -1, jnp.int32)  # of a lookup node; -1: a model node or root
   walking = jnp.ones((num_rows,), bool)
   final_law = target_laws[:, 0]
   path_ids, path_slots = [], [slot]
   num_accepted = jnp.zeros((num_rows,), jnp.int32)
-  used = 0
+  lookup_accepted = jnp.zeros((num_rows,), jnp.int32)
+  used, lookup_used = 0, 0
   for depth in range(max_depth):
-    width = shape.branching[depth]
-    child_ids = offsets[depth] + node_in_depth[:, None] * width + jnp.arange(width)
-    children = jnp.take_along_axis(ids, child_ids, axis=1)
-    accept, residual = rule.verify(target_laws[row_ids, slot],
-                                   draft_laws[depth][row_ids, node_in_depth], children)
-    accepted = walk[:, used:used + width] < accept
-    used += width
-    first = jnp.argmax(accepted, axis=1)
-    took = walking & jnp.any(accepted, axis=1)
+    law = target_laws[row_ids, slot]
+    took, child_id = jnp.zeros((num_rows,), bool), jnp.zeros((num_rows,), jnp.int32)
+    to_slot, to_branch, to_node = slot, branch, node_in_depth
+    residual = law
+    if drafter is not None and depth < shape.lookup_depth:
+      if depth == 0:
+        tried = jnp.arange(shape.lookup_branches)
+        children = lookup_ids[:, :, 0]
+        present = lookup_present[:, :, 0]
+      else:
+        tried = jnp.maximum(branch, 0)[:, None]
+        children = jnp.take_along_axis(lookup_ids[:, :, depth], tried, axis=1)
+        present = jnp.take_along_axis(lookup_present[:, :, depth], tried, axis=1) & (
+            branch >= 0)[:, None]
+      accept, residual = tree_rules.deterministic_walk(law, children, present)
+      width = children.shape[1]
+      accepted = lookup_walk[:, lookup_used:lookup_used + width] < accept
+      lookup_used += width
+      first = jnp.argmax(accepted, axis=1)
+      took = jnp.any(accepted, axis=1)
+      child_id = jnp.take_along_axis(children, first[:, None], axis=1)[:, 0]
+      to_branch = jnp.where(took, jnp.take_along_axis(
+          jnp.broadcast_to(tried, children.shape), first[:, None], axis=1)[:, 0], branch)
+      to_slot = jnp.where(took, 1 + shape.lookup_node(to_branch, depth + 1), slot)
+    if depth < model_depth:
+      width = shape.branching[depth]
+      on_model = branch < 0  # the root, or a model node
+      child_ids = offsets[depth] + node_in_depth[:, None] * width + jnp.arange(width)
+      children = jnp.take_along_axis(ids, child_ids, axis=1)
+      accept, model_residual = rule.verify(
+          residual, draft_laws[depth][row_ids, node_in_depth], children)
+      accepted = (walk[:, used:used + width] < accept) & (on_model & ~took)[:, None]
+      used += width
+      first = jnp.argmax(accepted, axis=1)
+      took_model = jnp.any(accepted, axis=1)
+      residual = jnp.where(on_model[:, None], model_residual, residual)
+      child_id = jnp.where(took_model, jnp.take_along_axis(children, first[:, None],
+                                                           axis=1)[:, 0], child_id)
+      to_slot = jnp.where(took_model, 1 + offsets[depth] + node_in_depth * width + first,
+                          to_slot)
+      to_node = jnp.where(took_model, node_in_depth * width + first, node_in_depth)
+      took = took | took_model
+    took &= walking
     final_law = jnp.where((walking & ~took)[:, None], residual, final_law)
-    path_ids.append(jnp.take_along_axis(children, first[:, None], axis=1)[:, 0])
-    slot = jnp.where(took, 1 + offsets[depth] + node_in_depth * width + first, slot)
-    node_in_depth = jnp.where(took, node_in_depth * width + first, node_in_depth)
+    path_ids.append(child_id)
+    slot = jnp.where(took, to_slot, slot)
+    node_in_depth = jnp.where(took, to_node, node_in_depth)
+    lookup_accepted += took & (to_branch >= 0)
+    branch = jnp.where(took, to_branch, branch)
     path_slots.append(slot)
     num_accepted += took
     walking = took
   final_law = jnp.where(walking[:, None], target_laws[row_ids, slot], final_law)
-  next_token = sampling.sample_from_uniform(walk[:, used], final_law)
+  next_token = sampling.sample_from_uniform(walk[:, sum(shape.branching)], final_law)
 
   block = jnp.arange(max_depth + 1)
   candidates = jnp.where(block == num_accepted[:, None], next_token[:, None],
@@ -323,11 +473,14 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
   active = ~rows.done
   count = lambda x: jnp.where(active, x, 0).astype(jnp.int32)
   stats = state.stats
+  # A path is the lookup's or the model's whole (lookup branches hang from the root).
+  kept = jnp.minimum(num_accepted, num_committed)
   stats = TreeStats(
       target_calls=stats.target_calls + count(target_calls),
       draft_calls=stats.draft_calls + count(draft_calls),
       tree_nodes=stats.tree_nodes + count(shape.num_nodes),
-      accepted_tokens=stats.accepted_tokens + jnp.minimum(num_accepted, num_committed),
+      accepted_tokens=stats.accepted_tokens + kept,
+      lookup_accepted_tokens=stats.lookup_accepted_tokens + jnp.minimum(lookup_accepted, kept),
       generated_tokens=stats.generated_tokens + num_committed,
       accepted_depths=stats.accepted_depths + (
           active[:, None] & (num_accepted[:, None] == block)).astype(jnp.int32))

@@ -29,6 +29,19 @@ was drafted from the draft alone, so the walk below it is exact in turn.
                        left (q's support exhausted) is never accepted.
   most_likely          greedy only (every law a point mass): the children are the draft's b
                        likeliest tokens, one is accepted when it is the target's token.
+  deterministic        the draft's b likeliest tokens at any temperature: children fixed by
+                       what was drafted before them, not drawn, so q_k is the point mass at
+                       child k. Child k is accepted with probability r_k(x_k), the target's
+                       residual probability of it (min(1, r_k(x_k) / 1)), and a rejection
+                       removes it: r_{k+1} = r_k with x_k taken out, renormalized (max(r_k -
+                       delta, 0) is r_k without x_k). The argument above holds for any q_k fixed
+                       before child k is tried, a point mass included, so the walk emits p.
+                       A child repeated (or marked absent, `deterministic_walk`) has q_k's mass
+                       on an id of residual 0, or none: it is never accepted and changes
+                       nothing. At a greedy temperature it accepts what most_likely accepts.
+
+`deterministic_walk` verifies any deterministic children so, with a mask of the absent ones:
+the branches an n-gram lookup copies from the input and the output (`token_tree`).
 """
 
 import dataclasses
@@ -64,7 +77,7 @@ def _normalize_or(weights: jax.Array, fallback: jax.Array) -> jax.Array:
   return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), fallback)
 
 
-def _without(probs: jax.Array, tokens: jax.Array) -> jax.Array:
+def without(probs: jax.Array, tokens: jax.Array) -> jax.Array:
   """`probs [..., V]` with the ids `tokens [..., n]` removed (unnormalized)."""
   removed = jnp.any(tokens[..., :, None] == jnp.arange(probs.shape[-1]), axis=-2)
   return jnp.where(removed, 0.0, probs)
@@ -77,7 +90,7 @@ def _child_laws(draft_probs: jax.Array, children: jax.Array, with_replacement: b
   if with_replacement:
     return jnp.broadcast_to(draft_probs[..., None, :],
                             children.shape + draft_probs.shape[-1:])
-  return jnp.stack([_without(draft_probs, children[..., :k]) for k in range(num_children)],
+  return jnp.stack([without(draft_probs, children[..., :k]) for k in range(num_children)],
                    axis=-2)
 
 
@@ -115,7 +128,7 @@ def draw_without_replacement(draft_probs: jax.Array, draft_logits: jax.Array,
   for k in range(uniforms.shape[-1]):
     before = jnp.stack(children, axis=-1) if children else uniforms[..., :0].astype(jnp.int32)
     children.append(sampling.sample_from_uniform(uniforms[..., k],
-                                                 _without(draft_probs, before)))
+                                                 without(draft_probs, before)))
   return jnp.stack(children, axis=-1)
 
 
@@ -135,6 +148,32 @@ def draw_likeliest(draft_probs: jax.Array, draft_logits: jax.Array,
   position, where the point mass is not its logits' argmax)."""
   scores = jnp.where(draft_probs > 0, jnp.inf, draft_logits.astype(jnp.float32))
   return jax.lax.top_k(scores, uniforms.shape[-1])[1].astype(jnp.int32)
+
+
+def draw_top(draft_probs: jax.Array, draft_logits: jax.Array,
+             uniforms: jax.Array) -> jax.Array:
+  """The b ids of the largest draft probabilities (a point mass's id first: at a forced
+  position, the forced id's stand-in)."""
+  del draft_logits
+  return jax.lax.top_k(draft_probs, uniforms.shape[-1])[1].astype(jnp.int32)
+
+
+def deterministic_walk(target_probs: jax.Array, children: jax.Array, present: jax.Array
+                       ) -> tuple[jax.Array, jax.Array]:
+  """Recursive rejection sampling of deterministic `children [..., b]` (each the point mass
+  q_k = delta(x_k), the module docstring's 'deterministic'); `present [..., b]` False marks an
+  absent child (no proposal: q_k has no mass), never accepted, the residual left as it was.
+  -> (accept_probs [..., b], residual [..., V])."""
+  vocab_size = target_probs.shape[-1]
+  laws = jax.nn.one_hot(children, vocab_size, dtype=target_probs.dtype)
+  return rejection_walk(target_probs, jnp.where(present[..., None], laws, 0.0), children)
+
+
+def deterministic(target_probs, draft_probs, children):
+  """Deterministic children (the draft's likeliest, `draw_top`), each accepted with the
+  target's residual probability of it."""
+  del draft_probs
+  return deterministic_walk(target_probs, children, jnp.ones(children.shape, bool))
 
 
 def most_likely(target_probs, draft_probs, children):
@@ -162,3 +201,4 @@ def get_rule(name: str) -> TreeRule:
 register_rule(TreeRule("multi_round", draw_with_replacement, multi_round))
 register_rule(TreeRule("without_replacement", draw_without_replacement, without_replacement))
 register_rule(TreeRule("most_likely", draw_likeliest, most_likely, greedy_only=True))
+register_rule(TreeRule("deterministic", draw_top, deterministic))

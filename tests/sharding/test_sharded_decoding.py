@@ -77,11 +77,14 @@ def _single_device_speculative(params, draft_params, encoder_input_tokens, decod
 
 
 def _partition_decoders(partitioner, target=TARGET, draft=DRAFT, draft_logical_axis_rules=None,
-                        num_decodes=1, **settings):
+                        num_decodes=1, loop="speculative_sample", draft_source="model",
+                        lookup_min_ngram=None, **settings):
   """The core's decoders (`core.Decoder.predict`, all decodes, decoder inputs forced as
   prompts) partitioned on the layout of target and draft: .baseline(params, encoder tokens,
   decoder inputs, rng) and .speculative(params, draft params, ...) -> (decodes [B, n, L],
-  scores [B, n], aux), and the parameters' shardings."""
+  scores [B, n], aux), and the parameters' shardings. `loop` (gamma GAMMA for
+  'speculative_sample') with the drafts of `draft_source` (`core.make_draft`, its lookup's
+  `lookup_min_ngram`)."""
   layout = decode_layout.decode_layout(partitioner, target, draft, draft_logical_axis_rules)
 
   def partitioned(decoder):
@@ -95,8 +98,12 @@ def _partition_decoders(partitioner, target=TARGET, draft=DRAFT, draft_logical_a
     kinds = ("target", "draft" if decoder.uses_draft else None, "batch", "batch", "replicated")
     return layout.partition(decode, kinds)
 
-  speculative = core.Decoder.create("speculative_sample", network.Transformer(target),
-                                    network.Transformer(draft), gamma=GAMMA, **settings)
+  if loop == "speculative_sample":
+    settings = {"gamma": GAMMA, **settings}
+  speculative = core.Decoder.create(
+      loop, network.Transformer(target),
+      core.make_draft(draft_source, None if draft is None else network.Transformer(draft),
+                      lookup_min_ngram=lookup_min_ngram), **settings)
   baseline = partitioned(speculative.baseline())
   return types.SimpleNamespace(
       params_shardings=layout.params_shardings,
