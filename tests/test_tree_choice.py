@@ -66,7 +66,7 @@ def test_the_choice_follows_the_platforms_costs():
   assert best.branching == (1, 2) and best.tokens_per_call == pytest.approx(1.9)
   linear = {k: float(k) for k in range(1, 40)}  # every fed token costs as much as a call
   assert tree_choice.rank_trees(acceptance, 3, 2, linear)[0].branching == (1,)
-  with pytest.raises(ValueError, match="target_costs gives widths"):
+  with pytest.raises(ValueError, match="call costs give widths"):
     tree_choice.rank_trees(acceptance, 3, 2, {1: 1.0, 4: 1.2})
 
 

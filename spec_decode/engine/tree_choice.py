@@ -77,15 +77,15 @@ def call_widths(branching: Sequence[int]) -> tuple[int, list[int]]:
 def node_widths(branching: Sequence[int]) -> tuple[int, list[int]]:
   """(the target call's width, the draft calls' widths) of one iteration of the tree when each
   call feeds only the tokens new to it (Theorem 3.8's accounting; the module docstring)."""
-  shape = token_tree.TreeShape(tuple(branching))
-  return 1 + shape.num_nodes, list(shape.widths[:-1])
+  widths = [1] + list(itertools.accumulate(branching, lambda width, b: width * b))
+  return sum(widths), widths[:-1]  # the root's token and every node; nodes per depth < D
 
 
 def relative_cost(width: int, target_costs: Mapping[int, float]) -> float:
   """v(width), interpolated linearly between the widths `target_costs` gives."""
   widths = sorted(target_costs)
   if not widths or width > widths[-1] or width < widths[0]:
-    raise ValueError(f"target_costs gives widths {widths}, not the width {width} a tree needs")
+    raise ValueError(f"the call costs give widths {widths}, not the width {width} a tree needs")
   return float(np.interp(width, widths, [target_costs[w] for w in widths]))
 
 

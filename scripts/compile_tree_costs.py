@@ -1,0 +1,217 @@
+"""The token tree's calls as XLA:TPU compiles them: v(k) of ONE tree call of the T5.1.1-XXL
+target scoring k tokens, and the Table 2 drafts' tree calls, for one v4 chip and for a v4-8,
+then Theorem 3.8's tree analogue for every Table 2 row from those costs.
+
+Run (Python 3.12 with `pip install -e . "jax[tpu]"`): `python scripts/compile_tree_costs.py
+[--render_only] [--max_depth 8]`. Each call is a tree call of the model contract
+(`programs.call_program(..., tree=True)`: token positions and a tree mask, as
+`speculative_tree_sample` makes), compiled alone with the Table 2 configs' sizes (inputs 512,
+targets 128, bfloat16; both tasks have the same), its parameters laid out as
+`python -m spec_decode.aot` lays them (the target split P ways, the draft replicated); the
+target at batch 1 and 8 for k in TARGET_TOKENS, each draft (T5.1.1 small, base, large) at batch
+1 for k in DRAFT_TOKENS. Each call's figures and roofline go into COSTS
+(`tree_choice.load_call_costs` reads it: the one format of a platform's compiled v(k)) as soon
+as it is compiled, and a call already there is skipped, so an interrupted run resumes.
+
+Then, for each Table 2 row and P, the best chain and the best trees of at most 32 and 128 nodes
+by `tree_choice.rank_trees`, with acceptance by depth and rank derived from the paper's alpha
+(`tree_choice.rank_acceptance`: an assumption, not a measurement). Nothing here runs on a TPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+import numpy as np
+
+from spec_decode import paths
+from spec_decode.aot import programs
+from spec_decode.aot import runs
+from spec_decode.aot import topologies
+from spec_decode.bench import paper
+from spec_decode.engine import tree_choice
+
+COSTS = paths.ROOT / "docs" / "token_trees" / "tpu_call_costs.json"
+PLATFORMS = {"v4:1x1x1": 1, "v4-8": 4}  # topology: P
+TARGET_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # 256: a 128-node tree's call feeds 129
+TARGET_BATCHES = (1, 8)
+DRAFTS = ("small", "base", "large")
+DRAFT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
+NODE_BUDGETS = (32, 128)
+# Rank-r child acceptance: alpha * DECAY^r given the ranks before it were rejected
+# (`tree_choice.rank_acceptance`); 1 is the geometric model, 0.5 a more cautious one.
+DECAYS = (1.0, 0.5)
+
+
+def _args(topology: str, batch: int, draft: str) -> argparse.Namespace:
+  return argparse.Namespace(
+      gin_file=["configs/table2/spec_decode.gin", f"configs/table2/ende_{draft}_t0.gin"],
+      draft_gin_file=f"configs/models/t5_1_1/{draft}.gin", num_partitions=PLATFORMS[topology],
+      batch_size=batch, input_length=None, target_length=None)
+
+
+def _jobs() -> list[tuple[str, str, int, int, str]]:
+  """(topology, model, batch, k, draft config) in the order compiled: batch 1 on one chip, then
+  on four (Table 2's setting), then the target at batch 8."""
+  found = []
+  for batch in TARGET_BATCHES:
+    for topology in PLATFORMS:
+      found += [(topology, "target", batch, k, "small") for k in TARGET_TOKENS]
+      if batch == 1:
+        found += [(topology, draft, 1, k, draft) for draft in DRAFTS for k in DRAFT_TOKENS]
+  return found
+
+
+def compile_all() -> None:
+  figures = json.loads(COSTS.read_text()) if COSTS.exists() else {
+      "about": "Roofline seconds of single tree calls compiled by XLA:TPU, not run: "
+               "scripts/compile_tree_costs.py", "platforms": {}}
+  start = time.perf_counter()
+  for topology_name, model, batch, k, draft in _jobs():
+    topology = topologies.topology(topology_name)
+    platform = figures["platforms"].setdefault(topology_name, {
+        "topology": topology.libtpu_name, "num_partitions": PLATFORMS[topology_name],
+        "chip": dataclasses.asdict(topology.chip), "models": {}})
+    calls = platform["models"].setdefault(model, {}).setdefault(str(batch), {})
+    if str(k) in calls:
+      continue
+    run = runs.read_run(_args(topology_name, batch, draft), [], topology.devices())
+    print(f"[{time.perf_counter() - start:6.0f} s] {topology_name} {model} batch {batch} k={k}",
+          file=sys.stderr, flush=True)
+    program = programs.call_program(
+        run.layout, "target" if model == "target" else "draft",
+        batch_rows=batch * run.model.num_decodes, input_length=run.input_length,
+        max_decode_len=run.decode_length, num_tokens=k, param_dtype=run.checkpoint_dtype,
+        tree=True)
+    calls[str(k)] = {"flops": program.flops, "argument_bytes": program.argument_bytes,
+                     "roofline_seconds": programs.roofline_seconds(program, topology.chip),
+                     "temp_bytes": program.temp_bytes, "code_bytes": program.code_bytes,
+                     "compile_seconds": round(program.compile_seconds, 1)}
+    COSTS.parent.mkdir(parents=True, exist_ok=True)
+    COSTS.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
+
+
+def _shape(branching: tuple[int, ...]) -> str:
+  return "(" + ", ".join(map(str, branching)) + ")"
+
+
+def _nodes(branching: tuple[int, ...]) -> int:
+  return tree_choice.node_widths(branching)[0] - 1
+
+
+def best_shapes(acceptance: np.ndarray, target_costs: dict[int, float],
+                draft_costs: dict[int, float], max_depth: int, max_chain: int,
+                widths: tree_choice.Widths = tree_choice.node_widths
+                ) -> dict[str, tree_choice.Choice]:
+  """The best chain (gamma up to `max_chain`) and the best trees of at most each NODE_BUDGETS
+  nodes and `max_depth` deep, by predicted speedup (`tree_choice.rank_trees`)."""
+  chains = [tree_choice.predict((1,) * gamma, acceptance, target_costs, draft_costs=draft_costs,
+                                widths=widths) for gamma in range(1, max_chain + 1)]
+  found = {"chain": max(chains, key=lambda c: c.tokens_per_time)}
+  ranked = tree_choice.rank_trees(acceptance, max(NODE_BUDGETS), max_depth, target_costs,
+                                  draft_costs=draft_costs, widths=widths)
+  for budget in NODE_BUDGETS:
+    found[budget] = next(c for c in ranked if _nodes(c.branching) <= budget)
+  return found
+
+
+def _v_table(figures: dict) -> list[str]:
+  lines = ["| platform | batch | target k=1 roofline ms | " + " | ".join(
+      f"v({k})" for k in TARGET_TOKENS) + " |", "|---|---|---|" + "---|" * len(TARGET_TOKENS)]
+  for topology, platform in figures["platforms"].items():
+    target = platform["models"].get("target", {})
+    for batch in sorted(target, key=int):
+      costs = tree_choice.relative_costs(figures, topology, "target", int(batch))
+      one = target[batch]["1"]["roofline_seconds"]
+      lines.append(f"| {topology} (P = {platform['num_partitions']}) | {batch} | "
+                   f"{one * 1e3:.2f} | " + " | ".join(
+                       f"{costs[k]:.2f}" if k in costs else "-" for k in TARGET_TOKENS) + " |")
+  lines += ["", "| platform | draft (batch 1) | " + " | ".join(
+      f"c({k})" for k in DRAFT_TOKENS) + " |", "|---|---|" + "---|" * len(DRAFT_TOKENS)]
+  for topology in figures["platforms"]:
+    for draft in DRAFTS:
+      try:
+        costs = tree_choice.relative_costs(figures, topology, draft, 1)
+      except ValueError:
+        continue
+      lines.append(f"| {topology} | T5.1.1-{draft} | " + " | ".join(
+          f"{costs[k]:.3f}" if k in costs else "-" for k in DRAFT_TOKENS) + " |")
+  return lines
+
+
+def _cell(choice: tree_choice.Choice, chain: tree_choice.Choice | None = None) -> str:
+  ratio = "" if chain is None else f" ({choice.tokens_per_time / chain.tokens_per_time:.2f})"
+  return (f"{_shape(choice.branching)}: {choice.tokens_per_call:.2f}, "
+          f"{choice.tokens_per_time:.2f}x{ratio}")
+
+
+def render(max_depth: int, max_chain: int) -> str:
+  """The v(k) tables and the per-row predictions, as markdown."""
+  figures = tree_choice.load_call_costs(COSTS)
+  lines = _v_table(figures)
+  wins = {}
+  for topology, platform in figures["platforms"].items():
+    lines += ["", f"{topology} (P = {platform['num_partitions']}), batch 1: best shape: tokens "
+              "per target call, predicted speedup (over the best chain's)", "",
+              "| row | alpha | paper (measured) | best chain | best tree <= 32 nodes | best tree "
+              "<= 128 nodes | decay 0.5: best tree <= 32, <= 128 | as the loop calls: chain, "
+              "tree <= 32 |", "|---|---|---|---|---|---|---|---|"]
+    for row_name, row in paper.TABLE2.items():
+      draft = row_name.split("_")[1]
+      try:
+        target_costs = tree_choice.relative_costs(figures, topology, "target", 1)
+        draft_costs = tree_choice.relative_costs(figures, topology, draft, 1)
+      except ValueError:
+        continue
+      if max(target_costs) < max(TARGET_TOKENS) or max(draft_costs) < max(DRAFT_TOKENS):
+        continue  # not compiled yet
+      cells = []
+      for decay in DECAYS:
+        acceptance = tree_choice.rank_acceptance(row.alpha, max(max_depth, max_chain), 8, decay)
+        best = best_shapes(acceptance, target_costs, draft_costs, max_depth, max_chain)
+        chain = best["chain"]
+        for budget in NODE_BUDGETS:
+          wins.setdefault((decay, budget), []).append(
+              best[budget].tokens_per_time > chain.tokens_per_time)
+        if decay == DECAYS[0]:
+          cells += [f"gamma {len(chain.branching)}: {chain.tokens_per_call:.2f}, "
+                    f"{chain.tokens_per_time:.2f}x"]
+          cells += [_cell(best[budget], chain) for budget in NODE_BUDGETS]
+        else:
+          cells.append(", ".join(_cell(best[budget], chain) for budget in NODE_BUDGETS))
+      acceptance = tree_choice.rank_acceptance(row.alpha, max(max_depth, max_chain), 8)
+      loop_chains = [tree_choice.predict((1,) * gamma, acceptance, target_costs,
+                                         draft_costs=draft_costs)
+                     for gamma in range(1, max_chain + 1)]
+      loop_chain = max(loop_chains, key=lambda c: c.tokens_per_time)
+      loop_tree = tree_choice.rank_trees(acceptance, 32, max_depth, target_costs,
+                                         draft_costs=draft_costs)[0]
+      cells.append(f"{loop_chain.tokens_per_time:.2f}x (gamma {len(loop_chain.branching)}), "
+                   f"{_cell(loop_tree, loop_chain)}")
+      lines.append(f"| {row_name} | {row.alpha:.2f} | {row.speedup}x | " + " | ".join(cells)
+                   + " |")
+  lines.append("")
+  for (decay, budget), won in sorted(wins.items()):
+    lines.append(f"decay {decay}, <= {budget} nodes: the best tree beats the best chain on "
+                 f"{sum(won)} of {len(won)} (row, platform)s")
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--render_only", action="store_true")
+  parser.add_argument("--max_depth", type=int, default=8, help="the deepest tree considered")
+  parser.add_argument("--max_chain", type=int, default=32, help="the longest chain considered")
+  args = parser.parse_args(argv)
+  if not args.render_only:
+    compile_all()
+  print(render(args.max_depth, args.max_chain))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
