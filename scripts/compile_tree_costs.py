@@ -55,15 +55,16 @@ def _args(topology: str, batch: int, draft: str) -> argparse.Namespace:
 
 
 def _jobs() -> list[tuple[str, str, int, int, str]]:
-  """(topology, model, batch, k, draft config) in the order compiled: batch 1 on one chip, then
-  on four (Table 2's setting), then the target at batch 8."""
-  found = []
-  for batch in TARGET_BATCHES:
-    for topology in PLATFORMS:
-      found += [(topology, "target", batch, k, "small") for k in TARGET_TOKENS]
-      if batch == 1:
-        found += [(topology, draft, 1, k, draft) for draft in DRAFTS for k in DRAFT_TOKENS]
-  return found
+  """(topology, model, batch, k, draft config) in the order compiled: on one chip the target
+  and the drafts at batch 1 (Table 2's setting), then the target on four chips, the target at
+  batch 8, and the drafts on four chips (replicated there, as on one chip)."""
+  target = lambda topology, batch: [(topology, "target", batch, k, "small")
+                                    for k in TARGET_TOKENS]
+  drafts = lambda topology: [(topology, draft, 1, k, draft) for draft in DRAFTS
+                             for k in DRAFT_TOKENS]
+  one, four = PLATFORMS
+  return (target(one, 1) + drafts(one) + target(four, 1) + target(one, 8) + target(four, 8)
+          + drafts(four))
 
 
 def compile_all() -> None:
