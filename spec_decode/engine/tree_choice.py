@@ -134,8 +134,8 @@ def iteration_time(branching: Sequence[int], target_costs: Mapping[int, float],
 
 
 def predict(branching: Sequence[int], acceptance: np.ndarray, target_costs: Mapping[int, float],
-           draft_cost: float = 0.0, draft_costs: Mapping[int, float] | None = None,
-           widths: Widths = call_widths) -> Choice:
+            draft_cost: float = 0.0, draft_costs: Mapping[int, float] | None = None,
+            widths: Widths = call_widths) -> Choice:
   """The tree's predicted tokens per call, iteration time and their ratio: Theorem 3.8's tree
   analogue, the expected walltime improvement over the target alone (the module docstring)."""
   tokens = expected_tokens(branching, acceptance)
@@ -149,7 +149,7 @@ def predicted_speedup(branching: Sequence[int], acceptance: np.ndarray,
   """Theorem 3.8's tree analogue (the module docstring), counted as the paper counts a chain
   unless `widths` says otherwise."""
   return predict(branching, acceptance, target_costs, draft_costs=draft_costs,
-                widths=widths).tokens_per_time
+                 widths=widths).tokens_per_time
 
 
 def rank_trees(acceptance: np.ndarray, node_budget: int, max_depth: int,
