@@ -37,10 +37,14 @@ from spec_decode.engine import tree_choice
 
 COSTS = paths.ROOT / "docs" / "token_trees" / "tpu_call_costs.json"
 PLATFORMS = {"v4:1x1x1": 1, "v4-8": 4}  # topology: P
-TARGET_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # 256: a 128-node tree's call feeds 129
+TARGET_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
+# At batch 1 also 256: a tree of 128 nodes feeds its target call 129 tokens (or more).
+WIDEST_TARGET_CALL = 256
 TARGET_BATCHES = (1, 8)
 DRAFTS = ("small", "base", "large")
-DRAFT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
+# A draft call of a tree within 128 nodes feeds at most 64: its nodes before the last depth,
+# of which there are at most as many as at the last.
+DRAFT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 NODE_BUDGETS = (32, 128)
 # Rank-r child acceptance: alpha * DECAY^r given the ranks before it were rejected
 # (`tree_choice.rank_acceptance`); 1 is the geometric model, 0.5 a more cautious one.
@@ -59,8 +63,9 @@ def _jobs() -> list[tuple[str, str, int, int, str]]:
   and the drafts at batch 1 (Table 2's setting), then the target on four chips, the drafts'
   one-token calls there (replicated, each chip runs the one chip's program: `_draft_costs`),
   the target at batch 8, and the drafts' other calls on four chips."""
-  target = lambda topology, batch: [(topology, "target", batch, k, "small")
-                                    for k in TARGET_TOKENS]
+  target = lambda topology, batch: [
+      (topology, "target", batch, k, "small")
+      for k in TARGET_TOKENS + ((WIDEST_TARGET_CALL,) if batch == 1 else ())]
   drafts = lambda topology, tokens: [(topology, draft, 1, k, draft) for draft in DRAFTS
                                      for k in tokens]
   one, four = PLATFORMS
@@ -143,8 +148,9 @@ def _draft_costs(figures: dict, topology: str, draft: str) -> tuple[dict[int, fl
 
 
 def _v_table(figures: dict) -> list[str]:
+  widths = TARGET_TOKENS + (WIDEST_TARGET_CALL,)
   lines = ["| platform | batch | target k=1 roofline ms | " + " | ".join(
-      f"v({k})" for k in TARGET_TOKENS) + " |", "|---|---|---|" + "---|" * len(TARGET_TOKENS)]
+      f"v({k})" for k in widths) + " |", "|---|---|---|" + "---|" * len(widths)]
   for topology, platform in figures["platforms"].items():
     target = platform["models"].get("target", {})
     for batch in sorted(target, key=int):
@@ -152,7 +158,7 @@ def _v_table(figures: dict) -> list[str]:
       one = target[batch]["1"]["roofline_seconds"]
       lines.append(f"| {topology} (P = {platform['num_partitions']}) | {batch} | "
                    f"{one * 1e3:.2f} | " + " | ".join(
-                       f"{costs[k]:.2f}" if k in costs else "-" for k in TARGET_TOKENS) + " |")
+                       f"{costs[k]:.2f}" if k in costs else "-" for k in widths) + " |")
   lines += ["", "| platform | draft (batch 1) | " + " | ".join(
       f"c({k})" for k in DRAFT_TOKENS) + " |", "|---|---|" + "---|" * len(DRAFT_TOKENS)]
   for topology in figures["platforms"]:
@@ -191,7 +197,7 @@ def render(max_depth: int, max_chain: int) -> str:
         draft_costs, borrowed = _draft_costs(figures, topology, draft)
       except (ValueError, KeyError, StopIteration):
         continue
-      if max(target_costs) < max(TARGET_TOKENS) or max(draft_costs) < max(DRAFT_TOKENS):
+      if max(target_costs) < WIDEST_TARGET_CALL or max(draft_costs) < max(DRAFT_TOKENS):
         continue  # not compiled yet
       cells = []
       for decay in DECAYS:
