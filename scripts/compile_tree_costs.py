@@ -60,17 +60,21 @@ def _args(topology: str, batch: int, draft: str) -> argparse.Namespace:
 
 def _jobs() -> list[tuple[str, str, int, int, str]]:
   """(topology, model, batch, k, draft config) in the order compiled: on one chip the target
-  and the drafts at batch 1 (Table 2's setting), then the target on four chips, the drafts'
-  one-token calls there (replicated, each chip runs the one chip's program: `_draft_costs`),
-  the target at batch 8, and the drafts' other calls on four chips."""
-  target = lambda topology, batch: [
-      (topology, "target", batch, k, "small")
-      for k in TARGET_TOKENS + ((WIDEST_TARGET_CALL,) if batch == 1 else ())]
+  and the drafts at batch 1 (Table 2's setting); on four chips the target up to 64 tokens (a
+  tree of 32 nodes needs no more) and the drafts' one-token calls (replicated, each chip runs
+  the one chip's program: `_draft_costs`); the target at batch 8 at a few widths on one chip
+  and on four; then every other call."""
+  target = lambda topology, batch, tokens: [(topology, "target", batch, k, "small")
+                                            for k in tokens]
   drafts = lambda topology, tokens: [(topology, draft, 1, k, draft) for draft in DRAFTS
                                      for k in tokens]
   one, four = PLATFORMS
-  return (target(one, 1) + drafts(one, DRAFT_TOKENS) + target(four, 1) + drafts(four, (1,))
-          + target(one, 8) + target(four, 8) + drafts(four, DRAFT_TOKENS[1:]))
+  first = (target(one, 1, TARGET_TOKENS + (WIDEST_TARGET_CALL,)) + drafts(one, DRAFT_TOKENS)
+           + target(four, 1, TARGET_TOKENS[:-1]) + drafts(four, (1,))
+           + target(one, 8, (1, 8, 32, 128)) + target(four, 8, (1, 8, 32, 128)))
+  rest = (target(four, 1, (128, WIDEST_TARGET_CALL)) + target(one, 8, TARGET_TOKENS)
+          + target(four, 8, TARGET_TOKENS) + drafts(four, DRAFT_TOKENS))
+  return first + [job for job in rest if job not in first]
 
 
 def compile_all() -> None:
@@ -112,16 +116,17 @@ def _nodes(branching: tuple[int, ...]) -> int:
 
 def best_shapes(acceptance: np.ndarray, target_costs: dict[int, float],
                 draft_costs: dict[int, float], max_depth: int, max_chain: int,
-                widths: tree_choice.Widths = tree_choice.node_widths
-                ) -> dict[str, tree_choice.Choice]:
-  """The best chain (gamma up to `max_chain`) and the best trees of at most each NODE_BUDGETS
+                budgets: tuple[int, ...], widths: tree_choice.Widths = tree_choice.node_widths
+                ) -> dict[str | int, tree_choice.Choice]:
+  """The best chain (gamma up to `max_chain`) and the best trees of at most each of `budgets`
   nodes and `max_depth` deep, by predicted speedup (`tree_choice.rank_trees`)."""
   chains = [tree_choice.predict((1,) * gamma, acceptance, target_costs, draft_costs=draft_costs,
                                 widths=widths) for gamma in range(1, max_chain + 1)]
-  found = {"chain": max(chains, key=lambda c: c.tokens_per_time)}
-  ranked = tree_choice.rank_trees(acceptance, max(NODE_BUDGETS), max_depth, target_costs,
+  found: dict[str | int, tree_choice.Choice] = {
+      "chain": max(chains, key=lambda c: c.tokens_per_time)}
+  ranked = tree_choice.rank_trees(acceptance, max(budgets), max_depth, target_costs,
                                   draft_costs=draft_costs, widths=widths)
-  for budget in NODE_BUDGETS:
+  for budget in budgets:
     found[budget] = next(c for c in ranked if _nodes(c.branching) <= budget)
   return found
 
@@ -178,12 +183,14 @@ def _cell(choice: tree_choice.Choice, chain: tree_choice.Choice | None = None) -
           f"{choice.tokens_per_time:.2f}x{ratio}")
 
 
-def render(max_depth: int, max_chain: int) -> str:
-  """The v(k) tables and the per-row predictions, as markdown."""
+def render(max_depth: int, max_chain: int, platforms: list[str] | None = None) -> str:
+  """The v(k) tables and the per-row predictions (on `platforms`, default all), as markdown."""
   figures = tree_choice.load_call_costs(COSTS)
   lines = _v_table(figures)
   wins = {}
   for topology, platform in figures["platforms"].items():
+    if platforms and topology not in platforms:
+      continue
     lines += ["", f"{topology} (P = {platform['num_partitions']}), batch 1: best shape: tokens "
               "per target call, predicted speedup (over the best chain's)", "",
               "| row | alpha | paper (measured) | best chain (the paper's gamma) | best tree <= 32 "
@@ -197,14 +204,18 @@ def render(max_depth: int, max_chain: int) -> str:
         draft_costs, borrowed = _draft_costs(figures, topology, draft)
       except (ValueError, KeyError, StopIteration):
         continue
-      if max(target_costs) < WIDEST_TARGET_CALL or max(draft_costs) < max(DRAFT_TOKENS):
+      # The budgets whose trees' calls are compiled: the target's feeds 1 + T tokens or more.
+      budgets = tuple(b for b in NODE_BUDGETS if max(target_costs) >= b + max_depth + 1)
+      if not budgets or max(draft_costs) < max(DRAFT_TOKENS):
         continue  # not compiled yet
       cells = []
+      cell = lambda best, budget: (_cell(best[budget], best["chain"]) if budget in best
+                                   else f"not compiled (v(k) up to k = {max(target_costs)})")
       for decay in DECAYS:
         acceptance = tree_choice.rank_acceptance(row.alpha, max(max_depth, max_chain), 8, decay)
-        best = best_shapes(acceptance, target_costs, draft_costs, max_depth, max_chain)
+        best = best_shapes(acceptance, target_costs, draft_costs, max_depth, max_chain, budgets)
         chain = best["chain"]
-        for budget in NODE_BUDGETS:
+        for budget in budgets:
           wins.setdefault((decay, budget), []).append(
               best[budget].tokens_per_time > chain.tokens_per_time)
         if decay == DECAYS[0]:
@@ -212,9 +223,9 @@ def render(max_depth: int, max_chain: int) -> str:
                                                       target_costs, draft_costs)
           cells += [f"gamma {len(chain.branching)}: {chain.tokens_per_call:.2f}, "
                     f"{chain.tokens_per_time:.2f}x (gamma {row.gamma}: {paper_gamma:.2f}x)"]
-          cells += [_cell(best[budget], chain) for budget in NODE_BUDGETS]
+          cells += [cell(best, budget) for budget in NODE_BUDGETS]
         else:
-          cells.append(", ".join(_cell(best[budget], chain) for budget in NODE_BUDGETS))
+          cells.append(", ".join(cell(best, budget) for budget in NODE_BUDGETS))
       acceptance = tree_choice.rank_acceptance(row.alpha, max(max_depth, max_chain), 8)
       loop_chains = [tree_choice.predict((1,) * gamma, acceptance, target_costs,
                                          draft_costs=draft_costs)
@@ -240,10 +251,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--render_only", action="store_true")
   parser.add_argument("--max_depth", type=int, default=8, help="the deepest tree considered")
   parser.add_argument("--max_chain", type=int, default=32, help="the longest chain considered")
+  parser.add_argument("--platforms", default="",
+                      help="the platforms whose rows to predict, comma-separated (default all)")
   args = parser.parse_args(argv)
   if not args.render_only:
     compile_all()
-  print(render(args.max_depth, args.max_chain))
+  print(render(args.max_depth, args.max_chain, [p for p in args.platforms.split(",") if p]))
   return 0
 
 
