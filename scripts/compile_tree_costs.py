@@ -229,7 +229,8 @@ def render(max_depth: int, max_chain: int, platforms: list[str] | None = None) -
       acceptance = tree_choice.rank_acceptance(row.alpha, max(max_depth, max_chain), 8)
       loop_chains = [tree_choice.predict((1,) * gamma, acceptance, target_costs,
                                          draft_costs=draft_costs)
-                     for gamma in range(1, max_chain + 1)]
+                     for gamma in range(1, max_chain + 1)
+                     if tree_choice.call_widths((1,) * gamma)[0] <= max(target_costs)]
       loop_chain = max(loop_chains, key=lambda c: c.tokens_per_time)
       loop_tree = tree_choice.rank_trees(acceptance, 32, max_depth, target_costs,
                                          draft_costs=draft_costs)[0]
