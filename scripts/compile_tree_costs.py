@@ -156,7 +156,8 @@ def _v_table(figures: dict) -> list[str]:
   widths = TARGET_TOKENS + (WIDEST_TARGET_CALL,)
   lines = ["| platform | batch | target k=1 roofline ms | " + " | ".join(
       f"v({k})" for k in widths) + " |", "|---|---|---|" + "---|" * len(widths)]
-  for topology, platform in figures["platforms"].items():
+  by_chips = sorted(figures["platforms"].items(), key=lambda item: item[1]["num_partitions"])
+  for topology, platform in by_chips:
     target = platform["models"].get("target", {})
     for batch in sorted(target, key=int):
       costs = tree_choice.relative_costs(figures, topology, "target", int(batch))
@@ -166,7 +167,7 @@ def _v_table(figures: dict) -> list[str]:
                        f"{costs[k]:.2f}" if k in costs else "-" for k in widths) + " |")
   lines += ["", "| platform | draft (batch 1) | " + " | ".join(
       f"c({k})" for k in DRAFT_TOKENS) + " |", "|---|---|" + "---|" * len(DRAFT_TOKENS)]
-  for topology in figures["platforms"]:
+  for topology, _ in by_chips:
     for draft in DRAFTS:
       try:
         costs = tree_choice.relative_costs(figures, topology, draft, 1)
