@@ -6,8 +6,10 @@ On the first --sentences sentences of Multi30k's test split (as scripts/tree_vs_
 encodes them, greedy): the target's decode, then the draft's logits after each prefix of it in
 one call; the rank of each output token among them gives the acceptance of 'most_likely' by
 depth and rank (`tree_choice.greedy_acceptance`, --max_depth x --max_rank). v(k), the time of a
-target call feeding k tokens per row relative to one token, is --target_costs ("k:v,...") or,
-without it, measured here (`spec_decode.runtime.call_costs`, batch 1, widths 1, 2, 4, ... up to
+target call feeding k tokens per row relative to one token, is --target_costs ("k:v,..."), or a
+platform's compiled v(k) (--call_costs, a file of `tree_choice.load_call_costs`'s format such
+as docs/token_trees/tpu_call_costs.json, at --platform, batch 1: the T5.1.1-XXL target's tree
+calls as XLA:TPU compiles them), or, without either, measured here (`spec_decode.runtime.call_costs`, batch 1, widths 1, 2, 4, ... up to
 the widest tree's call, interleaved; linear between them); --draft_cost is the draft's c. Every
 shape within --node_budget nodes is ranked by predicted tokens per unit of time
 (`tree_choice.rank_trees`); the --top best, and the chain (1,) * max_depth, are then decoded by
@@ -17,6 +19,7 @@ each sentence cut at EOS) and wall seconds.
 
   python scripts/choose_tree.py --data_dir DATA [--sentences 20] [--node_budget 16] \
       [--max_depth 5] [--max_rank 4] [--target_costs 1:1,8:1.1,32:1.6] [--draft_cost 0.1]
+      [--call_costs docs/token_trees/tpu_call_costs.json --platform v4:1x1x1]
 """
 
 from __future__ import annotations
@@ -84,9 +87,18 @@ def main() -> None:
   parser.add_argument("--max_rank", type=int, default=4)
   parser.add_argument("--target_costs", default=None,
                       help="v(k) as 'k:v,...' (default: measured on this machine)")
+  parser.add_argument("--call_costs", default=None,
+                      help="a platform's compiled call costs (JSON), whose target v(k) to use")
+  parser.add_argument("--platform", default="v4:1x1x1", help="the platform of --call_costs")
   parser.add_argument("--draft_cost", type=float, default=0.0)
   parser.add_argument("--top", type=int, default=3)
   args = parser.parse_args()
+  if args.call_costs and args.target_costs:
+    parser.error("give --target_costs or --call_costs, not both")
+  compiled_costs = None
+  if args.call_costs:  # read first: a wrong file or platform is an error before any decode
+    compiled_costs = tree_choice.relative_costs(tree_choice.load_call_costs(args.call_costs),
+                                                args.platform, "target", 1)
   sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
   encoder_tokens = tree_vs_chain.encoded(sources[:args.sentences])
   target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
@@ -96,7 +108,9 @@ def main() -> None:
   print(f"acceptance by depth (rows) and child rank (columns), {len(encoder_tokens)} sentences:")
   for depth, row in enumerate(acceptance):
     print(f"  depth {depth}: " + " ".join(f"{p:.3f}" for p in row))
-  if args.target_costs:
+  if compiled_costs:
+    costs = compiled_costs
+  elif args.target_costs:
     costs = {int(k): float(v) for k, v in (item.split(":") for item in
                                            args.target_costs.split(","))}
   else:

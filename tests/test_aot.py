@@ -185,6 +185,23 @@ def test_single_calls_report_their_costs(layout):
 
 
 @needs_tpu_compiler
+def test_tree_calls_compile_with_their_positions_and_mask(layout):
+  """A tree call (speculative_tree_sample's) is its own program: the contract's token positions
+  [B, k] and mask [B, k, k] are arguments the model reads (its relative-position bias is taken
+  per pair of fed tokens), on the chain call's weights and cache; its products grow with k."""
+  calls = {(k, tree): programs.call_program(
+      layout, "target", batch_rows=BATCH, input_length=INPUT_LENGTH,
+      max_decode_len=TARGET_LENGTH, num_tokens=k, tree=tree) for k in (4, 16) for tree in
+      (False, True)}
+  for k in (4, 16):
+    chain, tree = calls[k, False], calls[k, True]
+    assert tree.name == f"target tree call k={k}"
+    assert 0 < tree.argument_bytes - chain.argument_bytes <= 8192
+    assert chain.flops < tree.flops < 1.1 * chain.flops
+  assert 3 * calls[4, True].flops < calls[16, True].flops < 5 * calls[4, True].flops
+
+
+@needs_tpu_compiler
 def test_the_command_compiles_the_demo_for_one_v4_chip(tmp_path, capsys):
   out = tmp_path / "demo.json"
   assert cli.main(["--topology=v4:1x1x1", "--call_tokens=1,2", f"--output_json={out}"]) == 0

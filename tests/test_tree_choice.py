@@ -1,10 +1,14 @@
 """`tree_choice`: expected tokens per target call of a tree from positional acceptance, worked by
 hand and checked against a simulated walk; the shapes within a node budget; the choice under a
-platform's v(k); acceptance measured from greedy ranks by replaying the walk."""
+platform's v(k); acceptance measured from greedy ranks by replaying the walk; Theorem 3.8's tree
+analogue, its chain case the paper's; acceptance by rank from one alpha; compiled costs read back."""
+
+import json
 
 import numpy as np
 import pytest
 
+from spec_decode.bench import theory
 from spec_decode.engine import token_tree
 from spec_decode.engine import tree_choice
 
@@ -62,7 +66,7 @@ def test_the_choice_follows_the_platforms_costs():
   assert best.branching == (1, 2) and best.tokens_per_call == pytest.approx(1.9)
   linear = {k: float(k) for k in range(1, 40)}  # every fed token costs as much as a call
   assert tree_choice.rank_trees(acceptance, 3, 2, linear)[0].branching == (1,)
-  with pytest.raises(ValueError, match="target_costs gives widths"):
+  with pytest.raises(ValueError, match="call costs give widths"):
     tree_choice.rank_trees(acceptance, 3, 2, {1: 1.0, 4: 1.2})
 
 
@@ -72,3 +76,76 @@ def test_greedy_acceptance_replays_the_walk():
   # root (its token drawn), then 0 accepted.
   acceptance = tree_choice.greedy_acceptance([np.array([0, 1, 5, 0]), np.array([3, 0])], 2, 2)
   np.testing.assert_allclose(acceptance, [[3 / 4, 0], [0, 1]])
+
+
+@pytest.mark.parametrize("alpha, gamma, c, v", [(0.75, 7, 0.01, 1.0), (0.4, 3, 0.3, 1.6),
+                                                (0.9, 1, 0.05, 1.2)])
+def test_a_chain_is_theorem_3_8(alpha, gamma, c, v):
+  """One child per node, acceptance alpha, counted as the paper counts: gamma one-token draft
+  calls and a target call of gamma + 1 tokens give the paper's speedup."""
+  acceptance = np.full((gamma, 3), 0.0)
+  acceptance[:, 0] = alpha
+  predicted = tree_choice.predicted_speedup((1,) * gamma, acceptance,
+                                            {1: 1.0, gamma + 1: v}, {1: c})
+  assert predicted == pytest.approx(theory.predicted_speedup(alpha, gamma, c, v), rel=1e-6)
+  # The same chain from the model of ranks: decay or not, the chain keeps rank 0's alpha.
+  for decay in (0.0, 0.5, 1.0):
+    assert tree_choice.predicted_speedup(
+        (1,) * gamma, tree_choice.rank_acceptance(alpha, gamma, 4, decay),
+        {1: 1.0, gamma + 1: v}, {1: c}) == pytest.approx(predicted, rel=1e-12)
+
+
+def test_the_tree_speedup_of_a_hand_worked_tree():
+  # (2, 1): 1 + 0.7 + 0.7 * 0.6 = 2.12 tokens per call. Counted as the paper counts, the draft
+  # calls feed the root (1 token), then the 2 depth-1 nodes (2): 0.1 + 0.12; the target feeds the
+  # root and the 4 nodes, 5 tokens: v(5) = 1 + (5 - 1) / (8 - 1) * 0.5, between v(1) and v(8).
+  acceptance = np.array([[0.5, 0.2], [0.6, 0.1]])
+  target_costs, draft_costs = {1: 1.0, 8: 1.5}, {1: 0.1, 2: 0.12, 4: 0.2}
+  time = 0.1 + 0.12 + 1 + 4 / 7 * 0.5
+  assert tree_choice.node_widths((2, 1)) == (5, [1, 2])
+  assert tree_choice.predicted_speedup((2, 1), acceptance, target_costs,
+                                       draft_costs) == pytest.approx(2.12 / time)
+  # As speculative_tree_sample calls: the target feeds the pending chain padded to 3 and the 4
+  # nodes (7), the draft the chain (3) then the 2 depth-1 nodes.
+  loop = tree_choice.predict((2, 1), acceptance, target_costs, draft_costs=draft_costs)
+  assert loop.relative_time == pytest.approx(1 + 6 / 7 * 0.5 + (0.12 + 0.5 * 0.08) + 0.12)
+  with pytest.raises(ValueError, match="not both"):
+    tree_choice.iteration_time((2, 1), target_costs, draft_cost=0.1, draft_costs=draft_costs)
+
+
+def test_a_tree_beats_the_chain_only_where_siblings_are_accepted():
+  flat = {k: 1.0 for k in (1, 64)}
+  draft = {k: 0.02 for k in (1, 64)}
+  geometric = tree_choice.rank_acceptance(0.6, 4, 4)
+  chain = tree_choice.predicted_speedup((1, 1, 1, 1), geometric, flat, draft)
+  assert tree_choice.predicted_speedup((2, 2, 1, 1), geometric, flat, draft) > chain
+  first_only = tree_choice.rank_acceptance(0.6, 4, 4, decay=0.0)
+  assert tree_choice.predicted_speedup((2, 2, 1, 1), first_only, flat, draft) == pytest.approx(
+      chain)
+
+
+def test_rank_acceptance_from_one_alpha():
+  np.testing.assert_allclose(tree_choice.rank_acceptance(0.6, 2, 3),
+                             [[0.6, 0.24, 0.096]] * 2)
+  # decay 0.5: rank 1 tried with 0.3 after 0.4 of rank 0's rejections, rank 2 with 0.15.
+  np.testing.assert_allclose(tree_choice.rank_acceptance(0.6, 1, 3, 0.5),
+                             [[0.6, 0.4 * 0.3, 0.4 * 0.7 * 0.15]])
+  with pytest.raises(ValueError, match="alpha and decay"):
+    tree_choice.rank_acceptance(1.2, 2, 2)
+
+
+def test_compiled_costs_read_back(tmp_path):
+  call = lambda seconds: {"roofline_seconds": seconds}
+  path = tmp_path / "costs.json"
+  path.write_text(json.dumps({"platforms": {"v4-8": {"models": {
+      "target": {"1": {"1": call(0.01), "8": call(0.012)}},
+      "small": {"1": {"1": call(0.0004), "4": call(0.0005)}}}}}}))
+  figures = tree_choice.load_call_costs(path)
+  assert tree_choice.relative_costs(figures, "v4-8", "target", 1) == pytest.approx(
+      {1: 1.0, 8: 1.2})
+  assert tree_choice.relative_costs(figures, "v4-8", "small", 1) == pytest.approx(
+      {1: 0.04, 4: 0.05})
+  with pytest.raises(ValueError, match="no call costs for platform"):
+    tree_choice.relative_costs(figures, "v5e-8", "target", 1)
+  with pytest.raises(ValueError, match="at batch 8"):
+    tree_choice.relative_costs(figures, "v4-8", "target", 8)

@@ -7,7 +7,8 @@ local devices or a TPU topology described from this host), and what XLA says of 
     checkpoint dtype), a batch and an rng;
   * `call_program`: one cached model call of k fed tokens, alone: the call the loop makes,
     with the layout's products and cache layout, the cache donated (the loop updates it in
-    place, so a copy of it would be an artefact of compiling the call alone).
+    place, so a copy of it would be an artefact of compiling the call alone); a chain call, or
+    a tree call (the contract's token positions and mask, as `speculative_tree_sample` makes).
 Each gives a `Program`: per-device memory (`memory_analysis`), flops, bytes accessed and XLA's
 `optimal_seconds` (`cost_analysis`: XLA's cost model, not a measurement), the collectives
 inside the program's while loops, the custom calls it holds, and the parameters the program
@@ -155,10 +156,12 @@ def predict_program(layout: decode_layout.DecodeLayout, decoder: core.Decoder, *
 
 def call_program(layout: decode_layout.DecodeLayout, role: str, *, batch_rows: int,
                  input_length: int, max_decode_len: int, num_tokens: int,
-                 param_dtype: Any = None, name: str | None = None,
+                 param_dtype: Any = None, tree: bool = False, name: str | None = None,
                  progress: Callable[[str], None] = lambda _: None) -> Program:
   """One cached call of the 'target' or 'draft' feeding `num_tokens` tokens per row, every fed
-  token's logits returned (a verification call), compiled alone (see the module docstring)."""
+  token's logits returned (a verification call), compiled alone (see the module docstring).
+  `tree`: a tree call of the model contract (`token_positions` [B, k] and `token_mask`
+  [B, k, k] given, as `speculative_tree_sample` calls), else a chain call."""
   config = layout.target if role == "target" else layout.draft
   module = network.module_of(config)
   params = abstract_params(config, param_dtype)
@@ -167,18 +170,24 @@ def call_program(layout: decode_layout.DecodeLayout, role: str, *, batch_rows: i
   params_shardings = layout.params_shardings if role == "target" else layout.draft_params_shardings
   batch = layout.partitioner.batch_sharding
 
-  def call(params, cache, cur_index, cur_token, sequences):
+  def call(params, cache, cur_index, cur_token, sequences, *tree_fields):
     state = decoding.DecodingState(cur_index=cur_index, cur_token=cur_token,
-                                   sequences=sequences, cache=layout.pin_cache(role, cache))
+                                   sequences=sequences, cache=layout.pin_cache(role, cache),
+                                   token_positions=tree_fields[0] if tree else None,
+                                   token_mask=tree_fields[1] if tree else None)
     return layout.tokens_to_logits(role, module, params)(state)
 
-  jitted = layout.partitioner.partition(
-      call, (params_shardings, cache_shardings, batch, batch, batch), (None, cache_shardings),
-      donate_argnums=(1,), compiler_options=layout.compiler_options)
   arguments = (params, cache, jax.ShapeDtypeStruct((batch_rows,), jnp.int32),
                jax.ShapeDtypeStruct((batch_rows, num_tokens), jnp.int32),
                jax.ShapeDtypeStruct((batch_rows, max_decode_len), jnp.int32))
-  return compile_program(name or f"{role} call k={num_tokens}",
+  if tree:
+    arguments += (jax.ShapeDtypeStruct((batch_rows, num_tokens), jnp.int32),
+                  jax.ShapeDtypeStruct((batch_rows, num_tokens, num_tokens), jnp.bool_))
+  jitted = layout.partitioner.partition(
+      call, (params_shardings, cache_shardings) + (batch,) * (len(arguments) - 2),
+      (None, cache_shardings), donate_argnums=(1,), compiler_options=layout.compiler_options)
+  kind = "tree call" if tree else "call"
+  return compile_program(name or f"{role} {kind} k={num_tokens}",
                          lambda: jitted.lower(*arguments), progress)
 
 
