@@ -158,6 +158,7 @@ def _digest(directory: pathlib.Path) -> str:
   return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
 
 
+@pytest.mark.slow  # the trainer end to end: text, vocabulary, checkpoints, evaluation
 def test_the_lm_trainer_distills_on_its_own_checkpoint_and_leaves_the_target(toy, tmp_path,
                                                                              capsys):
   target = str(toy / "target" / "t5x" / "checkpoint_0")
