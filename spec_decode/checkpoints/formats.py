@@ -2,8 +2,9 @@
 (`network.Network`: a T5, or from a T5X checkpoint a decoder-only model): `locate` (which
 format a path is, once: a `Checkpoint`), `load_params` (its parameters, checked against the
 network), `checkpoint_config` (its network config, no weight read), `load_model` (both, for a
-checkpoint whose config is not given). Both readers take a path or a `Checkpoint`: a run locates each checkpoint once
-and hands the `Checkpoint` on (a Hub id is looked up, a T5X step folder probed, only there).
+checkpoint whose config is not given). Both readers take a path or a `Checkpoint`: a run locates
+each checkpoint once and hands the `Checkpoint` on (a Hub id is looked up, a T5X step folder
+probed, only there).
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ Contract:
   the frozen target (a demo model name, or any checkpoint `formats.load_model` reads, of the
   draft's family: a `.safetensors` file in `spec_decode.checkpoints.demo_pair`'s format, or a T5X
   checkpoint such as the trainers write under `model_dir/t5x/checkpoint_<step>`; the draft the
-  run starts from is the trainer's `initial_model`, same forms), the divergence (`divergences.DIVERGENCES`; `beta` for 'jsd' only), the
-  `temperature` both distributions are taken at (the decoding temperature alpha is wanted for:
-  total variation is then exactly 1 - alpha at a position), and the data source:
+  run starts from is the trainer's `initial_model`, same forms), the divergence
+  (`divergences.DIVERGENCES`; `beta` for 'jsd' only), the `temperature` both distributions are
+  taken at (the decoding temperature alpha is wanted for: total variation is then exactly
+  1 - alpha at a position), and the data source:
     'dataset'        the task's targets (the trainer's batches as they are)
     'target_greedy'  the target's greedy decodes of the batch's inputs
     'target_sample'  the target's samples at `temperature`
