@@ -46,7 +46,8 @@ TABLE3_HARNESS = "configs/table3/spec_decode.gin"
 RUNS = ["configs/demo/infer.gin"] + TABLE2 + TABLE2_T5_1_0
 MODEL_FILES = [f for f in ALL if f.startswith("configs/models/")
                or f in ("configs/demo/target.gin", "configs/demo/draft.gin")]
-LM_TRAIN_FILES = ["configs/train/lm_target.gin", "configs/train/lm_draft.gin"]
+LM_TRAIN_FILES = ["configs/train/lm_target.gin", "configs/train/lm_draft.gin",
+                  "configs/train/lm_draft_whitebox.gin"]
 # The pieces every training file includes: the data and schedule, and an optimizer.
 TRAIN_PIECES = ["configs/train/adamw.gin", "configs/train/base.gin"]
 TRAIN_FILES = [f for f in ALL if f.startswith("configs/train/")

@@ -59,21 +59,26 @@ def save_model(params: Any, config: network.T5Config, path: str | os.PathLike) -
   safetensors_numpy.save_file(flat, str(path), metadata={_CONFIG_KEY: config_to_json(config)})
 
 
-def _model_file(name_or_path: str | os.PathLike) -> pathlib.Path:
-  if str(name_or_path) in ("target", "draft"):
+# The shipped models, by name.
+MODEL_NAMES = ("target", "draft")
+
+
+def model_file(name_or_path: str | os.PathLike) -> pathlib.Path:
+  """The file of a shipped model ("target"/"draft"), or the path given."""
+  if str(name_or_path) in MODEL_NAMES:
     return ASSET_DIR / f"{name_or_path}.safetensors"
   return pathlib.Path(name_or_path)
 
 
 def read_config(name_or_path: str | os.PathLike) -> network.T5Config:
   """The config of a shipped ("target"/"draft") or given model file (no weight is read)."""
-  with safetensors.safe_open(str(_model_file(name_or_path)), framework="np") as f:
+  with safetensors.safe_open(str(model_file(name_or_path)), framework="np") as f:
     return config_from_json(f.metadata()[_CONFIG_KEY])
 
 
 def load_model(name_or_path: str | os.PathLike) -> tuple[network.T5Config, dict[str, Any]]:
   """Reads a shipped ("target"/"draft") or given model file into float32 T5X-named params."""
-  path = _model_file(name_or_path)
+  path = model_file(name_or_path)
   with safetensors.safe_open(str(path), framework="np") as f:
     metadata = f.metadata()
     flat = {key: f.get_tensor(key) for key in f.keys()}

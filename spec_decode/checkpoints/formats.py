@@ -1,8 +1,10 @@
 """A checkpoint of any format this package reads, located, identified and read for a network
 (`network.Network`: a T5, or from a T5X checkpoint a decoder-only model): `locate` (which
 format a path is, once: a `Checkpoint`), `load_params` (its parameters, checked against the
-network), `checkpoint_config` (its network config, no weight read). Both readers take a path or a `Checkpoint`: a run locates each checkpoint once
-and hands the `Checkpoint` on (a Hub id is looked up, a T5X step folder probed, only there).
+network), `checkpoint_config` (its network config, no weight read), `load_model` (both, for a
+checkpoint whose config is not given). Both readers take a path or a `Checkpoint`: a run locates
+each checkpoint once and hands the `Checkpoint` on (a Hub id is looked up, a T5X step folder
+probed, only there).
 """
 
 from __future__ import annotations
@@ -127,3 +129,15 @@ def checkpoint_config(path: str | Checkpoint,
     else:
       return architecture.config_from_params(architecture.t5x_param_shapes(resolved), like, path)
   return dataclasses.replace(found, dtype=like.dtype)
+
+
+def load_model(path: str | Checkpoint, like: network.NetworkConfig
+               ) -> tuple[network.NetworkConfig, Params]:
+  """The config (`checkpoint_config`, what it cannot tell from `like`) and parameters
+  (`load_params`) of a checkpoint of `like`'s family: what a trainer starts from or distills
+  on. `path` may also name a shipped demo model ("target", "draft": `demo_pair.model_file`)."""
+  if not isinstance(path, Checkpoint) and str(path) in demo_pair.MODEL_NAMES:
+    path = str(demo_pair.model_file(path))
+  checkpoint = locate(path)
+  config = checkpoint_config(checkpoint, like)
+  return config, load_params(network.module_of(config), checkpoint)

@@ -203,12 +203,11 @@ DistillationModel = DistillationEncoderDecoderModel | DistillationDecoderOnlyMod
 def _check_data_source(model: t5x_models.BaseTransformerModel, data_source: str,
                        draft_sample_fraction: float | None) -> None:
   """One-line ValueError for a data source the T5X model cannot train on."""
-  draft_distillation.check_data_source(data_source, draft_sample_fraction)
+  draft_distillation.check_data_source(
+      data_source, draft_sample_fraction,
+      decoder_only=isinstance(model, t5x_models.DecoderOnlyModel))
   if data_source == "dataset":
     return
-  if isinstance(model, t5x_models.DecoderOnlyModel):
-    raise ValueError(f"data source {data_source!r} decodes an encoder-decoder's inputs: a "
-                     f"decoder-only model takes 'dataset' only")
   if model.output_vocabulary.eos_id != data.EOS_ID:
     raise ValueError(f"data source {data_source!r} ends decodes at EOS id {data.EOS_ID}; the "
                      f"draft's vocabulary's is {model.output_vocabulary.eos_id}")

@@ -20,7 +20,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -29,6 +29,21 @@ from spec_decode.data import corpora
 
 PAD_ID = 0
 EOS_ID = 1
+# The packing features of a decoder-only language model's rows (`spec_decode.training.lm`).
+PACKING_FEATURES = ("decoder_segment_ids", "decoder_positions")
+
+
+def network_inputs(batch: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+  """The positional and packing keyword arguments of a network's teacher-forced call on a
+  seqio-named batch: an encoder-decoder's (a batch with `encoder_input_tokens`), else a
+  decoder-only language model's, whose packed rows also carry segment ids and positions."""
+  if "encoder_input_tokens" in batch:
+    return (batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+            batch["decoder_target_tokens"]), {}
+  return ((batch["decoder_input_tokens"], batch["decoder_target_tokens"]),
+          {k: batch[k] for k in PACKING_FEATURES if k in batch})
+
+
 def train_vocab(prefixes: Sequence[str], model_prefix: str, vocab_size: int = 8000,
                 data_root: str | None = None, seed_sentencepiece_size: int = 1_000_000) -> str:
   """Trains a joint source/target unigram SentencePiece model with T5's special ids.

@@ -1,14 +1,19 @@
 """White-box distillation of a draft on its frozen target (DistillSpec, Zhou et al., 2024): the
 draft is trained on the target's token distributions with a divergence matched to speculative
-decoding, rather than on reference tokens (`train`'s cross-entropy) or on the target's greedy
-outputs alone (`distill`'s sequence-level data).
+decoding, rather than on reference tokens (the trainers' cross-entropy) or on the target's greedy
+outputs alone (`distill`'s sequence-level data). One step and one evaluation serve both model
+families: encoder-decoder drafts (`train.train`) and decoder-only language models
+(`lm.train_lm`, on its packed text).
 
 Contract:
-- `Distillation` (gin-configurable, `train.train.distillation`) names the frozen target (a demo
-  model name or a `.safetensors` path in `spec_decode.checkpoints.demo_pair`'s format; the draft
-  the run starts from is the trainer's `initial_model`, same forms), the divergence (`divergences.DIVERGENCES`; `beta` for 'jsd' only), the
-  `temperature` both distributions are taken at (the decoding temperature alpha is wanted for:
-  total variation is then exactly 1 - alpha at a position), and the data source:
+- `Distillation` (gin-configurable, `train.train.distillation`, `lm.train_lm.distillation`) names
+  the frozen target (a demo model name, or any checkpoint `formats.load_model` reads, of the
+  draft's family: a `.safetensors` file in `spec_decode.checkpoints.demo_pair`'s format, or a T5X
+  checkpoint such as the trainers write under `model_dir/t5x/checkpoint_<step>`; the draft the
+  run starts from is the trainer's `initial_model`, same forms), the divergence
+  (`divergences.DIVERGENCES`; `beta` for 'jsd' only), the `temperature` both distributions are
+  taken at (the decoding temperature alpha is wanted for: total variation is then exactly
+  1 - alpha at a position), and the data source:
     'dataset'        the task's targets (the trainer's batches as they are)
     'target_greedy'  the target's greedy decodes of the batch's inputs
     'target_sample'  the target's samples at `temperature`
@@ -17,10 +22,15 @@ Contract:
     'mixture'        a `draft_sample_fraction` of the rows (rounded) the draft's samples, the
                      others the task's targets.
   Decodes are as long as the batch's targets, weighted up to and including their first EOS.
+  The decoding sources decode an encoder-decoder's inputs: a decoder-only draft takes 'dataset'
+  only.
   Bad settings (an unknown divergence or source, beta where it cannot take effect or outside
   (0, 1), a fraction outside (0, 1) or without 'mixture', temperature <= 0) are a one-line
-  ValueError when it is built; a target whose vocabulary is not the draft's, when the trainer
-  starts (`load_target`).
+  ValueError when it is built; a target that does not restore, or whose vocabulary is not the
+  draft's, a decoding source for a decoder-only draft, or the trainer's z-loss or label
+  smoothing, when the trainer starts (`for_trainer`).
+- `for_trainer(distillation, draft_config, ...)`: the step and the evaluation a trainer runs
+  with, the target loaded once.
 - `train_step(state, batch, rng, target_params=..., ...)`: one optimizer step of the draft (the
   trainer's `train_state.TrainState`, its params the draft's). The target's parameters are an
   argument, read and never updated (no gradient reaches them); the step's samples and dropout
@@ -44,7 +54,7 @@ import optax
 from flax.training import train_state
 
 from spec_decode import core
-from spec_decode.checkpoints import demo_pair
+from spec_decode.checkpoints import formats
 from spec_decode.t5 import network
 from spec_decode.training import data
 from spec_decode.training import divergences
@@ -56,10 +66,15 @@ DATA_SOURCES = ("dataset", "target_greedy", "target_sample", "draft_sample", "mi
 ON_POLICY_SOURCES = ("draft_sample", "mixture")
 
 
-def check_data_source(data_source: str, draft_sample_fraction: float | None) -> None:
-  """One-line ValueError for an unknown source, or a fraction that cannot take effect."""
+def check_data_source(data_source: str, draft_sample_fraction: float | None,
+                      decoder_only: bool = False) -> None:
+  """One-line ValueError for an unknown source, a fraction that cannot take effect, or a
+  decoding source for a decoder-only draft."""
   if data_source not in DATA_SOURCES:
     raise ValueError(f"unknown data source {data_source!r}; known: {', '.join(DATA_SOURCES)}")
+  if decoder_only and data_source != "dataset":
+    raise ValueError(f"data source {data_source!r} decodes an encoder-decoder's inputs: a "
+                     f"decoder-only model takes 'dataset' only")
   if data_source == "mixture":
     if draft_sample_fraction is None or not 0.0 < draft_sample_fraction < 1.0:
       raise ValueError(f"data source 'mixture' needs a draft_sample_fraction in (0, 1), got "
@@ -89,10 +104,14 @@ class Distillation:
     return divergences.resolve_beta(self.divergence, self.beta)
 
 
-def load_target(distillation: Distillation, draft_config: network.T5Config
-                ) -> tuple[network.T5Config, Any]:
-  """(config, params on the device) of the frozen target; its vocabulary must be the draft's."""
-  config, params = demo_pair.load_model(distillation.target)
+def load_target(distillation: Distillation, draft_config: network.NetworkConfig
+                ) -> tuple[network.NetworkConfig, Any]:
+  """(config, params on the device) of the frozen target, a model of the draft's family; its
+  vocabulary must be the draft's."""
+  try:
+    config, params = formats.load_model(distillation.target, like=draft_config)
+  except FileNotFoundError as e:
+    raise ValueError(f"the distillation target does not restore: {e}") from None
   if config.vocab_size != draft_config.vocab_size:
     raise ValueError(f"target and draft vocabularies differ: the target has {config.vocab_size} "
                      f"ids, the draft {draft_config.vocab_size}")
@@ -142,8 +161,8 @@ def source_batch(data_source: str, draft_sample_fraction: float | None, batch: B
           for k, v in batch.items()}
 
 
-def training_batch(distillation: Distillation, target_config: network.T5Config,
-                   target_params: Any, draft_config: network.T5Config, draft_params: Any,
+def training_batch(distillation: Distillation, target_config: network.NetworkConfig,
+                   target_params: Any, draft_config: network.NetworkConfig, draft_params: Any,
                    batch: Batch, rng: jax.Array) -> Batch:
   """The batch the divergence is taken on: the trainer's, or decodes of its inputs."""
   length = batch["decoder_target_tokens"].shape[1]
@@ -158,12 +177,12 @@ def training_batch(distillation: Distillation, target_config: network.T5Config,
           temperature, length))
 
 
-def _logits(config: network.T5Config, params: Any, batch: Batch,
+def _logits(config: network.NetworkConfig, params: Any, batch: Batch,
             dropout_rng: jax.Array | None = None) -> jax.Array:
   rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-  return network.Transformer(config).apply(
-      {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-      batch["decoder_target_tokens"], enable_dropout=dropout_rng is not None, rngs=rngs)
+  inputs, packing = data.network_inputs(batch)
+  return network.module_of(config).apply({"params": params}, *inputs, **packing,
+                                         enable_dropout=dropout_rng is not None, rngs=rngs)
 
 
 def _sums(distillation: Distillation, target_logits: jax.Array, draft_logits: jax.Array,
@@ -177,8 +196,8 @@ def _sums(distillation: Distillation, target_logits: jax.Array, draft_logits: ja
 @functools.partial(jax.jit, static_argnames=("distillation", "target_config", "draft_config",
                                              "dropout"), donate_argnums=(0,))
 def train_step(state: train_state.TrainState, batch: Batch, rng: jax.Array, *,
-               target_params: Any, distillation: Distillation, target_config: network.T5Config,
-               draft_config: network.T5Config, dropout: bool
+               target_params: Any, distillation: Distillation, target_config: network.NetworkConfig,
+               draft_config: network.NetworkConfig, dropout: bool
                ) -> tuple[train_state.TrainState, dict[str, jax.Array]]:
   sample_rng, dropout_rng = jax.random.split(jax.random.fold_in(rng, state.step))
   batch = training_batch(distillation, target_config, target_params, draft_config, state.params,
@@ -198,16 +217,16 @@ def train_step(state: train_state.TrainState, batch: Batch, rng: jax.Array, *,
 
 @functools.partial(jax.jit, static_argnames=("distillation", "target_config", "draft_config"))
 def _eval_step(target_params: Any, draft_params: Any, batch: Batch, *,
-               distillation: Distillation, target_config: network.T5Config,
-               draft_config: network.T5Config) -> dict[str, jax.Array]:
+               distillation: Distillation, target_config: network.NetworkConfig,
+               draft_config: network.NetworkConfig) -> dict[str, jax.Array]:
   target_logits = _logits(target_config, target_params, batch)
   draft_logits = _logits(draft_config, draft_params, batch)
   return {**_sums(distillation, target_logits, draft_logits, batch),
           **divergences.alpha_sums(target_logits, draft_logits, batch["decoder_loss_weights"])}
 
 
-def eval_sums(distillation: Distillation, target_config: network.T5Config, target_params: Any,
-              draft_config: network.T5Config, draft_params: Any,
+def eval_sums(distillation: Distillation, target_config: network.NetworkConfig, target_params: Any,
+              draft_config: network.NetworkConfig, draft_params: Any,
               batches: Iterable[Batch]) -> dict[str, float]:
   """{'divergence_sum', 'alpha_sum', 'num_tokens', 'alpha_t0_sum', 'alpha_t1_sum'} over
   `batches` (their own targets): alpha at the distillation temperature, and at 0 and 1."""
@@ -217,3 +236,31 @@ def eval_sums(distillation: Distillation, target_config: network.T5Config, targe
                            target_config=target_config, draft_config=draft_config).items():
       sums[k] = sums.get(k, 0.0) + float(v)
   return sums
+
+
+def for_trainer(distillation: Distillation, draft_config: network.NetworkConfig, *,
+                z_loss: float, label_smoothing: float
+                ) -> tuple[Callable[..., Any], Callable[[Any, Iterable[Batch]], dict[str, float]]]:
+  """(step_fn, evaluate) of a trainer distilling a draft of `draft_config`: `step_fn(state,
+  batch, rng)` is `train_step` on the frozen target (loaded once, here), `evaluate(params,
+  batches)` the metrics of `eval_sums`: eval_<divergence>, eval_alpha (at the distillation
+  temperature), eval_alpha_t0 and eval_alpha_t1. One-line ValueErrors (module docstring)
+  before anything compiles."""
+  if z_loss or label_smoothing:
+    raise ValueError("z_loss and label_smoothing are cross-entropy's: they cannot take effect "
+                     "with distillation")
+  check_data_source(distillation.data_source, distillation.draft_sample_fraction,
+                    decoder_only=network.is_decoder_only(draft_config))
+  target_config, target_params = load_target(distillation, draft_config)
+  step_fn = functools.partial(train_step, target_params=target_params, distillation=distillation,
+                              target_config=target_config, draft_config=draft_config,
+                              dropout=draft_config.dropout_rate > 0)
+
+  def evaluate(params: Any, batches: Iterable[Batch]) -> dict[str, float]:
+    sums = eval_sums(distillation, target_config, target_params, draft_config, params, batches)
+    return {f"eval_{distillation.divergence}": sums["divergence_sum"] / sums["num_tokens"],
+            "eval_alpha": sums["alpha_sum"] / sums["num_tokens"],
+            "eval_alpha_t0": sums["alpha_t0_sum"] / sums["num_tokens"],
+            "eval_alpha_t1": sums["alpha_t1_sum"] / sums["num_tokens"]}
+
+  return step_fn, evaluate

@@ -16,6 +16,17 @@ are `train.fit`'s; this module supplies the data and the evaluation:
 - The batch of step s is a pure function of (seed, s): rows are packed once, in an order fixed
   by the seed, and each epoch permutes them with rng(seed, epoch).
 - Evaluation: per-token loss, accuracy and perplexity on the packed `eval_files`.
+- `initial_model` (any checkpoint `formats.load_model` reads, such as this trainer's
+  `model_dir/t5x/checkpoint_<step>`, of `config`): the parameters a new run starts from, with a
+  fresh optimizer; None: `init_params` of `seed`.
+- `distillation` (a `draft_distillation.Distillation` whose target is a decoder-only checkpoint,
+  such as another run's `model_dir/t5x/checkpoint_<step>`, of the draft's vocabulary): white-box
+  distillation of this model, the draft, on the frozen target's token distributions over the
+  packed text (data source 'dataset') instead of cross-entropy; the progress line shows alpha
+  at the distillation temperature, and evaluation adds the divergence and alpha at that
+  temperature, at T=0 and at T=1 (the expected acceptance rate of speculative decoding at each,
+  from both distributions, no decoding) to the draft's own loss and perplexity
+  (configs/train/lm_draft_whitebox.gin).
 """
 from __future__ import annotations
 
@@ -33,6 +44,7 @@ from spec_decode import paths
 from spec_decode.data import corpora
 from spec_decode.t5 import network
 from spec_decode.training import data
+from spec_decode.training import draft_distillation
 from spec_decode.training import train
 
 Batch = dict[str, np.ndarray]
@@ -141,10 +153,18 @@ def train_lm(model_dir: str,
              keep_checkpoints: int = 2,
              t5x_checkpoints: bool = True,
              log_every: int = 20,
-             seed: int = 0) -> dict[str, float]:
+             seed: int = 0,
+             initial_model: str | None = None,
+             distillation: draft_distillation.Distillation | None = None) -> dict[str, float]:
   """Trains until `num_train_steps` (or the wall-time budget); returns the last eval metrics
-  (`{}` with `eval_every=None`). `max_eval_rows` caps the packed eval rows (evaluation time)."""
+  (`{}` with `eval_every=None`). `max_eval_rows` caps the packed eval rows (evaluation time).
+  With `distillation` the model trained is a draft distilled on the target it names (module
+  docstring)."""
   start_time = time.time()
+  step_fn, distilled_metrics = None, None
+  if distillation is not None:
+    step_fn, distilled_metrics = draft_distillation.for_trainer(
+        distillation, config, z_loss=z_loss, label_smoothing=label_smoothing)
   out = pathlib.Path(model_dir)
   out.mkdir(parents=True, exist_ok=True)
   sp = spm.SentencePieceProcessor(model_file=str(paths.resolve(vocab_path)))
@@ -163,20 +183,26 @@ def train_lm(model_dir: str,
   print(f"train: {len(sentences)} sentences, {train_tokens} tokens in {stream.num_rows} rows of "
         f"{sequence_length}, {stream.batches_per_epoch} batches/epoch; eval: "
         f"{int(eval_rows['decoder_loss_weights'].sum())} tokens", flush=True)
-  state = train.create_state(config, optimizer, clip_grad_norm, seed)
+  state = train.create_state(
+      config, optimizer, clip_grad_norm, seed,
+      params=None if initial_model is None else train.load_initial_model(initial_model, config))
 
   def evaluate(params: Any) -> dict[str, float]:
     sums = train.eval_sums(params, state.apply_fn, eval_batches(eval_rows, eval_batch_size))
     loss = sums["loss_sum"] / sums["num_tokens"]
-    return {"eval_loss": loss, "eval_perplexity": float(np.exp(loss)),
-            "eval_accuracy": sums["correct_sum"] / sums["num_tokens"]}
+    metrics = {"eval_loss": loss, "eval_perplexity": float(np.exp(loss)),
+               "eval_accuracy": sums["correct_sum"] / sums["num_tokens"]}
+    if distilled_metrics is not None:
+      metrics.update(distilled_metrics(params, eval_batches(eval_rows, eval_batch_size)))
+    return metrics
 
   return train.fit(state, stream, out, evaluate, start_time=start_time,
                    num_train_steps=num_train_steps, max_wall_time_s=max_wall_time_s,
                    z_loss=z_loss, label_smoothing=label_smoothing,
                    dropout=config.dropout_rate > 0, eval_every=eval_every,
                    checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-                   t5x_checkpoints=t5x_checkpoints, log_every=log_every, seed=seed)
+                   t5x_checkpoints=t5x_checkpoints, log_every=log_every, seed=seed,
+                   step_fn=step_fn)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

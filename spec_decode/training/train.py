@@ -15,10 +15,10 @@ What it does (all knobs are arguments of the gin-configurable `train`):
   {step, params, opt_state}) and, via `spec_decode.checkpoints.t5x_format.save_t5x`, T5X's
   legacy layout in `model_dir/t5x/checkpoint_<step>` (`t5x_checkpoints`); the last `keep_checkpoints` are kept;
 - a progress line every `log_every` steps: loss, z-loss, accuracy, gradient norm, target tokens/s;
-- `initial_model` (a demo model name or a `.safetensors` path in
-  `spec_decode.checkpoints.demo_pair`'s format, of `config`): the parameters a new run starts
-  from, with a fresh optimizer (fine-tuning, continued training, a draft's distillation);
-  None: `init_params` of `seed`;
+- `initial_model` (a demo model name, a `.safetensors` path in
+  `spec_decode.checkpoints.demo_pair`'s format or a T5X checkpoint, of `config`): the parameters
+  a new run starts from, with a fresh optimizer (fine-tuning, continued training, a draft's
+  distillation); None: `init_params` of `seed`;
 - resume: a run restarts from the newest `checkpoint_<step>.msgpack` in `model_dir`. The data
   batch and the dropout rng of step s are pure functions of (seed, s), so a resumed run is
   bitwise identical to an uninterrupted one;
@@ -49,7 +49,7 @@ import numpy as np
 import optax
 import sentencepiece as spm
 
-from spec_decode.checkpoints import demo_pair
+from spec_decode.checkpoints import formats
 from spec_decode.data import corpora
 from spec_decode import gin_utils
 from spec_decode import models
@@ -79,13 +79,7 @@ def loss_and_metrics(params: Any, apply_fn: Callable[..., jax.Array], batch: Bat
   language model, whose packed rows also carry `decoder_segment_ids` and `decoder_positions`.
   """
   rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-  if "encoder_input_tokens" in batch:
-    inputs = (batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-              batch["decoder_target_tokens"])
-    packing = {}
-  else:
-    inputs = (batch["decoder_input_tokens"], batch["decoder_target_tokens"])
-    packing = {k: batch[k] for k in ("decoder_segment_ids", "decoder_positions") if k in batch}
+  inputs, packing = data.network_inputs(batch)
   logits = apply_fn({"params": params}, *inputs, **packing,
                     enable_dropout=dropout_rng is not None, rngs=rngs)
   token_loss, z_term = models.cross_entropy_with_logits(
@@ -150,9 +144,10 @@ def create_state(config: network.NetworkConfig, optimizer: optax.GradientTransfo
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optimizer)
 
 
-def load_initial_model(name_or_path: str, config: network.T5Config) -> Any:
-  """The parameters (on the device) of `initial_model`, which must be a model of `config`."""
-  initial_config, params = demo_pair.load_model(name_or_path)
+def load_initial_model(name_or_path: str, config: network.NetworkConfig) -> Any:
+  """The parameters (on the device) of `initial_model` (any checkpoint `formats.load_model`
+  reads), which must be a model of `config`."""
+  initial_config, params = formats.load_model(name_or_path, like=config)
   if initial_config != config:
     raise ValueError(f"the initial model {name_or_path} is not a model of train.config: "
                      f"{initial_config} != {config}")
@@ -293,9 +288,6 @@ def train(model_dir: str,
   trained is a draft distilled on the frozen target it names (module docstring); evaluation
   then reports the divergence and alpha against that target instead of the loss and accuracy.
   """
-  if distillation is not None and (z_loss or label_smoothing):
-    raise ValueError("z_loss and label_smoothing are cross-entropy's: they cannot take effect "
-                     "with distillation")
   start_time = time.time()
   out = pathlib.Path(model_dir)
   out.mkdir(parents=True, exist_ok=True)
@@ -311,29 +303,22 @@ def train(model_dir: str,
   eval_encoded = data.encode_pairs(sp, eval_sources, eval_targets, max_input_len, max_target_len)
   print(f"train pairs {len(stream.encoded.inputs)} in {stream.batches_per_epoch} batches/epoch; "
         f"eval pairs {len(eval_encoded.inputs)}", flush=True)
-  step_fn = None
+  step_fn, distilled_metrics = None, None
+  if distillation is not None:
+    step_fn, distilled_metrics = draft_distillation.for_trainer(
+        distillation, config, z_loss=z_loss, label_smoothing=label_smoothing)
   state = create_state(config, optimizer, clip_grad_norm, seed,
                        params=None if initial_model is None else load_initial_model(initial_model,
                                                                                     config))
-  if distillation is not None:
-    target_config, target_params = draft_distillation.load_target(distillation, config)
-    step_fn = functools.partial(draft_distillation.train_step, target_params=target_params,
-                                distillation=distillation, target_config=target_config,
-                                draft_config=config, dropout=config.dropout_rate > 0)
 
   def evaluate(params: Any) -> dict[str, float]:
     batches = data.eval_batches(eval_encoded, eval_batch_size, max_input_len, max_target_len)
-    if distillation is None:
+    if distilled_metrics is None:
       sums = eval_sums(params, state.apply_fn, batches)
       metrics = {"eval_loss": sums["loss_sum"] / sums["num_tokens"],
                  "eval_accuracy": sums["correct_sum"] / sums["num_tokens"]}
     else:
-      sums = draft_distillation.eval_sums(distillation, target_config, target_params, config,
-                                          params, batches)
-      metrics = {f"eval_{distillation.divergence}": sums["divergence_sum"] / sums["num_tokens"],
-                 "eval_alpha": sums["alpha_sum"] / sums["num_tokens"],
-                 "eval_alpha_t0": sums["alpha_t0_sum"] / sums["num_tokens"],
-                 "eval_alpha_t1": sums["alpha_t1_sum"] / sums["num_tokens"]}
+      metrics = distilled_metrics(params, batches)
     hyps = greedy.translate(config, params, sp, eval_sources[:bleu_examples],
                             max_input_len, max_target_len, eval_batch_size)
     return {**metrics, "eval_bleu": bleu.corpus_bleu(hyps, eval_targets[:bleu_examples])}
