@@ -195,6 +195,13 @@ def _train(root: pathlib.Path, model_dir: pathlib.Path, distillation, **kwargs):
   return train.train(str(model_dir), **{**arguments, **kwargs})
 
 
+def parameter_distance(a, b) -> float:
+  """The L1 distance of two parameter trees of one structure."""
+  return sum(float(np.abs(np.asarray(x) - np.asarray(y)).sum())
+             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b),
+                             strict=True))
+
+
 @pytest.mark.slow  # the trainer end to end: corpus, vocabulary, evaluation with BLEU
 def test_the_trainer_distills_from_the_initial_draft_and_leaves_the_target(pair_files, tmp_path,
                                                                             capsys):
@@ -218,10 +225,7 @@ def test_the_trainer_distills_from_the_initial_draft_and_leaves_the_target(pair_
   state = train.create_state(TRAINER_DRAFT, OPTIMIZER, None, 0)
   trained = train.restore_checkpoint(state, train.latest_checkpoint(tmp_path / "run")).params
   fresh = train.init_params(TRAINER_DRAFT, jax.random.PRNGKey(0))
-  distance = lambda a, b: sum(float(np.abs(np.asarray(x) - np.asarray(y)).sum())
-                              for x, y in zip(jax.tree_util.tree_leaves(a),
-                                              jax.tree_util.tree_leaves(b), strict=True))
-  assert 0 < distance(trained, initial) < distance(trained, fresh)
+  assert 0 < parameter_distance(trained, initial) < parameter_distance(trained, fresh)
 
 
 @pytest.mark.parametrize("name, kwargs, message", [

@@ -13,6 +13,8 @@ import numpy as np
 import optax
 import pytest
 
+import test_draft_distillation
+
 from spec_decode import paths
 from spec_decode.checkpoints import formats
 from spec_decode.checkpoints import t5x_format
@@ -179,10 +181,8 @@ def test_the_lm_trainer_distills_on_its_own_checkpoint_and_leaves_the_target(toy
                                 str(tmp_path / "run" / "t5x" / "checkpoint_3"))
   initial_params = formats.load_params(network.module_of(TRAINER_DRAFT), initial)
   fresh = train.init_params(TRAINER_DRAFT, jax.random.PRNGKey(0))
-  distance = lambda a, b: sum(float(np.abs(np.asarray(x) - np.asarray(y)).sum())
-                              for x, y in zip(jax.tree_util.tree_leaves(a),
-                                              jax.tree_util.tree_leaves(b), strict=True))
-  assert 0 < distance(trained, initial_params) < distance(trained, fresh)
+  assert (0 < test_draft_distillation.parameter_distance(trained, initial_params)
+          < test_draft_distillation.parameter_distance(trained, fresh))
 
 
 @pytest.mark.parametrize("target, settings, kwargs, message", [

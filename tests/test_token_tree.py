@@ -502,12 +502,7 @@ def _lookup_tree(target, draft, source, inputs, rng, drafter, branching, rule, s
   None) or beside `draft`'s tree; `lookup_walk` replaces `tree_rules.deterministic_walk` (a
   negative control)."""
   temperature, topk, topp = sampling_args
-  if draft is None:
-    draft_cache, draft_tokens_to_logits = drafter.init_cache(source), drafter.tokens_to_logits
-  else:
-    draft_cache = engine_lookup.init_combined_cache(drafter, source,
-                                                    draft.init_cache(*inputs.shape))
-    draft_tokens_to_logits = engine_lookup.with_model(drafter, draft.tokens_to_logits)
+  draft_cache, draft_tokens_to_logits = toy_setup.lookup_draft(draft, drafter, source, inputs)
   run = lambda: token_tree.speculative_tree_sample(
       inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
       draft_cache=draft_cache, draft_tokens_to_logits=draft_tokens_to_logits,

@@ -74,6 +74,15 @@ def random_prompts(rng: np.random.Generator, batch_size: int, max_decode_len: in
   return inputs
 
 
+def lookup_draft(draft, lookup, source, inputs) -> tuple[dict, object]:
+  """(cache, tokens_to_logits) of the n-gram `lookup` over `source [B, Le]` as the draft: alone
+  when `draft` is None, else combined with that model (its cache for `inputs`' shape)."""
+  if draft is None:
+    return lookup.init_cache(source), lookup.tokens_to_logits
+  return (engine_lookup.init_combined_cache(lookup, source, draft.init_cache(*inputs.shape)),
+          engine_lookup.with_model(lookup, draft.tokens_to_logits))
+
+
 @functools.partial(jax.jit, static_argnames=("lookup", "gamma", "num_decodes", "sampling_args",
                                              "verifier", "draft_policy"))
 def speculative_lookup(target, draft, lookup, source, inputs, rng, gamma, num_decodes=1,
@@ -81,12 +90,7 @@ def speculative_lookup(target, draft, lookup, source, inputs, rng, gamma, num_de
   """Speculative sampling with an n-gram lookup draft over `source [B, Le]` (the rows'
   encoder tokens): the lookup alone when `draft` is None, else combined with that model."""
   temperature, topk, topp = sampling_args
-  if draft is None:
-    draft_cache, draft_tokens_to_logits = lookup.init_cache(source), lookup.tokens_to_logits
-  else:
-    draft_cache = engine_lookup.init_combined_cache(lookup, source,
-                                                    draft.init_cache(*inputs.shape))
-    draft_tokens_to_logits = engine_lookup.with_model(lookup, draft.tokens_to_logits)
+  draft_cache, draft_tokens_to_logits = lookup_draft(draft, lookup, source, inputs)
   return decoding.speculative_sample(
       inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
       draft_cache=draft_cache, draft_tokens_to_logits=draft_tokens_to_logits, gamma=gamma,
