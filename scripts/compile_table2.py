@@ -57,15 +57,16 @@ def jobs(family: str) -> list[tuple[str, str, list[str]]]:
     for task in ("ende", "cnndm"):
       rows = [name for name in paper.TABLE2 if name.startswith(task)]
       tokens = sorted({1} | {paper.TABLE2[name].gamma + 1 for name in rows})
-      found.append((stage, f"p{num_partitions}_{task}_target_calls",
-                    _row_args(family, rows[0]) + where + [
-                        "--programs=target_calls",
-                        f"--call_tokens={','.join(map(str, tokens))}"]))
+      if num_partitions > 1:  # one chip's calls are the 'ops' jobs'
+        found.append((stage, f"p{num_partitions}_{task}_target_calls",
+                      _row_args(family, rows[0]) + where + [
+                          "--programs=target_calls",
+                          f"--call_tokens={','.join(map(str, tokens))}"]))
       for name in rows:
         programs = ["decode"]
         if name.split("_")[1] == "small":  # one baseline per (task, temperature)
           programs.append("baseline")
-        if name.endswith("_t0"):  # one call per draft
+        if name.endswith("_t0") and num_partitions > 1:  # one call per draft
           programs.append("draft_call")
         found.append((stage, f"p{num_partitions}_{name}",
                       _row_args(family, name) + where + [f"--programs={','.join(programs)}"]))
@@ -92,17 +93,28 @@ def jobs(family: str) -> list[tuple[str, str, list[str]]]:
                         f"--call_tokens={','.join(map(str, tokens))}"]))
   # Each draft's call on a v4-8 (P = 4) replicated and sharded like the target, for the
   # placement each row should use (`placement.draft_placements`).
-  for size in ("small", "base", "large"):
-    found.append(("ops", f"placement_p4_ende_{size}",
-                  _row_args(family, f"ende_{size}_t0") + [
-                      "--topology=v4-8", "--num_partitions=4", "--programs=draft_placement"]))
+  for task in ("ende", "cnndm"):
+    for size in ("small", "base", "large"):
+      found.append(("ops", f"placement_p4_{task}_{size}",
+                    _row_args(family, f"{task}_{size}_t0") + [
+                        "--topology=v4-8", "--num_partitions=4", "--programs=draft_placement"]))
+  # The largest batch whose decode fits a chip, per row and P (`_largest_batch`), the rows most
+  # apart in their caches first.
+  order = sorted(paper.TABLE2,
+                 key=lambda name: (name.endswith("_t1"), name.split("_")[1] == "base"))
+  for name in order:
+    for num_partitions in PARTITIONS:
+      found.append(("largest", f"largest_p{num_partitions}_{name}", [name]))
   return found
 
 
-def run(families: list[str]) -> None:
-  """Every job not yet written, stage by stage (one chip, then four, then the rest), so an
-  interrupted run has the paper's own setting for both targets first."""
-  for stage in ("p1", "p4", "more", "ops"):
+STAGES = ("p1", "p4", "largest", "ops", "more")
+
+
+def run(families: list[str], stages: list[str]) -> None:
+  """Every job of `stages` not yet written, stage by stage (one chip, then four, then the
+  rest), so an interrupted run has the paper's own setting first."""
+  for stage in [stage for stage in STAGES if stage in stages]:
     for family in families:
       (OUT / family).mkdir(parents=True, exist_ok=True)
       for job_stage, name, arguments in jobs(family):
@@ -114,11 +126,80 @@ def _run_job(family: str, name: str, arguments: list[str]) -> None:
   out = OUT / family / f"{name}.json"
   if out.exists():
     return
+  if name.startswith("largest_") and not (OUT / family / name.replace("largest_", "")
+                                          ).with_suffix(".json").exists():
+    print(f"=== {family} {name}: skipped, its decode at batch 1 is not compiled yet", flush=True)
+    return
+  running = out.with_suffix(".running")  # another run of this script compiles it now
+  try:
+    running.touch(exist_ok=False)
+  except FileExistsError:
+    return
   print(f"=== {family} {name}", flush=True)
   start = time.perf_counter()
-  status = cli.main(arguments + [f"--output_json={out}"])
+  try:
+    if name.startswith("largest_"):
+      status = _largest_batch(family, arguments[0], int(name.split("_")[1][1:]), out)
+    else:
+      status = cli.main(arguments + [f"--output_json={out}"])
+  finally:
+    running.unlink()
   print(f"=== {family} {name}: status {status} in {time.perf_counter() - start:.0f} s",
         flush=True)
+
+
+# XLA:TPU leaves a program about this much less than a v4 chip's 32 GiB (its refusals: "exceeds
+# available HBM (30.75G)"); only the first guess of the largest batch uses it, compiles decide.
+XLA_RESERVED_BYTES = int(1.25 * 2**30)
+
+
+def _largest_batch(family: str, row: str, num_partitions: int, out: pathlib.Path) -> int:
+  """The largest batch whose speculative decode of `row` fits one chip at `num_partitions`,
+  by compiles (`plan.largest_batch`, a batch fitting where XLA compiles it and its
+  arguments, temporaries and code fit the chip's HBM): a probe at three quarters of what the
+  plan's formula (caches growing with the batch) leaves room for, then a guess from the line
+  through the probe's and batch 1's compiled bytes, searched from there. Needs the row's
+  decode at batch 1 (stage p1 / p4). Writes every batch tried."""
+  from spec_decode import plan  # pylint: disable=g-import-not-at-top
+  from spec_decode.aot import runs  # pylint: disable=g-import-not-at-top
+  from spec_decode.aot import topologies  # pylint: disable=g-import-not-at-top
+  one = json.loads((OUT / family / f"p{num_partitions}_{row}.json").read_text())
+  program, formula = one["programs"][0], one["plan"][one["programs"][0]["name"]]
+  topology = topologies.topology(PARTITIONS[num_partitions])
+  devices = topology.devices()
+  harness, folder, drafts = FAMILIES[family]
+  hbm = topology.chip.hbm_bytes
+  tried: dict[int, dict | str] = {}
+
+  def fits(batch_size: int) -> bool:
+    if batch_size not in tried:
+      run = runs.read_run(argparse.Namespace(
+          gin_file=[harness, f"{folder}/{row}.gin"],
+          draft_gin_file=f"{drafts}/{row.split('_')[1]}.gin", num_partitions=num_partitions,
+          batch_size=batch_size, input_length=None, target_length=None), [], devices)
+      found = runs.decode_program(run, lambda message: print(f"  batch {batch_size}: {message}",
+                                                             flush=True))
+      tried[batch_size] = found if isinstance(found, str) else {
+          key: getattr(found, key) for key in ("argument_bytes", "temp_bytes", "code_bytes",
+                                               "device_bytes", "compile_seconds")}
+    found = tried[batch_size]
+    return not isinstance(found, str) and found["device_bytes"] <= hbm
+
+  room = hbm - XLA_RESERVED_BYTES - program["device_bytes"]
+  probe = max(2, int(0.75 * room / formula["formula_cache"]))
+  if not fits(probe):
+    guess = probe // 2
+  else:
+    per_row = (tried[probe]["device_bytes"] - program["device_bytes"]) / (probe - 1)
+    guess = 1 + int(room / per_row)
+  largest = plan.largest_batch(fits, up_to=4 * probe, guess=guess)
+  out.write_text(json.dumps({
+      "row": row, "num_partitions": num_partitions, "topology": PARTITIONS[num_partitions],
+      "probe": probe, "guess": guess, "largest": largest,
+      "batch_1": {key: program[key] for key in ("argument_bytes", "temp_bytes", "code_bytes",
+                                                 "device_bytes")},
+      "tried": {str(batch): found for batch, found in sorted(tried.items())}}, indent=1) + "\n")
+  return 0
 
 
 # --------------------------------------------------------------------------- the document
@@ -395,10 +476,12 @@ def render() -> str:
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--family", action="append", choices=sorted(FAMILIES))
+  parser.add_argument("--stage", action="append", choices=STAGES,
+                      help="only these stages' jobs (default: all)")
   parser.add_argument("--render_only", action="store_true")
   args = parser.parse_args(argv)
   if not args.render_only:
-    run(args.family or list(FAMILIES))
+    run(args.family or list(FAMILIES), args.stage or list(STAGES))
   (OUT.parent / "compiled.md").write_text(render() + "\n")
   print(f"wrote {OUT.parent / 'compiled.md'}")
   return 0
