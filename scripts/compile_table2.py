@@ -158,7 +158,7 @@ def _run_job(family: str, name: str, arguments: list[str]) -> None:
     else:
       status = cli.main(arguments + [f"--output_json={out}"])
   finally:
-    running.unlink()
+    running.unlink(missing_ok=True)
   print(f"=== {family} {name}: status {status} in {time.perf_counter() - start:.0f} s",
         flush=True)
 
@@ -483,7 +483,14 @@ def _placement_section(figures: dict[str, dict]) -> list[str]:
       "more, by the counts above), so the choice turns on the latency of one small collective "
       "on the chips' interconnect, which no compile gives: below the "
       "break-even the sharded draft is the cheaper, above it the replicated one. Measure it "
-      "on a TPU before trusting the 'use' column.", ""]
+      "on a TPU before trusting the 'use' column.", "",
+      "Every Table 2 row takes its draft's verdict (CNNDM's calls are EnDe's: the same "
+      "lengths), and the configs already run it: the draft replicated is `decode_layout`'s "
+      "default and the T5X hook's (`SHARD_DRAFT = False`, configs/t5x/speculative.gin), and "
+      "configs/table2 sets neither. So at P = 4 the predicted speedups stay below P = 1's (the "
+      "P = 4 table: c four times P = 1's); where a TPU measures a collective below the "
+      "break-even, the sharded draft's c is its roofline plus its collectives over the "
+      "target's, and at no collective cost it is P = 1's c again, P = 1's speedup.", ""]
 
 
 def render() -> str:
