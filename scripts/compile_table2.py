@@ -513,7 +513,9 @@ def render() -> str:
       "for when a TPU is lent.",
       "",
       "The decodes are compiled with the TPU's decoder projections (`network.kernel_first_dot`, "
-      "docs/TPU_COMPILE.md), which keep XLA:TPU from copying the decoder's attention kernels "
+      "docs/TPU_COMPILE.md; compiled 2026-12-05 on an Intel Xeon host of 2 cores under a load "
+      "average of 8-20 from other work, which the compile seconds in the figures reflect), "
+      "which keep XLA:TPU from copying the decoder's attention kernels "
       "into another layout before the loop and holding the copies through it. 'Before' is the "
       "same decode compiled before that change (at commit b8e1366, kept in a `before` folder "
       "beside each family's figures in docs/table2/compiled). The goal for each row: its "
@@ -538,8 +540,9 @@ def render() -> str:
       "`draft_logical_axis_rules`, the T5X hook's SHARD_DRAFT) would keep P = 1's c. Against "
       "the paper's measurements (one TPU-v4, their fine-tuned models and alpha), the roofline "
       "predicts the small drafts' speedups closely and overpredicts the large drafts'; one "
-      "fixed latency per operation run in sequence, fitted on the paper's rows, does not "
-      "explain that (the last section of the T5.1.1-XXL target's).",
+      "fixed latency per operation run in sequence or per call, fitted on the paper's rows, "
+      "does not explain that, and no model of the calls' costs can bring every row within 15% "
+      "(the section on fixed latencies, T5.1.1-XXL target).",
       ""]
   for family in FAMILIES:
     figures, before = _load(family), _load(family, "before")
