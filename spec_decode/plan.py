@@ -219,19 +219,46 @@ def check_fits(layout: decode_layout.DecodeLayout, batch_rows: int, input_length
         f"{format_bytes(budget)} per device budget")
 
 
-def largest_batch(fits: Callable[[int], bool], up_to: int, step: int = 1) -> int:
+def largest_batch(fits: Callable[[int], bool], up_to: int, step: int = 1,
+                  guess: int | None = None) -> int:
   """The largest multiple of `step` up to `up_to` for which `fits` holds, 0 where `step` does
   not fit. Assumes what a decode's memory does: it grows with the batch, so `fits` holds up to
   some batch and not beyond. Bisection: `fits` is asked ceil(log2(up_to // step)) + 2 times at
-  most, `up_to` first (the answer where it fits, in one call)."""
+  most, `up_to` first (the answer where it fits, in one call). With a `guess` (e.g. from a
+  linear model of the memory of two compiled batches), the search starts there instead:
+  `guess` and its neighbour first, 2 calls where the guess is right, then steps doubling away
+  from it until a batch on the other side brackets the answer, then bisection between them."""
   top = up_to // step
   if top < 1:
     return 0
-  if fits(top * step):
-    return top * step
-  if top == 1 or not fits(step):
-    return 0
-  low, high = 1, top  # fits(low * step), not fits(high * step)
+  if guess is None:
+    if fits(top * step):
+      return top * step
+    if top == 1 or not fits(step):
+      return 0
+    low, high = 1, top  # fits(low * step), not fits(high * step)
+  else:
+    start = min(max(guess // step, 1), top)
+    if fits(start * step):
+      low, high, distance = start, None, 1
+      while high is None:  # gallop up
+        if low == top:
+          return top * step
+        probe = min(low + distance, top)
+        if fits(probe * step):
+          low, distance = probe, distance * 2
+        else:
+          high = probe
+    else:
+      low, high, distance = None, start, 1
+      while low is None:  # gallop down
+        if high == 1:
+          return 0
+        probe = max(high - distance, 1)
+        if fits(probe * step):
+          low = probe
+        else:
+          high, distance = probe, distance * 2
   while high - low > 1:
     middle = (low + high) // 2
     if fits(middle * step):
@@ -404,17 +431,9 @@ def _print_compiled(args: argparse.Namespace, bindings: list[str],
     """The decode compiled for P = row.num_partitions, or XLA:TPU's refusal to compile one
     whose temporaries its HBM cannot hold."""
     run = read(row, batch_size)
-    try:
-      return programs.predict_program(
-          run.layout, run.model.decoder, eos_id=runs.EOS_ID, num_decodes=run.model.num_decodes,
-          batch_size=run.batch_size, input_length=run.input_length,
-          target_length=run.target_length, param_dtype=run.checkpoint_dtype,
-          progress=lambda message: print(f"P={row.num_partitions} batch {run.batch_size}: "
-                                         f"{message}", file=sys.stderr, flush=True))
-    except jax.errors.JaxRuntimeError as e:
-      if "RESOURCE_EXHAUSTED" not in str(e):
-        raise
-      return gin_utils.first_line(e)
+    return runs.decode_program(
+        run, lambda message: print(f"P={row.num_partitions} batch {run.batch_size}: {message}",
+                                   file=sys.stderr, flush=True))
 
   def describe(program: programs.Program | str) -> str:
     if isinstance(program, str):

@@ -9,10 +9,12 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 import test_cpu_kernels
@@ -401,6 +403,23 @@ def test_the_fit_recovers_a_planted_latency_per_operation(planted):
     assert predicted == pytest.approx(row.speedup, rel=1e-4)
   if planted:  # without the term, the deep drafts are overpredicted
     assert rows[2].predicted_speedup(0.0) > 1.1 * rows[2].speedup
+
+
+def test_no_cost_model_of_the_same_calls_beats_half_their_spread():
+  """Two rows of the same calls and gamma whose measured speedups ask for denominators
+  (gamma c + v) 1.44 times apart: whatever c and v, one of them is 20% off (sqrt(1.44)), and a
+  scan of the shared denominator finds nothing better; a row of another draft call is no
+  group."""
+  expected_tokens = lambda alpha, gamma: (1 - alpha ** (gamma + 1)) / (1 - alpha)
+  target, verify, draft = (1e-2, 900), (1.05e-2, 950), (1e-4, 150)
+  rows = [report.CallCosts("a", 0.5, 3, expected_tokens(0.5, 3) / 1.5, target, verify, draft),
+          report.CallCosts("b", 0.8, 3, expected_tokens(0.8, 3) / 2.16, target, verify, draft),
+          report.CallCosts("other", 0.8, 3, 2.0, target, verify, (8e-4, 600))]
+  [(names, error)] = report.least_worst_errors(rows)
+  assert names == ("a", "b") and error == pytest.approx(1.2)
+  best = min(max(abs(math.log(expected_tokens(row.alpha, 3) / x / row.speedup))
+                 for row in rows[:2]) for x in np.linspace(1.0, 3.0, 20001))
+  assert math.exp(best) == pytest.approx(1.2, rel=1e-4)
 
 
 def test_the_fit_needs_measured_speedups():

@@ -224,6 +224,30 @@ def test_largest_batch_bisects_to_the_last_that_fits(step):
     assert len(asked) <= math.ceil(math.log2(up_to // step)) + 2, asked
 
 
+@pytest.mark.parametrize("step", [1, 3])
+def test_largest_batch_searches_from_a_guess(step):
+  """From any guess, against every threshold: the same answer as without one, each batch asked
+  a multiple of `step` within the bound and asked once; a right guess costs 2 calls (the guess
+  and the batch after it), a guess off by d about 2 log2(d) + 2."""
+  up_to = 40
+  for threshold in range(0, 45):
+    expected = max([b for b in range(step, up_to + 1, step) if b <= threshold], default=0)
+    for guess in range(1, 46):
+      asked = []
+
+      def fits(batch, threshold=threshold, asked=asked):
+        asked.append(batch)
+        return batch <= threshold
+
+      assert plan.largest_batch(fits, up_to, step, guess=guess) == expected, (threshold, guess)
+      assert all(b % step == 0 and step <= b <= up_to for b in asked), asked
+      assert len(set(asked)) == len(asked), asked
+      distance = abs(min(max(guess // step, 1), up_to // step) - max(expected // step, 1)) + 1
+      assert len(asked) <= 2 * math.ceil(math.log2(distance)) + 2, (threshold, guess, asked)
+      if expected and guess == expected and expected + step <= up_to:
+        assert asked == [expected, expected + step]
+
+
 def test_largest_batch_needs_a_topology(capsys):
   with pytest.raises(SystemExit) as exited:
     plan.main(["--gin_file=configs/demo/infer.gin", "--largest_batch_up_to=8"])

@@ -43,7 +43,9 @@ class CallCosts:
   """What the fixed-latency cost model needs of one row: its alpha and gamma, the measured
   speedup to fit (0 where there is none), and (roofline seconds, sequential operations) of the
   target's 1-token call, its (gamma + 1)-token call and the draft's 1-token call (as
-  `programs.roofline_seconds` and `programs.Program.sequential_ops` give them)."""
+  `programs.roofline_seconds` and `programs.Program.sequential_ops` give them). The count beside
+  each roofline may be any that pays one fixed latency each: operations in sequence, or 1 for
+  a fixed cost per call (a launch, a loop iteration)."""
   name: str
   alpha: float
   gamma: int
@@ -91,6 +93,27 @@ def leave_one_out(rows: Sequence[CallCosts],
   for i, row in enumerate(rows):
     latency = fit_op_latency([other for j, other in enumerate(rows) if j != i], largest)
     found.append((row, latency, row.predicted_speedup(latency)))
+  return found
+
+
+def least_worst_errors(rows: Sequence[CallCosts]) -> list[tuple[tuple[str, ...], float]]:
+  """What no cost model of the calls can beat: rows whose target, verification and draft calls
+  are the same programs (the same `CallCosts` calls) get the same c and v(gamma + 1) from any
+  model of a call's time, so Theorem 3.8 predicts each E / (gamma c + v), with E =
+  (1 - alpha^(gamma+1)) / (1 - alpha) its own, from one shared denominator. The denominator that
+  serves them best leaves the largest |log(predicted / measured)| at half the spread of
+  log(E / measured) over the rows. Per group of two or more rows: (their names, that least
+  worst error as a factor, e.g. 1.2 = 20% off)."""
+  groups: dict[tuple[Any, ...], list[CallCosts]] = {}
+  for row in rows:
+    groups.setdefault((row.gamma, row.target, row.verify, row.draft), []).append(row)
+  found = []
+  for group in groups.values():
+    if len(group) < 2:
+      continue
+    logs = [math.log(float(drafting.expected_tokens_per_cost(row.alpha, row.gamma, 0.0, 1.0))
+                     / row.speedup) for row in group]
+    found.append((tuple(row.name for row in group), math.exp((max(logs) - min(logs)) / 2)))
   return found
 
 

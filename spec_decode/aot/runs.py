@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gin
 import jax
 import jax.numpy as jnp
 
+from spec_decode.aot import programs
 from spec_decode.runtime import decode_layout
 from spec_decode import models
 from spec_decode import gin_utils
@@ -108,3 +109,19 @@ def read_run(args: argparse.Namespace, bindings: Sequence[str],
   return Run(model, layout, None if dtype is None else jnp.dtype(dtype), sizes["batch size"],
              sizes["input length"], sizes["target length"],
              row)
+
+
+def decode_program(run: Run, progress: Callable[[str], None] = lambda _: None
+                   ) -> programs.Program | str:
+  """The run's decode compiled (`programs.predict_program`), or in one line XLA:TPU's refusal
+  to compile a decode whose temporaries the chip's HBM cannot hold (RESOURCE_EXHAUSTED): a
+  batch that does not fit."""
+  try:
+    return programs.predict_program(
+        run.layout, run.model.decoder, eos_id=EOS_ID, num_decodes=run.model.num_decodes,
+        batch_size=run.batch_size, input_length=run.input_length,
+        target_length=run.target_length, param_dtype=run.checkpoint_dtype, progress=progress)
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    return gin_utils.first_line(e)
