@@ -442,5 +442,6 @@ def test_tree_run_predicts_what_t5x_predicts(setup, runs, baseline):
   assert sum(example["aux"]["accepted_tokens"] for example in examples) > 0
   config = (setup["directory"] / "tree" / "config.gin").read_text()
   for bound in ("DECODE_LOOP = 'speculative_tree_sample'", "TREE_BRANCHING = (2, 2)",
-                "{'tree_branching': %TREE_BRANCHING, 'tree_rule': %TREE_RULE}"):
+                "'tree_branching': %TREE_BRANCHING", "'tree_rule': %TREE_RULE",
+                "'lookup_branches': %LOOKUP_BRANCHES", "'lookup_depth': %LOOKUP_DEPTH"):
     assert bound in config, config
