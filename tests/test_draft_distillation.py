@@ -195,6 +195,16 @@ def _train(root: pathlib.Path, model_dir: pathlib.Path, distillation, **kwargs):
   return train.train(str(model_dir), **{**arguments, **kwargs})
 
 
+def test_the_run_starts_from_initial_model_or_its_older_name():
+  older = draft_distillation.Distillation(target="target", initial_draft="draft")
+  assert draft_distillation.start_from(older, None) == "draft"
+  assert draft_distillation.start_from(None, "draft") == "draft"
+  assert draft_distillation.start_from(None, None) is None
+  with pytest.raises(ValueError, match="^the run's starting point is set twice: initial_model "
+                                       "'target' and Distillation.initial_draft 'draft'"):
+    draft_distillation.start_from(older, "target")
+
+
 def parameter_distance(a, b) -> float:
   """The L1 distance of two parameter trees of one structure."""
   return sum(float(np.abs(np.asarray(x) - np.asarray(y)).sum())

@@ -10,7 +10,8 @@ Contract:
   the frozen target (a demo model name, or any checkpoint `formats.load_model` reads, of the
   draft's family: a `.safetensors` file in `spec_decode.checkpoints.demo_pair`'s format, or a T5X
   checkpoint such as the trainers write under `model_dir/t5x/checkpoint_<step>`; the draft the
-  run starts from is the trainer's `initial_model`, same forms), the divergence
+  run starts from is the trainer's `initial_model`, same forms, or
+  `initial_draft`, its older name, `start_from`), the divergence
   (`divergences.DIVERGENCES`; `beta` for 'jsd' only), the `temperature` both distributions are
   taken at (the decoding temperature alpha is wanted for: total variation is then exactly
   1 - alpha at a position), and the data source:
@@ -88,6 +89,9 @@ def check_data_source(data_source: str, draft_sample_fraction: float | None,
 class Distillation:
   """What the draft is distilled from and how (see the module docstring)."""
   target: str
+  # The draft the run starts from under its first name: the trainers' `initial_model` now
+  # (`start_from`); kept so configs that bind it still run.
+  initial_draft: str | None = None
   divergence: str = "tv"
   temperature: float = 1.0
   beta: float | None = None
@@ -116,6 +120,16 @@ def load_target(distillation: Distillation, draft_config: network.NetworkConfig
     raise ValueError(f"target and draft vocabularies differ: the target has {config.vocab_size} "
                      f"ids, the draft {draft_config.vocab_size}")
   return config, jax.device_put(params)
+
+
+def start_from(distillation: Distillation | None, initial_model: str | None) -> str | None:
+  """The checkpoint a trainer's run starts from: its `initial_model`, or the distillation's
+  `initial_draft` (the same setting's first name); ValueError when both are set."""
+  initial_draft = None if distillation is None else distillation.initial_draft
+  if initial_draft is not None and initial_model is not None:
+    raise ValueError(f"the run's starting point is set twice: initial_model {initial_model!r} "
+                     f"and Distillation.initial_draft {initial_draft!r} (its older name)")
+  return initial_model if initial_draft is None else initial_draft
 
 
 def sample(config: network.T5Config, params: Any, encoder_input_tokens: jax.Array,

@@ -165,6 +165,8 @@ def train_lm(model_dir: str,
   if distillation is not None:
     step_fn, distilled_metrics = draft_distillation.for_trainer(
         distillation, config, z_loss=z_loss, label_smoothing=label_smoothing)
+  initial_params = train.initial_state_params(
+      draft_distillation.start_from(distillation, initial_model), config)
   out = pathlib.Path(model_dir)
   out.mkdir(parents=True, exist_ok=True)
   sp = spm.SentencePieceProcessor(model_file=str(paths.resolve(vocab_path)))
@@ -183,9 +185,7 @@ def train_lm(model_dir: str,
   print(f"train: {len(sentences)} sentences, {train_tokens} tokens in {stream.num_rows} rows of "
         f"{sequence_length}, {stream.batches_per_epoch} batches/epoch; eval: "
         f"{int(eval_rows['decoder_loss_weights'].sum())} tokens", flush=True)
-  state = train.create_state(
-      config, optimizer, clip_grad_norm, seed,
-      params=None if initial_model is None else train.load_initial_model(initial_model, config))
+  state = train.create_state(config, optimizer, clip_grad_norm, seed, params=initial_params)
 
   def evaluate(params: Any) -> dict[str, float]:
     sums = train.eval_sums(params, state.apply_fn, eval_batches(eval_rows, eval_batch_size))

@@ -144,9 +144,11 @@ def create_state(config: network.NetworkConfig, optimizer: optax.GradientTransfo
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optimizer)
 
 
-def load_initial_model(name_or_path: str, config: network.NetworkConfig) -> Any:
+def initial_state_params(name_or_path: str | None, config: network.NetworkConfig) -> Any:
   """The parameters (on the device) of `initial_model` (any checkpoint `formats.load_model`
-  reads), which must be a model of `config`."""
+  reads), which must be a model of `config`; None for None (a fresh initialization)."""
+  if name_or_path is None:
+    return None
   initial_config, params = formats.load_model(name_or_path, like=config)
   if initial_config != config:
     raise ValueError(f"the initial model {name_or_path} is not a model of train.config: "
@@ -289,6 +291,14 @@ def train(model_dir: str,
   then reports the divergence and alpha against that target instead of the loss and accuracy.
   """
   start_time = time.time()
+  # What the run starts from and distills on is read first: a bad path fails in one line
+  # before anything is written.
+  step_fn, distilled_metrics = None, None
+  if distillation is not None:
+    step_fn, distilled_metrics = draft_distillation.for_trainer(
+        distillation, config, z_loss=z_loss, label_smoothing=label_smoothing)
+  initial_params = initial_state_params(
+      draft_distillation.start_from(distillation, initial_model), config)
   out = pathlib.Path(model_dir)
   out.mkdir(parents=True, exist_ok=True)
   sp = spm.SentencePieceProcessor(model_file=str(paths.resolve(vocab_path)))
@@ -303,13 +313,7 @@ def train(model_dir: str,
   eval_encoded = data.encode_pairs(sp, eval_sources, eval_targets, max_input_len, max_target_len)
   print(f"train pairs {len(stream.encoded.inputs)} in {stream.batches_per_epoch} batches/epoch; "
         f"eval pairs {len(eval_encoded.inputs)}", flush=True)
-  step_fn, distilled_metrics = None, None
-  if distillation is not None:
-    step_fn, distilled_metrics = draft_distillation.for_trainer(
-        distillation, config, z_loss=z_loss, label_smoothing=label_smoothing)
-  state = create_state(config, optimizer, clip_grad_norm, seed,
-                       params=None if initial_model is None else load_initial_model(initial_model,
-                                                                                    config))
+  state = create_state(config, optimizer, clip_grad_norm, seed, params=initial_params)
 
   def evaluate(params: Any) -> dict[str, float]:
     batches = data.eval_batches(eval_encoded, eval_batch_size, max_input_len, max_target_len)
