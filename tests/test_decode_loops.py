@@ -45,7 +45,7 @@ def test_infer_runs_it_from_a_config(tmp_path, capsys):
 DECODE_LOOP = 'toy_speculative'
 VERIFIER = None  # the toy loop has its own rule, and no drafting policy
 DRAFT_POLICY = None
-models.SpeculativeEncoderDecoderModel.loop_settings = {'rule': 'token'}
+LOOP_SETTINGS = {'rule': 'token'}
 """)
   traces = toy_loop.TRACES["token"]
   out = tmp_path / "out"
