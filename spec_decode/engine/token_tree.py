@@ -27,6 +27,11 @@ of depth D; at the start, the token at i alone), both caches holding the positio
 The caches end as if the path had been decoded because the next iteration feeds it to both.
 Exactness: each iteration emits tokens with the target's law given the prefix (the rule's
 walk, `tree_rules`); the tree's shape is static and its tokens come from the draft alone.
+A tree chosen per row (`tree_widths`): only the number of nodes per depth is static; each row's
+nodes of depth d are the children of its depth d - 1 whose paths the draft finds likeliest
+(`_likeliest_paths`), their parents data that the tree masks of both models' calls follow.
+Its children are fixed by the draft before the target is called, so they are verified as
+deterministic children (a rule's `verify_fixed`: 'deterministic', or 'most_likely' greedy).
 Lookup branches: with an n-gram lookup draft (`lookup`), `lookup_branches` chains of
 `lookup_depth` tokens copied after earlier matches of the row's suffix (`lookup.branches`)
 hang from the root beside the model's tree (or alone: no draft call at all). They are
@@ -139,7 +144,8 @@ class TreeShape:
     """[T, T] node q' is an ancestor of (or is) node q, for the edges the shape fixes: a tree
     chosen per row adds its model nodes' own (`_with_parents`)."""
     mask = np.eye(self.num_nodes, dtype=bool)
-    for depth in range(2, self.model_depth + 1 if not self.chosen_per_row else 0):
+    fixed_depth = 0 if self.chosen_per_row else self.model_depth
+    for depth in range(2, fixed_depth + 1):
       for j in range(self.widths[depth]):
         node = self.offsets[depth - 1] + j
         parent = self.offsets[depth - 2] + j // self.branching[depth - 1]
