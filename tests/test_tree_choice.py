@@ -1,7 +1,9 @@
 """`tree_choice`: expected tokens per target call of a tree from positional acceptance, worked by
 hand and checked against a simulated walk; the shapes within a node budget; the choice under a
 platform's v(k); acceptance measured from greedy ranks by replaying the walk; Theorem 3.8's tree
-analogue, its chain case the paper's; acceptance by rank from one alpha; compiled costs read back."""
+analogue, its chain case the paper's; acceptance by rank from one alpha; compiled costs read
+back; the calls of decodes of given lengths (the last cut), from positional acceptance and from
+the ranks' chain, by hand and against simulated greedy decodes."""
 
 import json
 
