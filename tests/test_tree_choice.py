@@ -3,13 +3,17 @@ hand and checked against a simulated walk; the shapes within a node budget; the 
 platform's v(k); acceptance measured from greedy ranks by replaying the walk; Theorem 3.8's tree
 analogue, its chain case the paper's; acceptance by rank from one alpha; compiled costs read
 back; the calls of decodes of given lengths (the last cut), from positional acceptance and from
-the ranks' chain, by hand and against simulated greedy decodes."""
+the ranks' chain, by hand and against simulated greedy decodes; a sampled decode's calls
+following from its output's ranks under the rule 'deterministic'."""
 
 import json
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import toy_setup
 from spec_decode.bench import theory
 from spec_decode.engine import token_tree
 from spec_decode.engine import tree_choice
@@ -252,3 +256,42 @@ def test_greedy_rank_chain_counts_transitions():
   chain = tree_choice.greedy_rank_chain([np.array([0, 0, 4])], 2)
   np.testing.assert_allclose(chain.transitions,
                              [[0.5, 0, 0.5], [2 / 3, 0, 1 / 3], [2 / 3, 0, 1 / 3], [1, 0, 0]])
+
+
+def _replayed_calls(ranks: np.ndarray, branching: tuple[int, ...]) -> int:
+  """The target calls of the walk that accepts the node of rank k at depth d when the output's
+  next token is the draft's k-th likeliest and k < branching[d]."""
+  position, calls = 0, 0
+  while position < len(ranks):
+    depth = 0
+    while (depth < len(branching) and position + depth < len(ranks)
+           and ranks[position + depth] < branching[depth]):
+      depth += 1
+    position, calls = position + depth + 1, calls + 1
+  return calls
+
+
+@pytest.mark.parametrize("rule, follows", [("deterministic", True),
+                                           ("without_replacement", False)])
+def test_sampled_calls_follow_the_outputs_ranks(rule, follows):
+  """At temperature 1 the rule 'deterministic' accepts a node exactly when the token the walk
+  emits there ranks among the draft's likeliest `branching[d]` (the module docstring of
+  tree_choice): every decode's target calls are its own output's replay. Children drawn at
+  random ('without_replacement') are not: some decode's calls differ."""
+  target, draft = toy_setup.make_pair(5, "near", seed=1, eos_shift=-3.0)
+  rows, length, branching = 500, 8, (2, 1, 1)
+  inputs = jnp.zeros((rows, length), jnp.int32)
+  decodes, _, stats = jax.jit(lambda rng: token_tree.speculative_tree_sample(
+      inputs, target.init_cache(rows, length), target.tokens_to_logits, toy_setup.EOS,
+      draft_cache=draft.init_cache(rows, length), draft_tokens_to_logits=draft.tokens_to_logits,
+      tree_branching=branching, tree_rule=rule, decode_rng=rng, temperature=1.0))(
+          jax.random.PRNGKey(0))
+  outputs = np.asarray(decodes[:, 0])
+  ranks = np.zeros(outputs.shape, np.int64)
+  for t in range(length):  # the draft's logits after BOS and the output before t
+    logits = np.asarray(draft.next_token_logits(np.pad(outputs[:, :t], ((0, 0), (1, 0)))))
+    ranks[:, t] = np.sum(logits > np.take_along_axis(logits, outputs[:, t:t + 1], axis=1), axis=1)
+  replayed = [_replayed_calls(row_ranks[:np.sum(row > 0)], branching)
+              for row, row_ranks in zip(outputs, ranks)]
+  assert np.mean(np.sum(outputs > 0, axis=1)) > 3  # decodes long enough to walk the depths
+  assert np.array_equal(replayed, np.asarray(stats.target_calls).reshape(rows)) == follows

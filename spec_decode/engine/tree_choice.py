@@ -43,6 +43,15 @@ token's after the full depth), and the renewal count runs over (tokens left, cla
 
 from the class 'no previous token' (`tokens_per_call`, given a `RankChain`).
 
+Sampled: with the rule 'deterministic' (children: the draft's likeliest ids) at any
+temperature, the walk at a node accepts child k with the target's probability p(x_k) of it, and
+the token it emits there (the accepted child, else a draw from the residual, which excludes the
+children) follows p: the emitted tokens are a sample of the target's, and a node is accepted
+exactly when the emitted token is among its children, i.e. ranks below branching[d] among the
+draft's. The calls of a sampled decode therefore follow from its output's ranks as a greedy
+decode's do, and `greedy_acceptance` and `greedy_rank_chain` measure 'deterministic' from the
+ranks of the target's sampled outputs (in law: the decode draws its own sample).
+
 Cost: each iteration makes one target call and D draft calls. As `speculative_tree_sample`
 makes them (`call_widths`), the target's call feeds D + 1 + T tokens (the pending chain, padded
 to D + 1, then the T nodes) and the draft's the chain, then one tree call on the nodes of depths
