@@ -3,20 +3,23 @@ tree for a node budget and this machine's v(k), and its predicted tokens per tar
 the measured ones, on the sentences measured and on held-out ones.
 
 On the first --sentences sentences of Multi30k's test split (as scripts/tree_vs_chain.py
-encodes them, greedy): the target's decode, then the draft's logits after each prefix of it in
-one call; the rank of each output token among them gives the acceptance of 'most_likely' by
-depth and rank (`tree_choice.greedy_acceptance`, --max_depth x --max_rank), the ranks' chain
-(`tree_choice.greedy_rank_chain`, --max_rank) and the decodes' lengths. Three predictions of
-tokens per target call come from them: every call counted whole (positional acceptance, `1 +
-E(0)`), of decodes of those lengths (the last call cut; positional acceptance), and of those
-lengths with the ranks' chain, which ranks the trees. The next --heldout sentences are held out:
-measured, never used to predict. v(k), the time of a target call feeding k tokens per row
-relative to one token, is --target_costs ("k:v,..."), or a platform's compiled v(k)
-(--call_costs, a file of `tree_choice.load_call_costs`'s format such as
-docs/token_trees/tpu_call_costs.json, at --platform, batch 1: the T5.1.1-XXL target's tree calls
-as XLA:TPU compiles them), or, without either, measured here (`spec_decode.runtime.call_costs`,
-batch 1, widths 1, 2, 4, ... up to the widest tree's call, interleaved; linear between them);
---draft_cost is the draft's c. Every
+encodes them): the target's decode (greedy, or sampled at --temperature), then the draft's
+logits after each prefix of it in one call. The rank of each output token among them gives the
+acceptance by depth and rank (`tree_choice.greedy_acceptance`, --max_depth x --max_rank) and the
+ranks' chain (`tree_choice.greedy_rank_chain`, --max_rank) of the rule 'most_likely' (greedy)
+or 'deterministic' (sampled: the walk emits a sample of the target's, and a node is accepted
+when that token ranks among its children; `tree_choice`'s module docstring); with the decodes'
+lengths, three predictions of tokens per target call: every call counted whole (positional
+acceptance, 1 + E(0)), of decodes of those lengths (the last call cut; positional acceptance),
+and of those lengths with the ranks' chain, which ranks the trees. The next --heldout sentences
+are held out: measured, never used to predict.
+
+v(k), the time of a target call feeding k tokens per row relative to one token, is
+--target_costs ("k:v,..."), or a platform's compiled v(k) (--call_costs, a file of
+`tree_choice.load_call_costs`'s format such as docs/token_trees/tpu_call_costs.json, at
+--platform, batch 1: the T5.1.1-XXL target's tree calls as XLA:TPU compiles them), or, without
+either, measured here (`spec_decode.runtime.call_costs`, batch 1, widths 1, 2, 4, ... up to the
+widest tree's call, interleaved; linear between them); --draft_cost is the draft's c. Every
 shape within --node_budget nodes is ranked by predicted tokens per unit of time
 (`tree_choice.rank_trees`); the --top best, and the chain (1,) * max_depth, are then decoded by
 `speculative_tree_sample` on the --sentences and on the --heldout sentences: predicted and
@@ -24,8 +27,9 @@ measured tokens per target call side by side (measured: generated tokens / targe
 set's sentences, the last call of each sentence cut at EOS) and wall seconds (both sets).
 
   python scripts/choose_tree.py --data_dir DATA [--sentences 20] [--heldout 0] \
-      [--node_budget 16] [--max_depth 5] [--max_rank 4] [--target_costs 1:1,8:1.1,32:1.6] \
-      [--draft_cost 0.1] [--call_costs docs/token_trees/tpu_call_costs.json --platform v4:1x1x1]
+      [--temperature 0] [--node_budget 16] [--max_depth 5] [--max_rank 4] \
+      [--target_costs 1:1,8:1.1,32:1.6] [--draft_cost 0.1] \
+      [--call_costs docs/token_trees/tpu_call_costs.json --platform v4:1x1x1]
 """
 
 from __future__ import annotations
@@ -51,19 +55,20 @@ LENGTH = tree_vs_chain.LENGTH
 _RANKS_BATCH = 25
 
 
-def _ranks(target, draft, encoder_tokens: np.ndarray) -> list[np.ndarray]:
-  """Per sentence, each greedy output token's rank among the draft's logits after the output
-  before it (EOS included), in batches of `_RANKS_BATCH` sentences (the draft's logits of a
-  batch are [batch, LENGTH, vocabulary] floats)."""
+def _ranks(target, draft, encoder_tokens: np.ndarray, temperature: float,
+           rng: jax.Array) -> list[np.ndarray]:
+  """Per sentence, each output token's rank among the draft's logits after the output before it
+  (EOS included), the target decoding at `temperature`, in batches of `_RANKS_BATCH` sentences
+  (the draft's logits of a batch are [batch, LENGTH, vocabulary] floats)."""
   (target_config, target_params), (draft_config, draft_params) = target, draft
 
   @jax.jit
-  def ranks(encoder_tokens):
+  def ranks(encoder_tokens, rng):
     inputs = jnp.zeros((encoder_tokens.shape[0], LENGTH), jnp.int32)
     decodes, _ = decoding.temperature_sample(
         inputs, network.init_decode_cache(target_config, target_params, encoder_tokens, LENGTH),
         network.make_tokens_to_logits(target_config, target_params), vocab.EOS_ID,
-        temperature=0.0)
+        decode_rng=rng, temperature=temperature)
     outputs = decodes[:, 0]
     fed = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))  # BOS (0), then the output
     logits, _ = network.make_tokens_to_logits(draft_config, draft_params)(decoding.DecodingState(
@@ -76,7 +81,8 @@ def _ranks(target, draft, encoder_tokens: np.ndarray) -> list[np.ndarray]:
   for start in range(0, len(encoder_tokens), _RANKS_BATCH):
     batch = encoder_tokens[start:start + _RANKS_BATCH]
     padded = np.pad(batch, ((0, _RANKS_BATCH - len(batch)), (0, 0)))  # one compiled shape
-    outputs, batch_ranks = (np.asarray(x)[:len(batch)] for x in ranks(jnp.asarray(padded)))
+    outputs, batch_ranks = (np.asarray(x)[:len(batch)] for x in ranks(
+        jnp.asarray(padded), jax.random.fold_in(rng, start)))
     found += [row_ranks[:np.sum(row > 0)] for row, row_ranks in zip(outputs, batch_ranks)]
   return found
 
@@ -98,6 +104,8 @@ def main() -> None:
                       help="sentences whose acceptance and lengths predict, decoded too")
   parser.add_argument("--heldout", type=int, default=0,
                       help="the sentences after --sentences, decoded only (held out)")
+  parser.add_argument("--temperature", type=float, default=0.0,
+                      help="0: greedy, rule 'most_likely'; else sampled, rule 'deterministic'")
   parser.add_argument("--node_budget", type=int, default=16)
   parser.add_argument("--max_depth", type=int, default=5)
   parser.add_argument("--max_rank", type=int, default=4)
@@ -115,8 +123,9 @@ def main() -> None:
   if args.call_costs:  # read first: a wrong file or platform is an error before any decode
     compiled_costs = tree_choice.relative_costs(tree_choice.load_call_costs(args.call_costs),
                                                 args.platform, "target", 1)
-  if args.sentences < 1 or args.heldout < 0:
-    parser.error("--sentences must be >= 1 and --heldout >= 0")
+  if args.sentences < 1 or args.heldout < 0 or args.temperature < 0:
+    parser.error("--sentences must be >= 1, --heldout and --temperature >= 0")
+  rule = "most_likely" if args.temperature == 0 else "deterministic"
   sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
   if len(sources) < args.sentences + args.heldout:
     parser.error(f"--sentences and --heldout ask for {args.sentences + args.heldout} "
@@ -124,7 +133,9 @@ def main() -> None:
   encoder_tokens = tree_vs_chain.encoded(sources[:args.sentences + args.heldout])
   target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
 
-  ranks = _ranks(target, draft, encoder_tokens[:args.sentences])
+  # Sampled: a sample of its own, from a key none of the decodes below (PRNGKey(row)) takes.
+  ranks = _ranks(target, draft, encoder_tokens[:args.sentences], args.temperature,
+                 jax.random.PRNGKey(1 << 30))
   lengths = [len(row) for row in ranks]
   acceptance = tree_choice.greedy_acceptance(ranks, args.max_depth, args.max_rank)
   chain_of_ranks = tree_choice.greedy_rank_chain(ranks, args.max_rank)
@@ -155,7 +166,7 @@ def main() -> None:
   chosen += [choice for choice in ranked if choice.branching == chain and choice not in chosen]
   decoders = {choice.branching: tree_vs_chain.decoder(
       token_tree.speculative_tree_sample, target, draft, tree_branching=choice.branching,
-      tree_rule="most_likely", temperature=0.0) for choice in chosen}
+      tree_rule=rule, temperature=args.temperature) for choice in chosen}
   sets = {"measured": range(args.sentences),
           "held out": range(args.sentences, args.sentences + args.heldout)}
   # per set and tree: generated tokens, target calls, seconds
@@ -173,7 +184,8 @@ def main() -> None:
         totals[name][branching][0] += int(generated)
         totals[name][branching][1] += int(calls)
   print(f"{len(ranked)} shapes within {args.node_budget} nodes and depth {args.max_depth}; "
-        f"the best {args.top} and the chain, greedy ('most_likely'), batch 1.\nTokens per target "
+        f"the best {args.top} and the chain, temperature {args.temperature:g} ('{rule}'), "
+        f"batch 1.\nTokens per target "
         f"call predicted from the {args.sentences} sentences (every call whole / of their "
         f"lengths / of their lengths with the ranks' chain),\nmeasured on them and on the "
         f"{args.heldout} held out (the last prediction's error):")
