@@ -295,3 +295,12 @@ def test_sampled_calls_follow_the_outputs_ranks(rule, follows):
               for row, row_ranks in zip(outputs, ranks)]
   assert np.mean(np.sum(outputs > 0, axis=1)) > 3  # decodes long enough to walk the depths
   assert np.array_equal(replayed, np.asarray(stats.target_calls).reshape(rows)) == follows
+
+
+def test_replayed_tokens_per_call_by_hand():
+  # (2, 1) over ranks [0, 1, 5, 0]: rank 0 accepted at depth 0, rank 1 rejected at depth 1 (one
+  # child there): 2 tokens; rank 5 rejected at the root: 1; rank 0 accepted, then the end: 1.
+  # Over [3, 0]: rank 3 rejected: 1 token; rank 0 accepted, the end: 1. 6 tokens, 5 calls.
+  assert tree_choice.replayed_tokens_per_call([np.array([0, 1, 5, 0]), np.array([3, 0])],
+                                              (2, 1)) == pytest.approx(6 / 5)
+  assert tree_choice.replayed_tokens_per_call([np.array([0, 0, 0, 0])], (1, 1)) == 2

@@ -329,6 +329,21 @@ def relative_costs(figures: Mapping[str, Any], platform: str, model: str,
           for k, call in sorted(calls.items(), key=lambda item: int(item[0]))}
 
 
+def _walk(ranks: np.ndarray, branching: Sequence[int]) -> list[tuple[int, int]]:
+  """(the position it starts at, the nodes it accepts) of each iteration of the walk of
+  `branching` over a decode whose output tokens have `ranks` (`greedy_acceptance`): at depth d
+  the node of rank k is accepted when the output's token there has rank k < branching[d]."""
+  iterations, position = [], 0
+  while position < len(ranks):
+    depth = 0
+    while (depth < len(branching) and position + depth < len(ranks)
+           and ranks[position + depth] < branching[depth]):
+      depth += 1
+    iterations.append((position, depth))
+    position += depth + 1
+  return iterations
+
+
 def greedy_acceptance(ranks: Sequence[np.ndarray], max_depth: int, max_rank: int) -> np.ndarray:
   """`acceptance [max_depth, max_rank]` of greedy decoding with the rule 'most_likely', measured
   by replaying the walk of the tree (max_rank,) * max_depth: `ranks`, per decode, the rank of
@@ -339,18 +354,20 @@ def greedy_acceptance(ranks: Sequence[np.ndarray], max_depth: int, max_rank: int
   reached = np.zeros(max_depth)
   accepted = np.zeros((max_depth, max_rank))
   for row in ranks:
-    position = 0
-    while position < len(row):
-      depth = 0
-      while depth < max_depth and position + depth < len(row):
-        reached[depth] += 1
-        rank = row[position + depth]
-        if rank >= max_rank:
-          break
-        accepted[depth, rank] += 1
-        depth += 1
-      position += depth + 1
+    for position, depth in _walk(row, (max_rank,) * max_depth):
+      for below in range(depth):
+        accepted[below, row[position + below]] += 1
+      reached[:depth] += 1
+      if depth < max_depth and position + depth < len(row):
+        reached[depth] += 1  # the node rejected there
   return accepted / np.maximum(reached, 1)[:, None]
+
+
+def replayed_tokens_per_call(ranks: Sequence[np.ndarray], branching: Sequence[int]) -> float:
+  """Tokens per target call of the decodes of `ranks` (`greedy_acceptance`) by the tree
+  `branching`, greedy with 'most_likely' or sampled with 'deterministic' (the module docstring):
+  the walk replayed, the last call of each cut at its end."""
+  return sum(len(row) for row in ranks) / sum(len(_walk(row, branching)) for row in ranks)
 
 
 def greedy_rank_chain(ranks: Sequence[np.ndarray], max_rank: int) -> RankChain:
