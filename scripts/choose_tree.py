@@ -24,7 +24,10 @@ shape within --node_budget nodes is ranked by predicted tokens per unit of time
 (`tree_choice.rank_trees`); the --top best, and the chain (1,) * max_depth, are then decoded by
 `speculative_tree_sample` on the --sentences and on the --heldout sentences: predicted and
 measured tokens per target call side by side (measured: generated tokens / target calls over a
-set's sentences, the last call of each sentence cut at EOS) and wall seconds (both sets).
+set's sentences, the last call of each sentence cut at EOS) and wall seconds (both sets). Last,
+every shape's walk is replayed over the ranks of both sets (`tree_choice.replayed_tokens_per_call`:
+a greedy decode's calls exactly, a sampled decode's in law) and each prediction's error range
+printed.
 
   python scripts/choose_tree.py --data_dir DATA [--sentences 20] [--heldout 0] \
       [--temperature 0] [--node_budget 16] [--max_depth 5] [--max_rank 4] \
@@ -133,9 +136,11 @@ def main() -> None:
   encoder_tokens = tree_vs_chain.encoded(sources[:args.sentences + args.heldout])
   target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
 
-  # Sampled: a sample of its own, from a key none of the decodes below (PRNGKey(row)) takes.
+  # Sampled: samples of their own, from keys none of the decodes below (PRNGKey(row)) takes.
   ranks = _ranks(target, draft, encoder_tokens[:args.sentences], args.temperature,
                  jax.random.PRNGKey(1 << 30))
+  heldout_ranks = _ranks(target, draft, encoder_tokens[args.sentences:], args.temperature,
+                         jax.random.PRNGKey((1 << 30) + 1)) if args.heldout else []
   lengths = [len(row) for row in ranks]
   acceptance = tree_choice.greedy_acceptance(ranks, args.max_depth, args.max_rank)
   chain_of_ranks = tree_choice.greedy_rank_chain(ranks, args.max_rank)
@@ -203,6 +208,25 @@ def main() -> None:
           f"{tree_choice.tokens_per_call(branching, acceptance, lengths):.2f} / "
           f"{choice.tokens_per_call:.2f} ({choice.tokens_per_time:.2f} per unit time)  "
           f"{'  '.join(measured)}  {seconds:6.2f} s")
+
+  replays = {"measured": ranks, "held out": heldout_ranks} if args.heldout else {
+      "measured": ranks}
+  models = {"every call whole": lambda b: tree_choice.expected_tokens(b, acceptance),
+            "of their lengths": lambda b: tree_choice.tokens_per_call(b, acceptance, lengths),
+            "with the chain": lambda b: tree_choice.tokens_per_call(b, chain_of_ranks, lengths)}
+  print(f"Every one of the {len(ranked)} shapes, its walk replayed over the ranks (the decodes "
+        f"that gave the acceptance; the held-out sentences' own): each prediction's error")
+  for name, set_ranks in replays.items():
+    replayed = {choice.branching: tree_choice.replayed_tokens_per_call(set_ranks, choice.branching)
+                for choice in ranked}
+    for model, predicted in models.items():
+      errors = {branching: predicted(branching) / tokens - 1
+                for branching, tokens in replayed.items()}
+      low, high = min(errors, key=errors.get), max(errors, key=errors.get)
+      within = sum(abs(error) <= 0.1 for error in errors.values())
+      print(f"  {name:8s} {model:16s}: {errors[low]:+6.1%} {str(low):17s} to {errors[high]:+6.1%} "
+            f"{str(high):17s} {within} of {len(errors)} within 10%")
+
 
 if __name__ == "__main__":
   main()
