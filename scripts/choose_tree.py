@@ -90,6 +90,20 @@ def _ranks(target, draft, encoder_tokens: np.ndarray, temperature: float,
   return found
 
 
+def _print_outputs(name: str, ranks: list[np.ndarray]) -> None:
+  """The outputs' lengths, and those that reach the length limit (no EOS): outputs that loop,
+  whose ranks differ from the others'."""
+  tokens = np.concatenate(ranks)
+  limited = [row for row in ranks if len(row) == LENGTH]
+  line = (f"{name}: {len(ranks)} outputs, {len(tokens) / len(ranks):.2f} tokens each, "
+          f"{np.mean(tokens == 0):.1%} of them the draft's likeliest; {len(limited)} reach the "
+          f"{LENGTH}-token limit")
+  if limited:
+    line += (f" ({sum(map(len, limited)) / len(tokens):.1%} of the tokens, "
+             f"{np.mean(np.concatenate(limited) == 0):.1%} of theirs the draft's likeliest)")
+  print(line)
+
+
 def _measured_costs(target, widths: list[int]) -> dict[int, float]:
   config, params = target
   module = network.Transformer(config)
@@ -144,6 +158,9 @@ def main() -> None:
   lengths = [len(row) for row in ranks]
   acceptance = tree_choice.greedy_acceptance(ranks, args.max_depth, args.max_rank)
   chain_of_ranks = tree_choice.greedy_rank_chain(ranks, args.max_rank)
+  for name, set_ranks in (("measured", ranks), ("held out", heldout_ranks)):
+    if set_ranks:
+      _print_outputs(name, set_ranks)
   print(f"acceptance by depth (rows) and child rank (columns), {args.sentences} sentences, "
         f"{np.mean(lengths):.2f} output tokens each on average:")
   for depth, row in enumerate(acceptance):
