@@ -158,9 +158,9 @@ def main() -> None:
   lengths = [len(row) for row in ranks]
   acceptance = tree_choice.greedy_acceptance(ranks, args.max_depth, args.max_rank)
   chain_of_ranks = tree_choice.greedy_rank_chain(ranks, args.max_rank)
-  for name, set_ranks in (("measured", ranks), ("held out", heldout_ranks)):
-    if set_ranks:
-      _print_outputs(name, set_ranks)
+  for name, outputs in (("measured", ranks), ("held out", heldout_ranks)):
+    if outputs:
+      _print_outputs(name, outputs)
   print(f"acceptance by depth (rows) and child rank (columns), {args.sentences} sentences, "
         f"{np.mean(lengths):.2f} output tokens each on average:")
   for depth, row in enumerate(acceptance):
@@ -191,6 +191,7 @@ def main() -> None:
       tree_rule=rule, temperature=args.temperature) for choice in chosen}
   sets = {"measured": range(args.sentences),
           "held out": range(args.sentences, args.sentences + args.heldout)}
+  set_ranks = {"measured": ranks, "held out": heldout_ranks}
   # per set and tree: generated tokens, target calls, seconds
   totals = {name: {branching: [0, 0, 0.0] for branching in decoders} for name in sets}
   first = jnp.asarray(encoder_tokens[:1])
@@ -207,18 +208,20 @@ def main() -> None:
         totals[name][branching][1] += int(calls)
   print(f"{len(ranked)} shapes within {args.node_budget} nodes and depth {args.max_depth}; "
         f"the best {args.top} and the chain, temperature {args.temperature:g} ('{rule}'), "
-        f"batch 1.\nTokens per target "
-        f"call predicted from the {args.sentences} sentences (every call whole / of their "
-        f"lengths / of their lengths with the ranks' chain),\nmeasured on them and on the "
-        f"{args.heldout} held out (the last prediction's error):")
+        f"batch 1.\nTokens per target call predicted from the {args.sentences} sentences "
+        f"(every call whole / of their lengths / of their lengths with the ranks' chain),\n"
+        f"measured on them and on the {args.heldout} held out (the last prediction's error; "
+        f"the walk replayed over the set's ranks):")
   for choice in chosen:
     branching = choice.branching
     measured = []
     for name in sets:
       generated, calls, _ = totals[name][branching]
       if calls:
+        replayed = tree_choice.replayed_tokens_per_call(set_ranks[name], branching)
         measured.append(f"{name} {generated / calls:.2f} "
-                        f"({choice.tokens_per_call / (generated / calls) - 1:+.1%})")
+                        f"({choice.tokens_per_call / (generated / calls) - 1:+.1%}; "
+                        f"replayed {replayed:.2f})")
     seconds = sum(totals[name][branching][2] for name in sets)
     print(f"  tree {str(branching):18s} {token_tree.TreeShape(branching).num_nodes:3d} nodes  "
           f"predicted {tree_choice.expected_tokens(branching, acceptance):.2f} / "
@@ -226,16 +229,17 @@ def main() -> None:
           f"{choice.tokens_per_call:.2f} ({choice.tokens_per_time:.2f} per unit time)  "
           f"{'  '.join(measured)}  {seconds:6.2f} s")
 
-  replays = {"measured": ranks, "held out": heldout_ranks} if args.heldout else {
-      "measured": ranks}
+  by_chain = {choice.branching: choice.tokens_per_call for choice in ranked}
   models = {"every call whole": lambda b: tree_choice.expected_tokens(b, acceptance),
             "of their lengths": lambda b: tree_choice.tokens_per_call(b, acceptance, lengths),
-            "with the chain": lambda b: tree_choice.tokens_per_call(b, chain_of_ranks, lengths)}
+            "with the chain": by_chain.get}
   print(f"Every one of the {len(ranked)} shapes, its walk replayed over the ranks (the decodes "
         f"that gave the acceptance; the held-out sentences' own): each prediction's error")
-  for name, set_ranks in replays.items():
-    replayed = {choice.branching: tree_choice.replayed_tokens_per_call(set_ranks, choice.branching)
-                for choice in ranked}
+  for name in sets:
+    if not set_ranks[name]:
+      continue
+    replayed = {branching: tree_choice.replayed_tokens_per_call(set_ranks[name], branching)
+                for branching in by_chain}
     for model, predicted in models.items():
       errors = {branching: predicted(branching) / tokens - 1
                 for branching, tokens in replayed.items()}
