@@ -4,8 +4,9 @@ The shipped demo pair (spec_decode/assets/demo/) translates the first --sentence
 Multi30k's test split (multi30k/test.en under --data_dir, see spec_decode.paths) one at a time (batch 1, the
 paper's setting), with T5's task prefix, inputs and outputs of 64 tokens. At each temperature
 (0: greedy, 1: sampled) it runs the target alone (`temperature_sample`), the chain
-(`speculative_sample`, --gamma drafts per target call, the token rule) and each tree of
---trees (`speculative_tree_sample`: --tree_rule when sampling, 'most_likely' when greedy).
+(`speculative_sample`, each of --gammas drafts per target call, the token rule), each tree of
+--trees (`speculative_tree_sample`: --tree_rule when sampling, 'most_likely' when greedy) and
+each tree chosen per row of --tree_widths ('deterministic' when sampling).
 Each decoder is compiled once and run once untimed, then every sentence is decoded by each
 decoder in turn (interleaved, so load changes hit all alike). Printed per decoder: tokens per
 target call (over all sentences: generated tokens / target calls, both printed), total wall
@@ -17,8 +18,9 @@ chain is the lookup's chain and each tree is --lookup_branches branches of --loo
 (--trees unused); 'lookup+model' adds the branches to each tree of the draft model and the
 chain is the chain loop's combination (the lookup's token where it matches, else the model's).
 
-  python scripts/tree_vs_chain.py --data_dir DATA [--sentences 50] [--gamma 4] \
-      [--trees 4,2,1 2,2,1,1] [--tree_rule without_replacement] [--temperatures 0 1] \
+  python scripts/tree_vs_chain.py --data_dir DATA [--sentences 50] [--gammas 4] \
+      [--trees 4,2,1 2,2,1,1] [--tree_rule without_replacement] [--tree_widths 4,4,4,4] \
+      [--temperatures 0 1] \
       [--draft_source lookup --lookup_branches 2 4 8 --lookup_depth 4]
 """
 
@@ -95,10 +97,14 @@ def main() -> None:
   parser.add_argument("--data_dir", default=None,
                       help="the data root holding multi30k/ (default: $SPEC_DECODE_DATA_ROOT)")
   parser.add_argument("--sentences", type=int, default=50)
-  parser.add_argument("--gamma", type=int, default=4)
+  parser.add_argument("--gammas", type=int, nargs="+", default=[4],
+                      help="the chains: drafts per target call")
   parser.add_argument("--trees", nargs="+", default=["4,2,1"],
                       help="tree shapes: children per node at each depth, comma-separated")
   parser.add_argument("--tree_rule", default="without_replacement")
+  parser.add_argument("--tree_widths", nargs="+", default=[],
+                      help="trees chosen per row: nodes at each depth, comma-separated (rule "
+                           "'deterministic' when sampling, 'most_likely' when greedy)")
   parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
   parser.add_argument("--draft_source", choices=("model", "lookup", "lookup+model"),
                       default="model")
@@ -112,10 +118,11 @@ def main() -> None:
   for temperature in args.temperatures:
     greedy = temperature == 0.0
     decoders = {"target alone": decoder(decoding.temperature_sample, target, draft,
-                                         temperature=temperature),
-                f"chain gamma {args.gamma}": decoder(decoding.speculative_sample, target,
-                                                      draft, args.draft_source, gamma=args.gamma,
-                                                      temperature=temperature)}
+                                         temperature=temperature)}
+    for gamma in args.gammas:
+      decoders[f"chain gamma {gamma}"] = decoder(decoding.speculative_sample, target, draft,
+                                                 args.draft_source, gamma=gamma,
+                                                 temperature=temperature)
     rule = "most_likely" if greedy else args.tree_rule
     trees = [()] if args.draft_source == "lookup" else [
         tuple(int(b) for b in tree.split(",")) for tree in args.trees]
@@ -133,6 +140,12 @@ def main() -> None:
             decoder(token_tree.speculative_tree_sample, target, draft, args.draft_source,
                     tree_branching=branching, tree_rule=rule, lookup_branches=branches,
                     lookup_depth=args.lookup_depth, temperature=temperature))
+    for widths in args.tree_widths:
+      chosen_rule = "most_likely" if greedy else "deterministic"
+      decoders[f"tree widths {widths} {chosen_rule}"] = decoder(
+          token_tree.speculative_tree_sample, target, draft, args.draft_source,
+          tree_branching=None, tree_widths=tuple(int(w) for w in widths.split(",")),
+          tree_rule=chosen_rule, temperature=temperature)
     totals = {name: [0, 0, 0.0] for name in decoders}  # generated, target calls, seconds
     first = jnp.asarray(encoder_tokens[:1])
     for decode in decoders.values():

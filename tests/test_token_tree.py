@@ -54,21 +54,44 @@ CASES = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Chosen:
+  """A tree chosen per row: `widths[d - 1]` nodes at depth d (`tree_widths`)."""
+  widths: tuple[int, ...]
+
+
+def _tree_settings(tree):
+  """The loop's shape settings for `tree`: children per depth (a tuple), or `Chosen`."""
+  if isinstance(tree, Chosen):
+    return {"tree_branching": None, "tree_widths": tree.widths}
+  return {"tree_branching": tree}
+
+
+# (draft, widths, (temperature, topk, topp)): trees chosen per row, 'deterministic'.
+CHOSEN_CASES = {
+    "chosen_temperature_1": ("near", Chosen((3, 3)), (1.0, 0, 0.0)),
+    "chosen_top_k_2": ("near", Chosen((2, 3)), (1.0, 2, 0.0)),
+    "chosen_top_p_0.8": ("far", Chosen((3, 2, 2)), (1.0, 0, 0.8)),
+    "chosen_far_draft": ("far", Chosen((4, 4)), (1.0, 0, 0.0)),
+}
+
+
 @functools.partial(jax.jit, static_argnames=("branching", "rule", "sampling_args"))
 def _tree(target, draft, inputs, rng, branching, rule, sampling_args=(1.0, 0, 0.0),
           initial_index=None, target_cache=None, draft_cache=None):
+  """`branching`: children per depth, or `Chosen`."""
   temperature, topk, topp = sampling_args
   return token_tree.speculative_tree_sample(
       inputs, target.init_cache(*inputs.shape) if target_cache is None else target_cache,
       target.tokens_to_logits, EOS,
       draft_cache=draft.init_cache(*inputs.shape) if draft_cache is None else draft_cache,
-      draft_tokens_to_logits=draft.tokens_to_logits, tree_branching=branching, tree_rule=rule,
-      decode_rng=rng, temperature=temperature, topk=topk, topp=topp,
-      initial_index=initial_index)
+      draft_tokens_to_logits=draft.tokens_to_logits, tree_rule=rule, decode_rng=rng,
+      temperature=temperature, topk=topk, topp=topp, initial_index=initial_index,
+      **_tree_settings(branching))
 
 
 def _draw(case, rule, seed=0):
-  draft_kind, branching, sampling_args = CASES[case]
+  draft_kind, branching, sampling_args = {**CASES, **CHOSEN_CASES}[case]
   target, draft = toy_setup.make_pair(VOCAB, draft_kind, seed=1)
   decodes, _, stats = _tree(target, draft, jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32),
                             jax.random.PRNGKey(seed), branching, rule, sampling_args)
@@ -86,6 +109,33 @@ def test_sequences_follow_the_target_law(case, rule):
   assert p_value > P_VALUE_FLOOR, f"{case}/{rule}: p = {p_value:.2e}"
   # The tree was used: some iterations accepted a drafted node.
   assert int(np.sum(stats.accepted_tokens)) > 0.1 * NUM_SAMPLES
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", tiers.newest_among(CHOSEN_CASES, ["chosen_top_p_0.8"]))
+def test_trees_chosen_per_row_follow_the_target_law(case):
+  """The draft's likeliest paths as the tree, verified as deterministic children."""
+  decodes, law, stats = _draw(case, "deterministic")
+  p_value = test_exactness.chi_square_p_value(decodes, law)
+  assert p_value > P_VALUE_FLOOR, f"{case}: p = {p_value:.2e}"
+  assert int(np.sum(stats.accepted_tokens)) > 0.1 * NUM_SAMPLES
+
+
+def _walk_taking_other_parents_children(target_probs, children, present):
+  """A node's candidates verified as its children whatever their parent."""
+  return tree_rules.deterministic_walk(target_probs, children, jnp.ones_like(present))
+
+
+@pytest.mark.slow
+def test_a_chosen_tree_walked_through_other_parents_children_fails():
+  target, draft = toy_setup.make_pair(VOCAB, "far", seed=1)
+  wrong = tree_rules.TreeRule("other_parents", tree_rules.draw_top, tree_rules.deterministic,
+                              verify_fixed=_walk_taking_other_parents_children)
+  decodes, _, _ = _tree(target, draft, jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32),
+                        jax.random.PRNGKey(0), Chosen((3, 3)), wrong)
+  p_value = test_exactness.chi_square_p_value(
+      np.asarray(decodes[:, 0]), test_exactness.exact_law(target, (1.0, 0, 0.0)))
+  assert p_value < P_VALUE_FLOOR, f"other parents' children were not caught: p = {p_value:.2e}"
 
 
 @pytest.mark.slow
@@ -237,7 +287,9 @@ def _check_greedy(got, want, lengths_differ=True):
 
 
 @pytest.mark.parametrize("rule,branching", [("most_likely", (3, 2)), ("most_likely", (2, 1, 1)),
-                                            ("multi_round", (2, 2))])
+                                            ("multi_round", (2, 2)),
+                                            ("most_likely", Chosen((3, 3))),
+                                            ("deterministic", Chosen((2, 3, 2)))])
 def test_greedy_decodes_are_the_targets_on_toy_models(rule, branching):
   """Forced prompts and prefilled ones, drafts agreeing often and always, EOS shifts that
   finish rows early and late, and a target taking chain calls only."""
@@ -264,12 +316,15 @@ def test_greedy_decodes_are_the_targets_on_toy_models(rule, branching):
       chain_only = _tree(_FirstForm(target), draft, jnp.asarray(inputs), jax.random.PRNGKey(0),
                          branching, rule, GREEDY)
       _check_greedy(chain_only, want)
-      num_nodes = token_tree.TreeShape(branching).num_nodes
+      shape = (token_tree.TreeShape((), row_widths=branching.widths)
+               if isinstance(branching, Chosen) else token_tree.TreeShape(branching))
+      num_nodes = shape.num_nodes
       np.testing.assert_array_equal(chain_only[2].target_calls,
                                     (1 + num_nodes) * iterations[:, None])
       np.testing.assert_array_equal(got[2].target_calls, iterations[:, None])
       # The draft: the pending chain, then one tree call per depth but the last.
-      np.testing.assert_array_equal(got[2].draft_calls, len(branching) * iterations[:, None])
+      np.testing.assert_array_equal(got[2].draft_calls,
+                                    shape.model_depth * iterations[:, None])
       np.testing.assert_array_equal(got[2].tree_nodes, num_nodes * iterations[:, None])
 
 
@@ -282,9 +337,9 @@ def _tiny_t5(vocab_size, emb_dim, layers, seed):
 
 
 @functools.partial(jax.jit, static_argnames=("target_config", "draft_config", "max_len",
-                                             "chain_only"))
+                                             "chain_only", "tree"))
 def _t5_decodes(target_params, draft_params, encoder_tokens, target_config, draft_config,
-                max_len, chain_only=False):
+                max_len, chain_only=False, tree=(3, 2)):
   inputs = jnp.zeros((encoder_tokens.shape[0], max_len), jnp.int32)
   cache = network.init_decode_cache(target_config, target_params, encoder_tokens, max_len)
   target = network.make_tokens_to_logits(target_config, target_params)
@@ -293,7 +348,7 @@ def _t5_decodes(target_params, draft_params, encoder_tokens, target_config, draf
       inputs, cache, _first_form(target) if chain_only else target, EOS,
       draft_cache=network.init_decode_cache(draft_config, draft_params, encoder_tokens, max_len),
       draft_tokens_to_logits=network.make_tokens_to_logits(draft_config, draft_params),
-      tree_branching=(3, 2), tree_rule="most_likely", temperature=0.0)
+      tree_rule="most_likely", temperature=0.0, **_tree_settings(tree))
   return want, got
 
 
@@ -304,10 +359,12 @@ def test_greedy_decodes_are_the_targets_on_t5():
   draft_config, draft_params = _tiny_t5(32, 16, 1, 1)
   encoder_tokens = jnp.asarray(np.random.default_rng(0).integers(2, 32, (5, 7)), jnp.int32)
   encoder_tokens = encoder_tokens.at[3, 4:].set(0)
-  for (config, params), chain_only in (((target_config, target_params), False),
-                                       ((draft_config, draft_params), True)):
+  for (config, params), chain_only, tree in (
+      ((target_config, target_params), False, (3, 2)),
+      ((draft_config, draft_params), True, (3, 2)),
+      ((draft_config, draft_params), False, Chosen((4, 4, 2)))):
     want, got = _t5_decodes(target_params, params, encoder_tokens, target_config, config, 12,
-                            chain_only)
+                            chain_only, tree)
     _check_greedy(got, want, lengths_differ=False)
     assert np.asarray(want[0]).any()
 
@@ -332,6 +389,13 @@ def test_greedy_decodes_are_the_targets_on_t5():
     ({"lookup_branches": 2, "lookup_depth": 0}, "lookup_depth must be an integer >= 1"),
     ({"lookup_depth": 3}, "lookup_depth 3 is set but lookup_branches is 0"),
     ({"tree_branching": (), "lookup_depth": 3}, "lookup_depth 3 is set but lookup_branches is 0"),
+    ({"tree_branching": (4, 2, 1), "tree_widths": (4, 4)},
+     r"tree_branching \(4, 2, 1\) and tree_widths \(4, 4\) are both set"),
+    ({"tree_branching": None, "tree_widths": ()}, "tree_widths must be a non-empty sequence"),
+    ({"tree_branching": None, "tree_widths": (4, 0)}, "tree_widths must be a non-empty sequence"),
+    ({"tree_branching": None, "tree_widths": 4}, "tree_widths must be a non-empty sequence"),
+    ({"tree_branching": None, "tree_widths": (4, 4), "tree_rule": "without_replacement"},
+     "tree_rule 'without_replacement' draws its children at random; a tree chosen per row"),
 ])
 def test_bad_settings_are_one_line_errors(settings, message):
   loop = loops.get("speculative_tree_sample")
@@ -363,6 +427,25 @@ def test_a_tree_deeper_than_the_decode_is_a_one_line_error():
                                      target.init_cache(2, LENGTH), target.tokens_to_logits, EOS,
                                      temperature=0.0)
   np.testing.assert_array_equal(run((2,) + (1,) * (LENGTH - 1))[0], want[0])
+
+
+def test_a_chosen_tree_too_wide_or_too_deep_is_a_one_line_error():
+  target, draft = toy_setup.make_pair(VOCAB, "near")
+  with pytest.raises(ValueError, match=rf"tree_widths asks for {VOCAB + 1} nodes at a depth "
+                     rf"whose 1 parents have only {VOCAB} children") as error:
+    jax.eval_shape(lambda: token_tree.speculative_tree_sample(
+        jnp.zeros((2, LENGTH), jnp.int32), target.init_cache(2, LENGTH),
+        target.tokens_to_logits, EOS, draft_cache=draft.init_cache(2, LENGTH),
+        draft_tokens_to_logits=draft.tokens_to_logits, tree_branching=None,
+        tree_widths=(VOCAB + 1,), tree_rule="deterministic"))
+  assert "\n" not in str(error.value)
+  with pytest.raises(ValueError, match=rf"tree_widths \(1, 1, 1, 1, 1\) is 5 deep, deeper than "
+                     rf"the {LENGTH} tokens a decode holds"):
+    token_tree.speculative_tree_sample(
+        jnp.zeros((2, LENGTH), jnp.int32), target.init_cache(2, LENGTH),
+        target.tokens_to_logits, EOS, draft_cache=draft.init_cache(2, LENGTH),
+        draft_tokens_to_logits=draft.tokens_to_logits, tree_branching=None,
+        tree_widths=(1,) * (LENGTH + 1), tree_rule="deterministic")
 
 
 def test_lookup_branches_with_the_wrong_draft_are_one_line_errors():
@@ -472,11 +555,12 @@ def test_greedy_decodes_are_the_targets_on_a_decoder_only_model():
       params, None, batch, eos_id=EOS)
   for draft, draft_weights in ((module, params),
                                (network.DecoderOnlyTransformer(draft_config), draft_params)):
-    decoder = core.Decoder.create("speculative_tree_sample", module, draft, temperature=0.0,
-                                  tree_branching=(2, 2), tree_rule="most_likely")
-    got, aux = decoder.predict(params, draft_weights, batch, eos_id=EOS)
-    np.testing.assert_array_equal(got, want)
-    assert np.asarray(want).any() and np.sum(aux["accepted_tokens"]) > 0
+    for tree in ((2, 2), Chosen((3, 3))):
+      decoder = core.Decoder.create("speculative_tree_sample", module, draft, temperature=0.0,
+                                    tree_rule="most_likely", **_tree_settings(tree))
+      got, aux = decoder.predict(params, draft_weights, batch, eos_id=EOS)
+      np.testing.assert_array_equal(got, want)
+      assert np.asarray(want).any() and np.sum(aux["accepted_tokens"]) > 0
 
 
 # --------------------------------------------------------------------------- lookup branches
@@ -490,6 +574,7 @@ LOOKUP_CASES = {
     "lookup_top_p_0.8": ("lookup", (), "deterministic", (1.0, 0, 0.8)),
     **{f"lookup+near_{rule}": ("lookup+near", (2, 1), rule, (1.0, 0, 0.0))
        for rule in SAMPLING_RULES},
+    "lookup+near_chosen": ("lookup+near", Chosen((2, 2)), "deterministic", (1.0, 0, 0.0)),
 }
 LOOKUP_BRANCHES, LOOKUP_DEPTH = 3, 2
 
@@ -505,9 +590,9 @@ def _lookup_tree(target, draft, source, inputs, rng, drafter, branching, rule, s
   draft_cache, draft_tokens_to_logits = toy_setup.lookup_draft(draft, drafter, source, inputs)
   run = lambda: token_tree.speculative_tree_sample(
       inputs, target.init_cache(*inputs.shape), target.tokens_to_logits, EOS,
-      draft_cache=draft_cache, draft_tokens_to_logits=draft_tokens_to_logits,
-      tree_branching=branching, tree_rule=rule, lookup_branches=LOOKUP_BRANCHES,
-      lookup_depth=LOOKUP_DEPTH, decode_rng=rng, temperature=temperature, topk=topk, topp=topp)
+      draft_cache=draft_cache, draft_tokens_to_logits=draft_tokens_to_logits, tree_rule=rule,
+      lookup_branches=LOOKUP_BRANCHES, lookup_depth=LOOKUP_DEPTH, decode_rng=rng,
+      temperature=temperature, topk=topk, topp=topp, **_tree_settings(branching))
   if lookup_walk is None:
     return run()
   with pytest.MonkeyPatch.context() as patch:
@@ -614,7 +699,7 @@ def test_lookup_branches_are_every_earlier_match_one_per_first_token():
 
 @pytest.mark.parametrize("drafter_kind,branching,rule", [
     ("lookup", (), "most_likely"), ("lookup+near", (2, 1), "most_likely"),
-    ("lookup+near", (2, 1), "deterministic")])
+    ("lookup+near", (2, 1), "deterministic"), ("lookup+near", Chosen((2, 2)), "most_likely")])
 def test_greedy_lookup_trees_decode_the_targets(drafter_kind, branching, rule):
   """Rows copying the target's own greedy output (the lookup's branches accepted whole), a
   shuffled copy, random words and nothing, with forced prompts: `temperature_sample`'s

@@ -1,13 +1,19 @@
 """`tree_choice`: expected tokens per target call of a tree from positional acceptance, worked by
 hand and checked against a simulated walk; the shapes within a node budget; the choice under a
 platform's v(k); acceptance measured from greedy ranks by replaying the walk; Theorem 3.8's tree
-analogue, its chain case the paper's; acceptance by rank from one alpha; compiled costs read back."""
+analogue, its chain case the paper's; acceptance by rank from one alpha; compiled costs read
+back; the calls of decodes of given lengths (the last cut), from positional acceptance and from
+the ranks' chain, by hand and against simulated greedy decodes; a sampled decode's calls
+following from its output's ranks under the rule 'deterministic'."""
 
 import json
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import toy_setup
 from spec_decode.bench import theory
 from spec_decode.engine import token_tree
 from spec_decode.engine import tree_choice
@@ -149,3 +155,152 @@ def test_compiled_costs_read_back(tmp_path):
     tree_choice.relative_costs(figures, "v5e-8", "target", 1)
   with pytest.raises(ValueError, match="at batch 8"):
     tree_choice.relative_costs(figures, "v4-8", "target", 8)
+
+
+def test_accepted_depth_law_of_a_hand_worked_tree():
+  # (2, 1) as above: 0.3 of iterations reject both of the root's children, 0.7 * 0.4 = 0.28 keep
+  # one node and 0.7 * 0.6 = 0.42 two.
+  acceptance = np.array([[0.5, 0.2], [0.6, 0.1]])
+  np.testing.assert_allclose(tree_choice.accepted_depth_law((2, 1), acceptance),
+                             [0.3, 0.28, 0.42])
+
+
+def test_calls_of_decodes_of_a_given_length_by_hand():
+  # The chain (1,) accepting half its drafts emits 1 or 2 tokens a call: one token takes a call;
+  # two take 1, then one more call in the half that emitted 1: 1.5; three: 1 + (1.5 + 1) / 2.
+  half = np.array([[0.5]])
+  np.testing.assert_allclose(tree_choice.expected_calls((1,), half, [1, 2, 3]), [1, 1.5, 2.25])
+  assert tree_choice.tokens_per_call((1,), half, [1, 2, 3]) == pytest.approx(6 / 4.75)
+  # (2, 1): two tokens take one call, unless the root's children are both rejected (0.3).
+  acceptance = np.array([[0.5, 0.2], [0.6, 0.1]])
+  np.testing.assert_allclose(tree_choice.expected_calls((2, 1), acceptance, [2, 1]), [1.3, 1])
+  # Long decodes lose a call's fraction only: tokens per call tend to 1 + E(0) = 1.5.
+  assert tree_choice.tokens_per_call((1,), half, [30_000]) == pytest.approx(1.5, rel=1e-4)
+  # Without lengths, every call counts whole, and the prediction is expected_tokens's.
+  assert tree_choice.tokens_per_call((2, 1), acceptance) == pytest.approx(2.12)
+  choice = tree_choice.predict((1,), half, {1: 1.0, 4: 1.0}, output_lengths=[1, 2, 3])
+  assert choice.tokens_per_call == pytest.approx(6 / 4.75)
+  assert choice.tokens_per_time == pytest.approx(6 / 4.75 / choice.relative_time)
+
+
+# Rank classes 0 and 1 (1: rank 1 or more, never accepted); rows: after a rank 0, after a rank
+# of 1 or more, and the first token.
+TRANSITIONS = np.array([[0.8, 0.2], [0.4, 0.6], [0.5, 0.5]])
+
+
+def test_rank_chain_calls_by_hand():
+  chain = tree_choice.RankChain(TRANSITIONS)
+  # (1,), three tokens: the first token accepted (0.5) leaves one token, one call; rejected
+  # (0.5), two left after a rank >= 1: accepted (0.4) one call more, else (0.6) two.
+  np.testing.assert_allclose(tree_choice.expected_calls((1,), chain, [1, 2, 3]),
+                             [1, 1.5, 1 + 0.5 * 1 + 0.5 * (0.4 * 1 + 0.6 * 2)])
+  # Children past the ranks counted are never accepted: (2,) is (1,) here.
+  np.testing.assert_allclose(tree_choice.expected_calls((2,), chain, [1, 2, 3]),
+                             [1, 1.5, 2.3])
+  # (1, 1), three tokens: the first two accepted (0.5 * 0.8) end it in one call; the first
+  # accepted, the second not (0.5 * 0.2): one token left, one call; the first rejected (0.5): two
+  # tokens left after a rank >= 1, one call if its next is accepted (0.4), else two.
+  assert tree_choice.expected_calls((1, 1), chain, [3])[0] == pytest.approx(
+      1 + 0.5 * 0.2 * 1 + 0.5 * (0.4 * 1 + 0.6 * 2))
+  with pytest.raises(ValueError, match="pass output_lengths"):
+    tree_choice.tokens_per_call((1,), chain)
+  with pytest.raises(ValueError, match="RankChain's transitions"):
+    tree_choice.tokens_per_call((1,), tree_choice.RankChain(TRANSITIONS[:2]), [3])
+  with pytest.raises(ValueError, match="output_lengths must be"):
+    tree_choice.tokens_per_call((1,), chain, [3, 0])
+
+
+def test_a_rank_chain_without_memory_is_positional_acceptance():
+  law = np.array([0.6, 0.3, 0.1])  # every token's rank class, whatever came before
+  chain = tree_choice.RankChain(np.tile(law, (4, 1)))
+  lengths = [5, 9, 17, 1]
+  for branching in [(1, 1, 1), (2, 1, 2), (3, 2)]:
+    assert tree_choice.tokens_per_call(branching, chain, lengths) == pytest.approx(
+        tree_choice.tokens_per_call(branching, np.array([law[:2]]), lengths), rel=1e-12)
+
+
+def test_rank_chain_matches_simulated_greedy_decodes():
+  """Rank sequences drawn from the chain, each decode walked as the greedy tree walks it (the
+  node of rank k at depth d accepted when the token's rank is k < branching[d]), 12,000 times."""
+  rng = np.random.default_rng(0)
+  chain = tree_choice.RankChain(TRANSITIONS)
+  branching, lengths = (2, 1, 1), [2, 7, 12]
+  calls = {n: [] for n in lengths}
+  for n in lengths:
+    for _ in range(4000):
+      ranks, previous = [], 2
+      for _ in range(n):
+        previous = int(rng.random() >= TRANSITIONS[previous, 0])  # 0, or 1 for rank >= 1
+        ranks.append(previous)
+      position, made = 0, 0
+      while position < n:
+        depth = 0
+        while depth < len(branching) and position + depth < n and (
+            ranks[position + depth] < min(branching[depth], 1)):
+          depth += 1
+        position += depth + 1
+        made += 1
+      calls[n].append(made)
+  predicted = tree_choice.expected_calls(branching, chain, lengths)
+  for n, expected in zip(lengths, predicted):
+    assert expected == pytest.approx(np.mean(calls[n]),
+                                     abs=4 * np.std(calls[n]) / np.sqrt(len(calls[n])) + 1e-9)
+
+
+def test_greedy_rank_chain_counts_transitions():
+  # Classes (max_rank 2): [0, 1, 2, 0] and [2, 0]. After none: 0 and 2; after 0: 1; after 1: 2;
+  # after 2: 0 twice.
+  chain = tree_choice.greedy_rank_chain([np.array([0, 1, 5, 0]), np.array([3, 0])], 2)
+  np.testing.assert_allclose(chain.transitions, [[0, 1, 0], [0, 0, 1], [1, 0, 0], [0.5, 0, 0.5]])
+  # Classes [0, 0, 2]: no token follows a 1 or a 2, whose rows take every token's law.
+  chain = tree_choice.greedy_rank_chain([np.array([0, 0, 4])], 2)
+  np.testing.assert_allclose(chain.transitions,
+                             [[0.5, 0, 0.5], [2 / 3, 0, 1 / 3], [2 / 3, 0, 1 / 3], [1, 0, 0]])
+
+
+def _replayed_calls(ranks: np.ndarray, branching: tuple[int, ...]) -> int:
+  """The target calls of the walk that accepts the node of rank k at depth d when the output's
+  next token is the draft's k-th likeliest and k < branching[d]."""
+  position, calls = 0, 0
+  while position < len(ranks):
+    depth = 0
+    while (depth < len(branching) and position + depth < len(ranks)
+           and ranks[position + depth] < branching[depth]):
+      depth += 1
+    position, calls = position + depth + 1, calls + 1
+  return calls
+
+
+@pytest.mark.parametrize("rule, follows", [("deterministic", True),
+                                           ("without_replacement", False)])
+def test_sampled_calls_follow_the_outputs_ranks(rule, follows):
+  """At temperature 1 the rule 'deterministic' accepts a node exactly when the token the walk
+  emits there ranks among the draft's likeliest `branching[d]` (the module docstring of
+  tree_choice): every decode's target calls are its own output's replay. Children drawn at
+  random ('without_replacement') are not: some decode's calls differ."""
+  target, draft = toy_setup.make_pair(5, "near", seed=1, eos_shift=-3.0)
+  rows, length, branching = 500, 8, (2, 1, 1)
+  inputs = jnp.zeros((rows, length), jnp.int32)
+  decodes, _, stats = jax.jit(lambda rng: token_tree.speculative_tree_sample(
+      inputs, target.init_cache(rows, length), target.tokens_to_logits, toy_setup.EOS,
+      draft_cache=draft.init_cache(rows, length), draft_tokens_to_logits=draft.tokens_to_logits,
+      tree_branching=branching, tree_rule=rule, decode_rng=rng, temperature=1.0))(
+          jax.random.PRNGKey(0))
+  outputs = np.asarray(decodes[:, 0])
+  ranks = np.zeros(outputs.shape, np.int64)
+  for t in range(length):  # the draft's logits after BOS and the output before t
+    logits = np.asarray(draft.next_token_logits(np.pad(outputs[:, :t], ((0, 0), (1, 0)))))
+    ranks[:, t] = np.sum(logits > np.take_along_axis(logits, outputs[:, t:t + 1], axis=1), axis=1)
+  replayed = [_replayed_calls(row_ranks[:np.sum(row > 0)], branching)
+              for row, row_ranks in zip(outputs, ranks)]
+  assert np.mean(np.sum(outputs > 0, axis=1)) > 3  # decodes long enough to walk the depths
+  assert np.array_equal(replayed, np.asarray(stats.target_calls).reshape(rows)) == follows
+
+
+def test_replayed_tokens_per_call_by_hand():
+  # (2, 1) over ranks [0, 1, 5, 0]: rank 0 accepted at depth 0, rank 1 rejected at depth 1 (one
+  # child there): 2 tokens; rank 5 rejected at the root: 1; rank 0 accepted, then the end: 1.
+  # Over [3, 0]: rank 3 rejected: 1 token; rank 0 accepted, the end: 1. 6 tokens, 5 calls.
+  assert tree_choice.replayed_tokens_per_call([np.array([0, 1, 5, 0]), np.array([3, 0])],
+                                              (2, 1)) == pytest.approx(6 / 5)
+  assert tree_choice.replayed_tokens_per_call([np.array([0, 0, 0, 0])], (1, 1)) == 2

@@ -18,9 +18,10 @@ Pure JAX (no gin, no T5, no checkpoints): models enter only through the model co
              T5X's beam search (one shared step) and its exact speculative form
   loops      the registry of decode loops by name: what every runner (infer, the T5X hook,
              the benchmark) can run; a new loop is one `loops.register`
-  token_tree, tree_rules
+  token_tree, tree_rules, tree_shape
              `speculative_tree_sample`: a tree of drafts per row, one target call, exact
-             recursive rejection sampling along it; the rules ('multi_round', ...), a registry
+             recursive rejection sampling along it; the rules ('multi_round', ...), a registry;
+             the tree's shape, fixed or chosen per row from the draft's likeliest paths
   lookup     n-gram lookup drafts from the input and the output so far (no draft model),
              alone or beside a draft model; 'no proposal' is all -inf logits
   ngram      unigram and bigram language models as drafts (the paper's trivial drafts), estimated

@@ -27,6 +27,11 @@ of depth D; at the start, the token at i alone), both caches holding the positio
 The caches end as if the path had been decoded because the next iteration feeds it to both.
 Exactness: each iteration emits tokens with the target's law given the prefix (the rule's
 walk, `tree_rules`); the tree's shape is static and its tokens come from the draft alone.
+A tree chosen per row (`tree_widths`): only the number of nodes per depth is static; each row's
+nodes of depth d are the children of its depth d - 1 whose paths the draft finds likeliest
+(`tree_shape.likeliest_paths`), their parents data that the tree masks of both models' calls follow.
+Its children are fixed by the draft before the target is called, so they are verified as
+deterministic children (a rule's `verify_fixed`: 'deterministic', or 'most_likely' greedy).
 Lookup branches: with an n-gram lookup draft (`lookup`), `lookup_branches` chains of
 `lookup_depth` tokens copied after earlier matches of the row's suffix (`lookup.branches`)
 hang from the root beside the model's tree (or alone: no draft call at all). They are
@@ -42,14 +47,12 @@ the first child there is the forced token's stand-in and always accepted.
 A logit callback (T5X's logit_callback_fn) is not taken: the loop is refused it by name.
 """
 
-import dataclasses
 import functools
 from typing import Any, Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from spec_decode.engine import contract
 from spec_decode.engine import decode_rows
@@ -58,107 +61,12 @@ from spec_decode.engine import loops
 from spec_decode.engine import sampling
 from spec_decode.engine import speculative_beam_search
 from spec_decode.engine import tree_rules
+from spec_decode.engine import tree_shape
+from spec_decode.engine.tree_shape import DEFAULT_BRANCHING, TreeShape, check_tree_settings
 from spec_decode.engine.contract import DecodingState, TokensToLogits
 from spec_decode.engine.stats import TreeStats
 
 TREE_FIELDS = ("token_positions", "token_mask")
-
-
-@dataclasses.dataclass(frozen=True)
-class TreeShape:
-  """The static tree of `branching` (the draft model's nodes, numbered depth by depth: node
-  (d, j) the j-th of depth d (1..D), its parent (d - 1, j // branching[d - 1])), then
-  `lookup_branches` chains of `lookup_depth` nodes hanging from the root (the lookup's
-  branches, branch b's node at depth d numbered `lookup_node(b, d)`)."""
-  branching: tuple[int, ...]
-  lookup_branches: int = 0
-  lookup_depth: int = 0
-
-  @property
-  def model_depth(self) -> int:
-    return len(self.branching)
-
-  @property
-  def max_depth(self) -> int:
-    return max(self.model_depth, self.lookup_depth if self.lookup_branches else 0)
-
-  @property
-  def widths(self) -> tuple[int, ...]:
-    """The model's nodes per depth, 1 (the root) first."""
-    return tuple(int(np.prod(self.branching[:d])) for d in range(self.model_depth + 1))
-
-  @property
-  def offsets(self) -> tuple[int, ...]:
-    """The id of each depth's first model node (depth 1 at 0), and their count last."""
-    return tuple(int(x) for x in np.cumsum((0,) + self.widths[1:]))
-
-  @property
-  def num_model_nodes(self) -> int:
-    return self.offsets[-1]
-
-  @property
-  def num_nodes(self) -> int:
-    """Every node the target scores: the model's, then the lookup's."""
-    return self.num_model_nodes + self.lookup_branches * self.lookup_depth
-
-  def lookup_node(self, branch: Any, depth: Any) -> Any:
-    """The id of lookup branch `branch`'s node at `depth` (1..lookup_depth)."""
-    return self.num_model_nodes + branch * self.lookup_depth + depth - 1
-
-  def depths(self) -> np.ndarray:
-    """[T] each node's depth, 1..D."""
-    model = np.repeat(np.arange(1, self.model_depth + 1), self.widths[1:])
-    return np.concatenate([model, np.tile(np.arange(1, self.lookup_depth + 1),
-                                          self.lookup_branches)]).astype(np.int32)
-
-  def ancestors(self) -> np.ndarray:
-    """[T, T] node q' is an ancestor of (or is) node q."""
-    mask = np.eye(self.num_nodes, dtype=bool)
-    for depth in range(2, self.model_depth + 1):
-      for j in range(self.widths[depth]):
-        node = self.offsets[depth - 1] + j
-        parent = self.offsets[depth - 2] + j // self.branching[depth - 1]
-        mask[node] |= mask[parent]
-    for branch in range(self.lookup_branches):
-      for depth in range(2, self.lookup_depth + 1):
-        node = self.lookup_node(branch, depth)
-        mask[node] |= mask[node - 1]
-    return mask
-
-
-def _is_count(value: Any, least: int) -> bool:
-  return (not isinstance(value, bool) and isinstance(value, (int, np.integer))
-          and value >= least)
-
-
-def check_tree_settings(tree_branching: Sequence[int] = (4, 2, 1),
-                        tree_rule: str | tree_rules.TreeRule = "multi_round",
-                        temperature: Any = 1.0, lookup_branches: int = 0,
-                        lookup_depth: int | None = None, **sampling_settings: Any) -> None:
-  """ValueError for a tree shape, rule or sampling setting `speculative_tree_sample` cannot
-  run with."""
-  if not _is_count(lookup_branches, 0):
-    raise ValueError(f"lookup_branches must be an integer >= 0 (the n-gram lookup's branches "
-                     f"at the root), got {lookup_branches!r}")
-  if lookup_branches and not _is_count(lookup_depth, 1):
-    raise ValueError(f"lookup_depth must be an integer >= 1 (the tokens each of the "
-                     f"{lookup_branches} lookup branches copies), got {lookup_depth!r}")
-  if not lookup_branches and lookup_depth is not None:
-    raise ValueError(f"lookup_depth {lookup_depth!r} is set but lookup_branches is 0: no "
-                     f"lookup branch to take it")
-  if (not isinstance(tree_branching, (tuple, list))
-      or not (tree_branching or lookup_branches)
-      or any(not _is_count(b, 1) for b in tree_branching)):
-    raise ValueError(f"tree_branching must be a non-empty sequence of integers >= 1 (children "
-                     f"per node at each depth; empty only beside lookup branches), got "
-                     f"{tree_branching!r}")
-  rule = tree_rules.get_rule(tree_rule) if isinstance(tree_rule, str) else tree_rule
-  if rule.greedy_only and not sampling.is_greedy(temperature):
-    raise ValueError(f"tree_rule {rule.name!r} is exact only at a greedy temperature (a number "
-                     f"<= {sampling.GREEDY_TEMPERATURE}), got temperature {temperature!r}")
-  sampling.check_settings(temperature=temperature, **sampling_settings)
-
-
 def _lookup_parts(draft_tokens_to_logits: TokensToLogits, draft_cache: Any,
                   shape: "TreeShape") -> tuple[Any, TokensToLogits | None]:
   """(the lookup, or None without lookup branches; the draft model's tokens_to_logits, None
@@ -171,10 +79,12 @@ def _lookup_parts(draft_tokens_to_logits: TokensToLogits, draft_cache: Any,
     raise ValueError(f"lookup_branches {shape.lookup_branches} needs an n-gram lookup draft "
                      f"(draft_source 'lookup' or 'lookup+model'), not another draft")
   drafter, _, model, _ = parts
-  if model is None and shape.branching:
-    raise ValueError(f"a lookup draft alone has no model to expand tree_branching "
-                     f"{shape.branching}: set tree_branching to () (lookup branches only)")
-  if model is not None and not shape.branching:
+  if model is None and shape.model_depth:
+    what = (f"tree_widths {shape.row_widths}" if shape.chosen_per_row
+            else f"tree_branching {shape.branching}")
+    raise ValueError(f"a lookup draft alone has no model to expand {what}: set "
+                     f"tree_branching to () (lookup branches only)")
+  if model is not None and not shape.model_depth:
     raise ValueError("tree_branching () leaves the draft model of 'lookup+model' unused: give "
                      "its tree, or draft with the lookup alone")
   return drafter, model
@@ -195,9 +105,10 @@ class TreeLoopState:
 def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
                             eos_id: int, *, draft_cache: Any,
                             draft_tokens_to_logits: TokensToLogits,
-                            tree_branching: Sequence[int] = (4, 2, 1),
+                            tree_branching: Sequence[int] | None = None,
                             tree_rule: str | tree_rules.TreeRule = "multi_round",
                             lookup_branches: int = 0, lookup_depth: int | None = None,
+                            tree_widths: Sequence[int] | None = None,
                             decode_rng: jax.Array | None = None, num_decodes: int = 1,
                             temperature: float = 1.0, topk: int = 0, topp: float = 0.0,
                             max_decode_steps: int | None = None,
@@ -207,18 +118,23 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
                             ) -> tuple[jax.Array, jax.Array, TreeStats]:
   """Token-tree speculative sampling (see the module docstring): `temperature_sample`'s law.
 
-  `tree_branching[d]`: children per node at depth d; `tree_rule` names a rule of
-  `spec_decode.engine.tree_rules` ('multi_round', 'without_replacement', 'deterministic';
-  'most_likely' at a greedy temperature) or is a `tree_rules.TreeRule`. With an n-gram lookup
+  `tree_branching[d]`: children per node at depth d (unset: `DEFAULT_BRANCHING`); or
+  `tree_widths[d - 1]` nodes at depth d, chosen per row (the module docstring); `tree_rule`
+  names a rule of `spec_decode.engine.tree_rules` ('multi_round', 'without_replacement',
+  'deterministic'; 'most_likely' at a greedy temperature; a tree chosen per row takes
+  'deterministic' or 'most_likely') or is a `tree_rules.TreeRule`. With an n-gram lookup
   draft (`lookup.NGramLookup.tokens_to_logits`, or `lookup.with_model`'s), `lookup_branches`
   earlier matches of the row's suffix hang from the root as branches of `lookup_depth` copied
   tokens each, beside the model's tree (a lookup alone: `tree_branching` ()). Returns (decodes
   [B, num_decodes, L], log_probs [B, num_decodes]: the target's, as `temperature_sample`
   scores the same tokens, stats: TreeStats with [B, num_decodes] fields).
   """
-  check_tree_settings(tree_branching, tree_rule, temperature, lookup_branches, lookup_depth)
-  shape = TreeShape(tuple(int(b) for b in tree_branching), int(lookup_branches),
-                    int(lookup_depth or 0))
+  check_tree_settings(tree_branching, tree_rule, temperature, lookup_branches, lookup_depth,
+                      tree_widths)
+  if tree_branching is None and tree_widths is None:
+    tree_branching = DEFAULT_BRANCHING
+  shape = TreeShape(tuple(int(b) for b in tree_branching or ()), int(lookup_branches),
+                    int(lookup_depth or 0), tuple(int(w) for w in tree_widths or ()))
   drafter, model = _lookup_parts(draft_tokens_to_logits, draft_cache, shape)
   rule = tree_rules.get_rule(tree_rule) if isinstance(tree_rule, str) else tree_rule
   problem, rows = decode_rows.setup(
@@ -229,8 +145,9 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
       block_size=shape.max_depth + 1)
   batch_size, max_decode_len = inputs.shape
   if shape.max_depth > max_decode_len:
-    what = (f"tree_branching {shape.branching}" if shape.model_depth == shape.max_depth
-            else f"lookup_depth {shape.lookup_depth}")
+    what = (f"lookup_depth {shape.lookup_depth}" if shape.model_depth < shape.max_depth
+            else f"tree_widths {shape.row_widths}" if shape.chosen_per_row
+            else f"tree_branching {shape.branching}")
     raise ValueError(f"{what} is {shape.max_depth} deep, deeper than the {max_decode_len} "
                      f"tokens a decode holds (max_decode_len): nodes past "
                      f"depth {max_decode_len} could never be kept")
@@ -241,7 +158,7 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
   lookup_tries = shape.lookup_branches + max(shape.lookup_depth - 1, 0)
   uniforms = sampling.decode_uniforms(
       decode_rng, *rows.sequences.shape,
-      shape.num_model_nodes + sum(shape.branching) + 1 + lookup_tries)
+      shape.num_draws + sum(shape.tries) + 1 + lookup_tries)
   step = functools.partial(_tree_step, problem, tokens_to_logits, model, drafter,
                            shape=shape, rule=rule, decode_uniforms=uniforms)
   initial = TreeLoopState(rows, jnp.ones((num_rows,), jnp.int32), cache, draft_cache,
@@ -255,42 +172,41 @@ def _reads_tree(tokens_to_logits: TokensToLogits, state: DecodingState) -> bool:
 
 
 def _node_logits(tokens_to_logits: TokensToLogits, shape: TreeShape, *, index: jax.Array,
-                 sequences: jax.Array, cache: Any, fed: jax.Array, depth: int
-                 ) -> tuple[jax.Array, Any, int]:
+                 sequences: jax.Array, cache: Any, fed: jax.Array, ancestors: jax.Array,
+                 depth: int) -> tuple[jax.Array, Any, int]:
   """The draft's logits [N, n, V] of the n nodes at `depth`, from one tree call on the nodes of
-  depths 1..depth (`fed [N, T]`: every node's token), over `cache` holding positions <= index
-  -> (logits, cache, calls made: 1, or one per node for a model that takes no tree call)."""
+  depths 1..depth (`fed [N, T]`: every node's token; `ancestors [N, T, T]`, known for those
+  depths), over `cache` holding positions <= index -> (logits, cache, calls made: 1, or one
+  per node for a model that takes no tree call)."""
   first, end = shape.offsets[depth - 1], shape.offsets[depth]
   num_rows = index.shape[0]
-  ancestors = jnp.asarray(shape.ancestors())
   state = DecodingState(
       cur_index=index + 1, cur_token=fed[:, :end], sequences=sequences, cache=cache,
       token_positions=index[:, None] + jnp.asarray(shape.depths()[:end]),
-      token_mask=jnp.broadcast_to(ancestors[:end, :end], (num_rows, end, end)))
+      token_mask=ancestors[:, :end, :end])
   if _reads_tree(tokens_to_logits, state):
     logits, cache = tokens_to_logits(state)
     return logits[:, first:end], cache, 1
   slots = jnp.broadcast_to(jnp.arange(first, end), (num_rows, end - first))
   return speculative_beam_search.path_logits(
       tokens_to_logits, cur_index=index + 1, sequences=sequences, cache=cache, tokens=fed,
-      ancestors=jnp.broadcast_to(ancestors, (num_rows,) + ancestors.shape),
-      depths=jnp.asarray(shape.depths()), slots=slots, max_depth=shape.max_depth
-  ), cache, end - first
+      ancestors=ancestors, depths=jnp.asarray(shape.depths()), slots=slots,
+      max_depth=shape.max_depth), cache, end - first
 
 
 def _target_call(tokens_to_logits: TokensToLogits, shape: TreeShape, *, start: jax.Array,
                  index: jax.Array, num_pending: jax.Array, chain: jax.Array, fed: jax.Array,
-                 sequences: jax.Array, cache: Any) -> tuple[jax.Array, Any, int]:
-  """The target's call on [pending chain, every node] -> (logits [N, 1 + T, V]: the root's,
-  then each node's; the cache with the chain written; target calls made)."""
+                 ancestors: jax.Array, sequences: jax.Array, cache: Any
+                 ) -> tuple[jax.Array, Any, int]:
+  """The target's call on [pending chain, every node] (`ancestors [N, T, T]`) -> (logits
+  [N, 1 + T, V]: the root's, then each node's; the cache with the chain written; target calls
+  made)."""
   num_rows, chain_length = chain.shape
   num_nodes = shape.num_nodes
   chain_positions = start[:, None] + jnp.arange(chain_length)
   pending = jnp.arange(chain_length)[None] < num_pending[:, None]  # [N, D+1]
   chain_mask = jnp.broadcast_to(jnp.tril(jnp.ones((chain_length, chain_length), bool)),
                                 (num_rows, chain_length, chain_length))
-  ancestors = jnp.broadcast_to(jnp.asarray(shape.ancestors()),
-                               (num_rows, num_nodes, num_nodes))
   mask = jnp.concatenate([
       jnp.concatenate([chain_mask, jnp.zeros((num_rows, chain_length, num_nodes), bool)],
                       axis=2),
@@ -329,13 +245,13 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
   num_rows = rows.index.shape[0]
   row_ids = jnp.arange(num_rows)
   index, max_depth, widths, offsets = rows.index, shape.max_depth, shape.widths, shape.offsets
-  model_depth, num_model_nodes = shape.model_depth, shape.num_model_nodes
+  model_depth = shape.model_depth
   depths = jnp.asarray(shape.depths())
   start = index - num_pending + 1
   chain = decode_rows.gather(rows.sequences, start[:, None] + jnp.arange(max_depth + 1))
   node_positions = index[:, None] + depths  # [N, T]
-  walk = uniforms[:, num_model_nodes:]
-  lookup_walk = walk[:, sum(shape.branching) + 1:]
+  walk = uniforms[:, shape.num_draws:]
+  lookup_walk = walk[:, sum(shape.tries) + 1:]
 
   # 0. The lookup's branches: tokens [N, M, Dl], copied from the source and the output.
   if drafter is not None:
@@ -350,6 +266,11 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
 
   # 1. The draft: q at the root from the pending chain, then depth by depth.
   draft_laws, ids, draft_calls = [], jnp.zeros((num_rows, 0), jnp.int32), 0
+  # Chosen per row: each depth's nodes' parents [N, w] (indices into the depth above), and
+  # the draft's log-probability of each node's path.
+  parents, path_scores = [], jnp.zeros((num_rows, 1), jnp.float32)
+  ancestors = jnp.broadcast_to(jnp.asarray(shape.ancestors()),
+                               (num_rows, shape.num_nodes, shape.num_nodes))
   draft_cache = state.draft_cache
   if model_depth:
     model_cache = _model_cache(state.draft_cache, drafter)
@@ -367,16 +288,22 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
       q = jnp.where(removed, 0.0, q)
       draft_logits = jnp.where(removed, -jnp.inf, draft_logits)
     draft_laws.append(q)
-    draws = uniforms[:, offsets[depth]:offsets[depth + 1]].reshape(
-        num_rows, widths[depth], shape.branching[depth])
-    ids = jnp.concatenate([ids, rule.draw(q, draft_logits, draws).reshape(num_rows, -1)],
-                          axis=1)
+    if shape.chosen_per_row:
+      children, parent, path_scores = tree_shape.likeliest_paths(q, draft_logits, path_scores,
+                                                       widths[depth + 1])
+      parents.append(parent)
+      ancestors = tree_shape.with_parents(ancestors, shape, depth + 1, parent)
+    else:
+      draws = uniforms[:, offsets[depth]:offsets[depth + 1]].reshape(
+          num_rows, widths[depth], shape.branching[depth])
+      children = rule.draw(q, draft_logits, draws).reshape(num_rows, -1)
+    ids = jnp.concatenate([ids, children], axis=1)
     fed = decode_rows.with_forced(problem, ids, node_positions[:, :ids.shape[1]])
     if depth + 1 < model_depth:
       fed_all = jnp.pad(fed, ((0, 0), (0, shape.num_nodes - fed.shape[1])))
       draft_logits, model_cache, calls = _node_logits(
           draft_tokens_to_logits, shape, index=index, sequences=rows.sequences,
-          cache=model_cache, fed=fed_all, depth=depth + 1)
+          cache=model_cache, fed=fed_all, ancestors=ancestors, depth=depth + 1)
       draft_calls += calls
   if model_depth:
     draft_cache = model_cache if drafter is None else {**state.draft_cache,
@@ -387,7 +314,7 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
   # 2. The target's one call.
   logits, cache, target_calls = _target_call(
       tokens_to_logits, shape, start=start, index=index, num_pending=num_pending, chain=chain,
-      fed=fed, sequences=rows.sequences, cache=state.cache)
+      fed=fed, ancestors=ancestors, sequences=rows.sequences, cache=state.cache)
   if model_depth and logits.shape[-1] != draft_logits.shape[-1]:
     raise ValueError(f"target and draft vocabulary sizes differ: target logits have "
                      f"{logits.shape[-1]} entries, draft logits {draft_logits.shape[-1]}")
@@ -432,12 +359,18 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
           jnp.broadcast_to(tried, children.shape), first[:, None], axis=1)[:, 0], branch)
       to_slot = jnp.where(took, 1 + shape.lookup_node(to_branch, depth + 1), slot)
     if depth < model_depth:
-      width = shape.branching[depth]
+      width = shape.tries[depth]
       on_model = branch < 0  # the root, or a model node
-      child_ids = offsets[depth] + node_in_depth[:, None] * width + jnp.arange(width)
-      children = jnp.take_along_axis(ids, child_ids, axis=1)
-      accept, model_residual = rule.verify(
-          residual, draft_laws[depth][row_ids, node_in_depth], children)
+      if shape.chosen_per_row:  # every node of the next depth, those of other parents absent
+        in_depth = jnp.broadcast_to(jnp.arange(width), (num_rows, width))
+        children = ids[:, offsets[depth]:offsets[depth + 1]]
+        accept, model_residual = rule.verify_fixed(
+            residual, children, parents[depth] == node_in_depth[:, None])
+      else:
+        in_depth = node_in_depth[:, None] * width + jnp.arange(width)
+        children = jnp.take_along_axis(ids, offsets[depth] + in_depth, axis=1)
+        accept, model_residual = rule.verify(
+            residual, draft_laws[depth][row_ids, node_in_depth], children)
       accepted = (walk[:, used:used + width] < accept) & (on_model & ~took)[:, None]
       used += width
       first = jnp.argmax(accepted, axis=1)
@@ -445,9 +378,9 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
       residual = jnp.where(on_model[:, None], model_residual, residual)
       child_id = jnp.where(took_model, jnp.take_along_axis(children, first[:, None],
                                                            axis=1)[:, 0], child_id)
-      to_slot = jnp.where(took_model, 1 + offsets[depth] + node_in_depth * width + first,
-                          to_slot)
-      to_node = jnp.where(took_model, node_in_depth * width + first, node_in_depth)
+      chosen = jnp.take_along_axis(in_depth, first[:, None], axis=1)[:, 0]
+      to_slot = jnp.where(took_model, 1 + offsets[depth] + chosen, to_slot)
+      to_node = jnp.where(took_model, chosen, node_in_depth)
       took = took | took_model
     took &= walking
     final_law = jnp.where((walking & ~took)[:, None], residual, final_law)
@@ -460,7 +393,7 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
     num_accepted += took
     walking = took
   final_law = jnp.where(walking[:, None], target_laws[row_ids, slot], final_law)
-  next_token = sampling.sample_from_uniform(walk[:, sum(shape.branching)], final_law)
+  next_token = sampling.sample_from_uniform(walk[:, sum(shape.tries)], final_law)
 
   block = jnp.arange(max_depth + 1)
   candidates = jnp.where(block == num_accepted[:, None], next_token[:, None],

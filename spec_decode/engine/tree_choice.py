@@ -15,6 +15,43 @@ node at depth d accepts, from a node at depth d, an expected
 nodes, and each target call emits 1 + E(0) tokens (the accepted path, then one drawn token).
 Depths past the table's last row take that row; ranks past its last column are never accepted.
 
+A decode's length: 1 + E(0) counts every call whole, but a sentence's last call is cut at EOS
+(or the output's length limit), which for short outputs is a large share of the calls. An
+iteration accepts a nodes with chance P(A = a) = P(A >= a) - P(A >= a + 1), P(A >= a) =
+prod_{d < a} s_d, s_d = sum_{k < branching[d]} acceptance[d, k] (`accepted_depth_law`), and
+emits a + 1 tokens; a decode of n tokens then makes, in expectation (a renewal count),
+
+    C(n) = 1 + sum_a P(A = a) C(n - a - 1),   C(m) = 0 for m <= 0
+
+target calls, and decodes of lengths n_i emit sum_i n_i / sum_i C(n_i) tokens per call
+(`tokens_per_call` with `output_lengths`).
+
+Greedy acceptance along the path (`RankChain`): at a greedy temperature with the rule
+'most_likely' the walk accepts the node of rank k at depth d exactly when the target's token
+there is the draft's k-th likeliest after the target's own prefix and k < branching[d], so the
+whole decode follows from the sequence of its output tokens' ranks among the draft's logits.
+Positional acceptance treats those ranks as independent per depth, but they are not: a token
+the draft ranks first tends to follow one it ranked first, and an iteration's root follows a
+rejected (badly ranked) token or the bonus token. `RankChain` takes the ranks as a Markov chain
+instead: `transitions[c, k]`, the chance that a token's rank class is k given the previous
+token's class c (classes 0..R-1: that rank; R: rank R or more, never accepted; row R + 1: no
+previous token, the output's first). An iteration from a previous class c then ends, having
+emitted e tokens, with its last token of class c' (the rejected token's class, or the bonus
+token's after the full depth), and the renewal count runs over (tokens left, class):
+
+    C(m, c) = 1 + sum_{e, c'} P(e, c' | c) C(m - e, c'),   C(m, c) = 0 for m <= 0,
+
+from the class 'no previous token' (`tokens_per_call`, given a `RankChain`).
+
+Sampled: with the rule 'deterministic' (children: the draft's likeliest ids) at any
+temperature, the walk at a node accepts child k with the target's probability p(x_k) of it, and
+the token it emits there (the accepted child, else a draw from the residual, which excludes the
+children) follows p: the emitted tokens are a sample of the target's, and a node is accepted
+exactly when the emitted token is among its children, i.e. ranks below branching[d] among the
+draft's. The calls of a sampled decode therefore follow from its output's ranks as a greedy
+decode's do, and `greedy_acceptance` and `greedy_rank_chain` measure 'deterministic' from the
+ranks of the target's sampled outputs (in law: the decode draws its own sample).
+
 Cost: each iteration makes one target call and D draft calls. As `speculative_tree_sample`
 makes them (`call_widths`), the target's call feeds D + 1 + T tokens (the pending chain, padded
 to D + 1, then the T nodes) and the draft's the chain, then one tree call on the nodes of depths
@@ -54,17 +91,99 @@ import numpy as np
 from spec_decode.engine import token_tree
 
 
-def expected_tokens(branching: Sequence[int], acceptance: np.ndarray) -> float:
-  """Expected tokens per target call of the tree `branching` (the module docstring)."""
+class RankChain(NamedTuple):
+  """Greedy acceptance along the path (the module docstring): `transitions [R + 2, R + 1]`,
+  row c the law of a token's rank class given the previous token's class c (R + 1: none)."""
+  transitions: np.ndarray
+
+
+Acceptance = np.ndarray | RankChain
+
+
+def _checked(acceptance: np.ndarray) -> np.ndarray:
   acceptance = np.asarray(acceptance, np.float64)
   if acceptance.ndim != 2 or np.any(acceptance < 0) or np.any(acceptance.sum(axis=1) > 1 + 1e-9):
     raise ValueError(f"acceptance must be [depths, ranks] of chances summing to at most 1 per "
                      f"depth, got shape {acceptance.shape}")
+  return acceptance
+
+
+def _depth_rates(branching: Sequence[int], acceptance: np.ndarray) -> list[float]:
+  """s_d: the chance the walk accepts a child at depth d, given that it reached depth d."""
+  return [float(np.sum(acceptance[min(depth, len(acceptance) - 1), :branching[depth]]))
+          for depth in range(len(branching))]
+
+
+def expected_tokens(branching: Sequence[int], acceptance: np.ndarray) -> float:
+  """Expected tokens per target call of the tree `branching`, every call counted whole (the
+  module docstring)."""
   below = 0.0
-  for depth in reversed(range(len(branching))):
-    rates = acceptance[min(depth, len(acceptance) - 1), :branching[depth]]
-    below = float(np.sum(rates)) * (1.0 + below)
+  for rate in reversed(_depth_rates(branching, _checked(acceptance))):
+    below = rate * (1.0 + below)
   return 1.0 + below
+
+
+def accepted_depth_law(branching: Sequence[int], acceptance: np.ndarray) -> np.ndarray:
+  """[D + 1]: the chance that an iteration accepts a nodes, a = 0..D (the module docstring)."""
+  reached = np.cumprod([1.0] + _depth_rates(branching, _checked(acceptance)))
+  return np.append(reached[:-1] - reached[1:], reached[-1])
+
+
+def _chain_outcomes(branching: Sequence[int], chain: RankChain) -> np.ndarray:
+  """[R + 2, D + 2, R + 2]: from the previous token's class, the chance that an iteration emits
+  e tokens (e = 1..D + 1; e = 0 never) and its last token is of class c'."""
+  transitions = np.asarray(chain.transitions, np.float64)
+  num_ranks = transitions.shape[-1] - 1
+  if (transitions.ndim != 2 or transitions.shape[0] != num_ranks + 2 or num_ranks < 1
+      or np.any(transitions < 0) or not np.allclose(transitions.sum(axis=1), 1)):
+    raise ValueError(f"a RankChain's transitions must be [R + 2, R + 1] laws (rows summing to "
+                     f"1), got shape {transitions.shape}")
+  states = num_ranks + 2
+  outcomes = np.zeros((states, len(branching) + 2, states))
+  for previous in range(states):
+    alive = np.eye(states)[previous]  # the walk's last accepted token's class, while walking
+    for depth, children in enumerate(branching):
+      drawn = alive @ transitions
+      kept = np.where(np.arange(num_ranks + 1) < min(children, num_ranks), drawn, 0.0)
+      outcomes[previous, depth + 1, :num_ranks + 1] += drawn - kept
+      alive = np.append(kept, 0.0)
+    outcomes[previous, len(branching) + 1, :num_ranks + 1] += alive @ transitions
+  return outcomes
+
+
+def expected_calls(branching: Sequence[int], acceptance: Acceptance,
+                   output_lengths: Sequence[int]) -> np.ndarray:
+  """Per decode of `output_lengths` tokens (EOS included), the expected target calls that emit
+  them, the last one cut (the renewal counts of the module docstring)."""
+  lengths = np.asarray(output_lengths)
+  if lengths.ndim != 1 or not len(lengths) or np.any(lengths < 1):
+    raise ValueError(f"output_lengths must be decodes' lengths >= 1, got {output_lengths!r}")
+  if isinstance(acceptance, RankChain):
+    outcomes = _chain_outcomes(branching, acceptance)
+    start = outcomes.shape[0] - 1
+  else:
+    law = accepted_depth_law(branching, acceptance)
+    outcomes = np.zeros((1, len(law) + 1, 1))
+    outcomes[0, 1:, 0] = law
+    start = 0
+  num_emitted = outcomes.shape[1]
+  calls = np.zeros((int(lengths.max()) + num_emitted, outcomes.shape[0]))  # row m - 1 + E: m left
+  for left in range(1, int(lengths.max()) + 1):
+    after = calls[left:left + num_emitted][::-1]  # row e: left - e tokens left
+    calls[left - 1 + num_emitted] = 1 + np.einsum("sec,ec->s", outcomes, after)
+  return calls[lengths - 1 + num_emitted, start]
+
+
+def tokens_per_call(branching: Sequence[int], acceptance: Acceptance,
+                    output_lengths: Sequence[int] | None = None) -> float:
+  """Predicted tokens per target call: of decodes of `output_lengths` tokens, sum n / sum C(n);
+  without them, every call counted whole (`expected_tokens`; a RankChain needs lengths)."""
+  if output_lengths is None:
+    if isinstance(acceptance, RankChain):
+      raise ValueError("a RankChain predicts decodes of given lengths: pass output_lengths")
+    return expected_tokens(branching, acceptance)
+  return float(np.sum(output_lengths) / np.sum(expected_calls(branching, acceptance,
+                                                              output_lengths)))
 
 
 def call_widths(branching: Sequence[int]) -> tuple[int, list[int]]:
@@ -112,7 +231,7 @@ Widths = Callable[[Sequence[int]], tuple[int, list[int]]]
 
 class Choice(NamedTuple):
   branching: tuple[int, ...]
-  tokens_per_call: float  # predicted: 1 + E(0)
+  tokens_per_call: float  # predicted: 1 + E(0), or of decodes of given lengths
   relative_time: float  # one iteration's, in one-token target calls
   tokens_per_time: float  # tokens_per_call / relative_time: what is maximized
 
@@ -133,34 +252,39 @@ def iteration_time(branching: Sequence[int], target_costs: Mapping[int, float],
   return relative_cost(target_width, target_costs) + draft
 
 
-def predict(branching: Sequence[int], acceptance: np.ndarray, target_costs: Mapping[int, float],
+def predict(branching: Sequence[int], acceptance: Acceptance, target_costs: Mapping[int, float],
             draft_cost: float = 0.0, draft_costs: Mapping[int, float] | None = None,
-            widths: Widths = call_widths) -> Choice:
-  """The tree's predicted tokens per call, iteration time and their ratio: Theorem 3.8's tree
-  analogue, the expected walltime improvement over the target alone (the module docstring)."""
-  tokens = expected_tokens(branching, acceptance)
+            widths: Widths = call_widths,
+            output_lengths: Sequence[int] | None = None) -> Choice:
+  """The tree's predicted tokens per call (`tokens_per_call`), iteration time and their ratio:
+  Theorem 3.8's tree analogue, the expected walltime improvement over the target alone (the
+  module docstring)."""
+  tokens = tokens_per_call(branching, acceptance, output_lengths)
   time = iteration_time(branching, target_costs, draft_cost, draft_costs, widths)
   return Choice(tuple(branching), tokens, time, tokens / time)
 
 
-def predicted_speedup(branching: Sequence[int], acceptance: np.ndarray,
+def predicted_speedup(branching: Sequence[int], acceptance: Acceptance,
                       target_costs: Mapping[int, float], draft_costs: Mapping[int, float],
-                      widths: Widths = node_widths) -> float:
+                      widths: Widths = node_widths,
+                      output_lengths: Sequence[int] | None = None) -> float:
   """Theorem 3.8's tree analogue (the module docstring), counted as the paper counts a chain
-  unless `widths` says otherwise."""
-  return predict(branching, acceptance, target_costs, draft_costs=draft_costs,
-                 widths=widths).tokens_per_time
+  unless `widths` says otherwise; of decodes of `output_lengths` tokens where given."""
+  return predict(branching, acceptance, target_costs, draft_costs=draft_costs, widths=widths,
+                 output_lengths=output_lengths).tokens_per_time
 
 
-def rank_trees(acceptance: np.ndarray, node_budget: int, max_depth: int,
+def rank_trees(acceptance: Acceptance, node_budget: int, max_depth: int,
                target_costs: Mapping[int, float], draft_cost: float = 0.0,
                draft_costs: Mapping[int, float] | None = None,
-               widths: Widths = call_widths) -> list[Choice]:
-  """Every shape within the budget, the one emitting most tokens per unit of time first."""
+               widths: Widths = call_widths,
+               output_lengths: Sequence[int] | None = None) -> list[Choice]:
+  """Every shape within the budget, the one emitting most tokens per unit of time first (of
+  decodes of `output_lengths` tokens where given)."""
   if int(node_budget) != node_budget or node_budget < 1:
     raise ValueError(f"node_budget must be an integer >= 1, got {node_budget!r}")
-  choices = [predict(branching, acceptance, target_costs, draft_cost, draft_costs, widths)
-             for branching in shapes_within(node_budget, max_depth)]
+  choices = [predict(branching, acceptance, target_costs, draft_cost, draft_costs, widths,
+                     output_lengths) for branching in shapes_within(node_budget, max_depth)]
   return sorted(choices, key=lambda c: (-c.tokens_per_time, c.branching))
 
 
@@ -205,6 +329,21 @@ def relative_costs(figures: Mapping[str, Any], platform: str, model: str,
           for k, call in sorted(calls.items(), key=lambda item: int(item[0]))}
 
 
+def _walk(ranks: np.ndarray, branching: Sequence[int]) -> list[tuple[int, int]]:
+  """(the position it starts at, the nodes it accepts) of each iteration of the walk of
+  `branching` over a decode whose output tokens have `ranks` (`greedy_acceptance`): at depth d
+  the node of rank k is accepted when the output's token there has rank k < branching[d]."""
+  iterations, position = [], 0
+  while position < len(ranks):
+    depth = 0
+    while (depth < len(branching) and position + depth < len(ranks)
+           and ranks[position + depth] < branching[depth]):
+      depth += 1
+    iterations.append((position, depth))
+    position += depth + 1
+  return iterations
+
+
 def greedy_acceptance(ranks: Sequence[np.ndarray], max_depth: int, max_rank: int) -> np.ndarray:
   """`acceptance [max_depth, max_rank]` of greedy decoding with the rule 'most_likely', measured
   by replaying the walk of the tree (max_rank,) * max_depth: `ranks`, per decode, the rank of
@@ -215,15 +354,33 @@ def greedy_acceptance(ranks: Sequence[np.ndarray], max_depth: int, max_rank: int
   reached = np.zeros(max_depth)
   accepted = np.zeros((max_depth, max_rank))
   for row in ranks:
-    position = 0
-    while position < len(row):
-      depth = 0
-      while depth < max_depth and position + depth < len(row):
-        reached[depth] += 1
-        rank = row[position + depth]
-        if rank >= max_rank:
-          break
-        accepted[depth, rank] += 1
-        depth += 1
-      position += depth + 1
+    for position, depth in _walk(row, (max_rank,) * max_depth):
+      for below in range(depth):
+        accepted[below, row[position + below]] += 1
+      reached[:depth] += 1
+      if depth < max_depth and position + depth < len(row):
+        reached[depth] += 1  # the node rejected there
   return accepted / np.maximum(reached, 1)[:, None]
+
+
+def replayed_tokens_per_call(ranks: Sequence[np.ndarray], branching: Sequence[int]) -> float:
+  """Tokens per target call of the decodes of `ranks` (`greedy_acceptance`) by the tree
+  `branching`, greedy with 'most_likely' or sampled with 'deterministic' (the module docstring):
+  the walk replayed, the last call of each cut at its end."""
+  return sum(len(row) for row in ranks) / sum(len(_walk(row, branching)) for row in ranks)
+
+
+def greedy_rank_chain(ranks: Sequence[np.ndarray], max_rank: int) -> RankChain:
+  """The `RankChain` of greedy decoding with the rule 'most_likely' from `ranks` (as
+  `greedy_acceptance` takes them): each token's rank class (its rank, or `max_rank` for rank
+  `max_rank` or more) counted after the previous token's class, or after none for each decode's
+  first. A class never seen before a token takes the law of every token's class."""
+  counts = np.zeros((max_rank + 2, max_rank + 1))
+  for row in ranks:
+    classes = np.minimum(np.asarray(row), max_rank)
+    np.add.at(counts, (np.concatenate([[max_rank + 1], classes[:-1]]), classes), 1)
+  if not counts.sum():
+    raise ValueError("no ranks to count: every decode is empty")
+  seen = counts.sum(axis=1, keepdims=True)
+  overall = counts.sum(axis=0) / counts.sum()
+  return RankChain(np.where(seen > 0, counts / np.maximum(seen, 1), overall))

@@ -5,6 +5,8 @@ A rule is a pair of pure functions over the nodes of one depth, `[...]` any lead
     draw(draft_probs [..., V], draft_logits [..., V], uniforms [..., b]) -> children [..., b]
     verify(target_probs [..., V], draft_probs [..., V], children [..., b])
       -> (accept_probs [..., b], residual [..., V])
+    verify_fixed(target_probs [..., V], children [..., b], present [..., b])
+      -> (accept_probs [..., b], residual [..., V])   (rules of deterministic children only)
 
 `draw` drafts a node's b children from the draft's law q at the node (`sampling.logits_to_probs`
 of its logits: temperature, top-k, top-p), one uniform each. `verify` is the exact law of the
@@ -13,6 +15,10 @@ walk at a node given the target's law p there: the children are tried in order, 
 `accept_probs[..., k]`, and when every child is rejected the next token is drawn from
 `residual`. What follows an accepted child is the same walk at the child, with the target's
 law after it (or, at a leaf, the bonus token from it): `token_tree` does the walk.
+`verify_fixed`, which only the rules whose children are deterministic have, verifies children
+fixed by what was drafted before them however they were chosen (a tree chosen per row from the
+draft's likeliest paths, `token_tree`'s `tree_widths`), `present` False marking a candidate that
+is not a child of the node: never accepted, the residual left as it was.
 
 Every registered rule is exact: the token the walk emits at a node is distributed as p, given
 everything drafted so far. The argument (recursive rejection sampling; SpecInfer, Miao et al.
@@ -54,6 +60,7 @@ from spec_decode.engine import sampling
 
 Draw = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 Verify = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+VerifyFixed = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +71,7 @@ class TreeRule:
   draw: Draw
   verify: Verify
   greedy_only: bool = False
+  verify_fixed: VerifyFixed | None = None
 
 
 def _prob_of(probs: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -179,7 +187,14 @@ def deterministic(target_probs, draft_probs, children):
 def most_likely(target_probs, draft_probs, children):
   """Greedy: a child is accepted when it is the target's point mass; the residual is p."""
   del draft_probs
-  return (_prob_of(target_probs, children) > 0.5).astype(jnp.float32), target_probs
+  return most_likely_fixed(target_probs, children, jnp.ones(children.shape, bool))
+
+
+def most_likely_fixed(target_probs: jax.Array, children: jax.Array, present: jax.Array
+                      ) -> tuple[jax.Array, jax.Array]:
+  """`most_likely` of the `present` children; the residual is p."""
+  accept = (_prob_of(target_probs, children) > 0.5) & present
+  return accept.astype(jnp.float32), target_probs
 
 
 RULES: dict[str, TreeRule] = {}
@@ -200,5 +215,7 @@ def get_rule(name: str) -> TreeRule:
 
 register_rule(TreeRule("multi_round", draw_with_replacement, multi_round))
 register_rule(TreeRule("without_replacement", draw_without_replacement, without_replacement))
-register_rule(TreeRule("most_likely", draw_likeliest, most_likely, greedy_only=True))
-register_rule(TreeRule("deterministic", draw_top, deterministic))
+register_rule(TreeRule("most_likely", draw_likeliest, most_likely, greedy_only=True,
+                       verify_fixed=most_likely_fixed))
+register_rule(TreeRule("deterministic", draw_top, deterministic,
+                       verify_fixed=deterministic_walk))

@@ -29,6 +29,7 @@ import numpy as np
 from spec_decode import models
 from spec_decode.engine import drafting
 from spec_decode.engine import sampling
+from spec_decode.engine import token_tree
 from spec_decode.gin_utils import UsageError
 from spec_decode.infer import inputs
 from spec_decode.t5 import vocab
@@ -190,8 +191,11 @@ def print_report(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]
     line += (f"; {summary['num_decodes']} beams, {summary['beam_steps_per_target_call']:.2f} "
              f"beam steps per target call (gamma {gamma})")
   if "accepted_depth_share" in summary:
-    line += (f"; {summary['tokens_per_target_call']:.2f} tokens per target call (tree "
-             f"{tuple(summary['decode_settings']['tree_branching'])}, "
+    settings = summary["decode_settings"]
+    tree = (f"widths {tuple(settings['tree_widths'])} chosen per row"
+            if settings.get("tree_widths")
+            else tuple(settings["tree_branching"] or token_tree.DEFAULT_BRANCHING))
+    line += (f"; {summary['tokens_per_target_call']:.2f} tokens per target call (tree {tree}, "
              f"{summary['accepted_per_iteration']:.2f} nodes accepted per call)")
   print(line)
   if "coverage_by_depth" in summary:

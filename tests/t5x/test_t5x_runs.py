@@ -130,6 +130,10 @@ LOOKUP_RUNS = {"lookup": ("DRAFT_SOURCE='lookup'", "DRAFT_CHECKPOINT_PATH=None")
 # children per node, 2 deep. GAMMA None again: run_t5x binds the chain's.
 TREE_RUN = dict(gin_files=(pathlib.Path("configs/t5x/speculative_tree.gin"),),
                 bindings=("TREE_BRANCHING=(2, 2)", "TREE_RULE='most_likely'", "GAMMA=None"))
+# A tree chosen per row instead: the draft's 3 likeliest paths at each of 3 depths.
+CHOSEN_TREE_RUN = dict(gin_files=TREE_RUN["gin_files"],
+                       bindings=("TREE_BRANCHING=None", "TREE_WIDTHS=(3, 3, 3)",
+                                 "TREE_RULE='most_likely'", "GAMMA=None"))
 STATS = ("alpha", "tokens_per_target_call", "target_calls", "draft_calls", "drafted_tokens",
          "accepted_tokens", "generated_tokens", "scores")
 
@@ -217,6 +221,7 @@ def runs(setup) -> dict[str, subprocess.CompletedProcess]:
          for name, (bindings, _) in BAD_RUNS.items()},
       **{name: dict(speculative=True, bindings=bindings) for name, bindings in LOOKUP_RUNS.items()},
       "tree": dict(speculative=True, **TREE_RUN),
+      "tree_chosen": dict(speculative=True, **CHOSEN_TREE_RUN),
       "orbax": dict(speculative=True,
                     bindings=(f"CHECKPOINT_PATH='{setup['target_orbax']}'",
                               f"DRAFT_CHECKPOINT_PATH='{setup['draft_orbax']}'")),
@@ -432,16 +437,19 @@ def test_lookup_runs_predict_what_t5x_predicts(setup, runs, baseline, name):
     assert drafted > lookup_drafted
 
 
-def test_tree_run_predicts_what_t5x_predicts(setup, runs, baseline):
-  """t5x.infer with the token-tree loop selected by its gin file predicts T5X's own greedy
-  outputs, and the run's operative config binds the tree."""
-  _succeeded(runs["tree"])
-  examples = outputs(setup, "tree")
+@pytest.mark.parametrize("name,shape", [("tree", "TREE_BRANCHING = (2, 2)"),
+                                        ("tree_chosen", "TREE_WIDTHS = (3, 3, 3)")])
+def test_tree_run_predicts_what_t5x_predicts(setup, runs, baseline, name, shape):
+  """t5x.infer with the token-tree loop selected by its gin file (a fixed tree, a tree chosen
+  per row) predicts T5X's own greedy outputs, and the run's operative config binds the tree."""
+  _succeeded(runs[name])
+  examples = outputs(setup, name)
   assert ([example["prediction_tokens"] for example in examples]
           == [example["prediction_tokens"] for example in baseline])
   assert sum(example["aux"]["accepted_tokens"] for example in examples) > 0
-  config = (setup["directory"] / "tree" / "config.gin").read_text()
-  for bound in ("DECODE_LOOP = 'speculative_tree_sample'", "TREE_BRANCHING = (2, 2)",
-                "'tree_branching': %TREE_BRANCHING", "'tree_rule': %TREE_RULE",
-                "'lookup_branches': %LOOKUP_BRANCHES", "'lookup_depth': %LOOKUP_DEPTH"):
+  config = (setup["directory"] / name / "config.gin").read_text()
+  for bound in ("DECODE_LOOP = 'speculative_tree_sample'", shape,
+                "'tree_branching': %TREE_BRANCHING", "'tree_widths': %TREE_WIDTHS",
+                "'tree_rule': %TREE_RULE", "'lookup_branches': %LOOKUP_BRANCHES",
+                "'lookup_depth': %LOOKUP_DEPTH"):
     assert bound in config, config
