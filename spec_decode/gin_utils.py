@@ -15,6 +15,8 @@ anything is built:
 * `check_bindings_take_effect(entry_points)`: every binding must be reachable from the
   program's entry points through the config's references (`@x`, `%MACRO`); one that is not
   (a macro nothing uses, a setting of a decode_fn the model does not use) cannot take effect;
+  a macro bound only to None is unset, not a binding (the configs' defaults of settings a run
+  may bind elsewhere, e.g. LOOP_SETTINGS beside a model's own loop_settings binding);
 * `run(program, main)`: prints a `UsageError` as `program: error: ...` and returns 2.
 * `add_distributed_arguments(parser)`, `initialize_distributed(args)`: T5X's multi-process
   flags, and the one place JAX's distributed system is started (an entry point calls it first).
@@ -254,6 +256,8 @@ def check_bindings_take_effect(entry_points: Sequence[Callable[..., Any]]) -> No
     if binding_key in reached or (binding_key[0] != "%" and ("", binding_key[1]) in reached):
       continue
     first = found[0]
+    if not first.arg_name and all(statement.value is None for statement in found):
+      continue  # unset: nothing to take effect
     if not first.arg_name:
       what = f"macro {first.selector}"
     else:

@@ -37,15 +37,19 @@ def test_its_settings_are_checked_before_anything_is_built():
     core.Decoder.create("toy_speculative", target, draft, gamma=2, verifier="token")
 
 
-def test_infer_runs_it_from_a_config(tmp_path, capsys):
+@pytest.mark.parametrize("loop_settings", [
+    "LOOP_SETTINGS", "models.SpeculativeEncoderDecoderModel.loop_settings"])
+def test_infer_runs_it_from_a_config(tmp_path, capsys, loop_settings):
+  """The loop's settings by the macro both model families take, or bound on the model itself
+  (the older form, which LOOP_SETTINGS's unset default leaves working)."""
   target, draft = tiny_t5.write_pair(tmp_path, vocab_size=8000)
   run_gin = tiny_t5.write_run_gin(
       tmp_path / "run.gin", target, draft, tiny_t5.DEMO_VOCAB_FILE, 0,
-      {"inputs": 16, "targets": 8}, batch_size=2, extra="""
+      {"inputs": 16, "targets": 8}, batch_size=2, extra=f"""
 DECODE_LOOP = 'toy_speculative'
 VERIFIER = None  # the toy loop has its own rule, and no drafting policy
 DRAFT_POLICY = None
-models.SpeculativeEncoderDecoderModel.loop_settings = {'rule': 'token'}
+{loop_settings} = {{'rule': 'token'}}
 """)
   traces = toy_loop.TRACES["token"]
   out = tmp_path / "out"

@@ -162,6 +162,25 @@ def test_infer_continues_text_prompts_with_each_draft_source(pair, tmp_path, cap
              for record in records)
 
 
+def test_infer_runs_the_token_tree_config_on_a_language_model(pair, tmp_path, capsys):
+  """configs/decoding/speculative_tree.gin after the decoder-only run config: the tree loop
+  with its settings, the target alone's greedy continuations. The target is its own draft, so
+  the likeliest child at every depth is the target's argmax and every iteration accepts the
+  whole depth (the last one of a row may stop at the buffer's end)."""
+  status, errors = _run(pair, tmp_path, capsys,
+                        "--gin_file=configs/decoding/speculative_tree.gin",
+                        "--gin.TREE_BRANCHING=(2, 2)", "--gin.TREE_RULE='most_likely'",
+                        f"--gin.DRAFT_CHECKPOINT_PATH='{pair.target_checkpoint}'",
+                        *[f"--text={text}" for text in PROMPTS[:2]])
+  assert status == 0, errors
+  summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+  assert summary["decode_loop"] == "speculative_tree_sample"
+  assert summary["decode_settings"]["tree_branching"] == [2, 2]
+  assert summary["identical_outputs"] and summary["num_identical"] == 2
+  depths = summary["accepted_depths"]
+  assert sum(depths[:2]) <= 2 and depths[2] == summary["target_calls"] - sum(depths[:2]) > 0
+
+
 def test_infer_reads_prompts_from_an_input_file(pair, tmp_path, capsys):
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("\n".join(PROMPTS[:2]) + "\n")
