@@ -194,7 +194,8 @@ def print_report(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]
     settings = summary["decode_settings"]
     tree = (f"widths {tuple(settings['tree_widths'])} chosen per row"
             if settings.get("tree_widths")
-            else tuple(settings["tree_branching"] or token_tree.DEFAULT_BRANCHING))
+            else token_tree.DEFAULT_BRANCHING if settings["tree_branching"] is None
+            else tuple(settings["tree_branching"]))
     line += (f"; {summary['tokens_per_target_call']:.2f} tokens per target call (tree {tree}, "
              f"{summary['accepted_per_iteration']:.2f} nodes accepted per call)")
   print(line)
