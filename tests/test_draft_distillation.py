@@ -205,6 +205,20 @@ def test_the_run_starts_from_initial_model_or_its_older_name():
     draft_distillation.start_from(older, "target")
 
 
+def test_a_run_starts_from_a_model_of_its_architecture_whatever_its_dropout(pair_files):
+  # Continued training may add dropout: the stored model's (0) is not part of its architecture.
+  stored_file = str(pair_files / "target.safetensors")
+  with_dropout = dataclasses.replace(TRAINER_TARGET, dropout_rate=0.1)
+  params = train.initial_state_params(stored_file, with_dropout)
+  _, stored = demo_pair.load_model(stored_file)
+  assert parameter_distance(params, stored) == 0.0
+  deeper = dataclasses.replace(with_dropout, num_decoder_layers=TRAINER_TARGET.num_decoder_layers + 1)
+  with pytest.raises(ValueError, match=r"^the initial model .*target\.safetensors: the "
+                                       r"checkpoint's config differs from the model's: "
+                                       r"num_decoder_layers \d+ \(model: \d+\)$"):
+    train.initial_state_params(stored_file, deeper)
+
+
 def parameter_distance(a, b) -> float:
   """The L1 distance of two parameter trees of one structure."""
   return sum(float(np.abs(np.asarray(x) - np.asarray(y)).sum())

@@ -30,14 +30,16 @@ Params = Any
 _NON_ARCHITECTURE_FIELDS = ("dtype", "float32_attention_logits", "dropout_rate")
 
 
-def _check_same_architecture(expected: network.NetworkConfig, found: network.T5Config,
-                             source: str) -> None:
+def check_same_architecture(expected: network.NetworkConfig, found: network.NetworkConfig,
+                            source: str) -> None:
+  """ValueError, naming `source`, when `found` computes something else than `expected`: every
+  field but precision and dropout (`_NON_ARCHITECTURE_FIELDS`) must agree."""
   if type(found) is not type(expected):
     raise ValueError(f"{source}: the checkpoint is a {type(found).__name__} model's, the model "
                      f"a {type(expected).__name__}'s")
   differences = [
       f"{field.name} {getattr(found, field.name)!r} (model: {getattr(expected, field.name)!r})"
-      for field in dataclasses.fields(network.T5Config)
+      for field in dataclasses.fields(expected)
       if field.name not in _NON_ARCHITECTURE_FIELDS
       and getattr(found, field.name) != getattr(expected, field.name)]
   if differences:
@@ -102,10 +104,10 @@ def load_params(module: network.Network, path: str | Checkpoint,
   with checkpoint_faults.reading(path):
     if kind == "hf":
       found, params = hf_format.load_hf(resolved)
-      _check_same_architecture(module.config, found, path)
+      check_same_architecture(module.config, found, path)
     elif kind == "demo":
       found, params = demo_pair.load_model(resolved)
-      _check_same_architecture(module.config, found, path)
+      check_same_architecture(module.config, found, path)
     else:
       params = t5x_format.load_t5x(resolved)
   t5x_format.check_params(t5x_format.expected_param_shapes(module.config), params, path)

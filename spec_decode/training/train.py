@@ -146,13 +146,12 @@ def create_state(config: network.NetworkConfig, optimizer: optax.GradientTransfo
 
 def initial_state_params(name_or_path: str | None, config: network.NetworkConfig) -> Any:
   """The parameters (on the device) of `initial_model` (any checkpoint `formats.load_model`
-  reads), which must be a model of `config`; None for None (a fresh initialization)."""
+  reads), which must be of `config`'s architecture (its dropout and precision may differ: a
+  continued run may add dropout); None for None (a fresh initialization)."""
   if name_or_path is None:
     return None
   initial_config, params = formats.load_model(name_or_path, like=config)
-  if initial_config != config:
-    raise ValueError(f"the initial model {name_or_path} is not a model of train.config: "
-                     f"{initial_config} != {config}")
+  formats.check_same_architecture(config, initial_config, f"the initial model {name_or_path}")
   return jax.device_put(params)
 
 
