@@ -212,7 +212,8 @@ def test_a_run_starts_from_a_model_of_its_architecture_whatever_its_dropout(pair
   params = train.initial_state_params(stored_file, with_dropout)
   _, stored = demo_pair.load_model(stored_file)
   assert parameter_distance(params, stored) == 0.0
-  deeper = dataclasses.replace(with_dropout, num_decoder_layers=TRAINER_TARGET.num_decoder_layers + 1)
+  deeper = dataclasses.replace(with_dropout,
+                               num_decoder_layers=TRAINER_TARGET.num_decoder_layers + 1)
   with pytest.raises(ValueError, match=r"^the initial model .*target\.safetensors: the "
                                        r"checkpoint's config differs from the model's: "
                                        r"num_decoder_layers \d+ \(model: \d+\)$"):
