@@ -6,7 +6,8 @@ paper's setting), with T5's task prefix, inputs and outputs of 64 tokens. At eac
 (0: greedy, 1: sampled) it runs the target alone (`temperature_sample`), the chain
 (`speculative_sample`, each of --gammas drafts per target call, the token rule), each tree of
 --trees (`speculative_tree_sample`: --tree_rule when sampling, 'most_likely' when greedy) and
-each tree chosen per row of --tree_widths ('deterministic' when sampling).
+each tree chosen per row of --tree_widths (--widths_rule when sampling: 'deterministic', the
+likeliest paths, or a rule that draws children at the likeliest paths' nodes).
 Each decoder is compiled once and run once untimed, then every sentence is decoded by each
 decoder in turn (interleaved, so load changes hit all alike). Printed per decoder: tokens per
 target call (over all sentences: generated tokens / target calls, both printed), total wall
@@ -20,6 +21,7 @@ chain is the chain loop's combination (the lookup's token where it matches, else
 
   python scripts/tree_vs_chain.py --data_dir DATA [--sentences 50] [--gammas 4] \
       [--trees 4,2,1 2,2,1,1] [--tree_rule without_replacement] [--tree_widths 4,4,4,4] \
+      [--widths_rule deterministic] \
       [--temperatures 0 1] \
       [--draft_source lookup --lookup_branches 2 4 8 --lookup_depth 4]
 """
@@ -104,7 +106,9 @@ def main() -> None:
   parser.add_argument("--tree_rule", default="without_replacement")
   parser.add_argument("--tree_widths", nargs="+", default=[],
                       help="trees chosen per row: nodes at each depth, comma-separated (rule "
-                           "'deterministic' when sampling, 'most_likely' when greedy)")
+                           "--widths_rule when sampling, 'most_likely' when greedy)")
+  parser.add_argument("--widths_rule", default="deterministic",
+                      help="the sampled rule of the trees chosen per row")
   parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
   parser.add_argument("--draft_source", choices=("model", "lookup", "lookup+model"),
                       default="model")
@@ -141,7 +145,7 @@ def main() -> None:
                     tree_branching=branching, tree_rule=rule, lookup_branches=branches,
                     lookup_depth=args.lookup_depth, temperature=temperature))
     for widths in args.tree_widths:
-      chosen_rule = "most_likely" if greedy else "deterministic"
+      chosen_rule = "most_likely" if greedy else args.widths_rule
       decoders[f"tree widths {widths} {chosen_rule}"] = decoder(
           token_tree.speculative_tree_sample, target, draft, args.draft_source,
           tree_branching=None, tree_widths=tuple(int(w) for w in widths.split(",")),

@@ -67,7 +67,8 @@ def _tree_settings(tree):
   return {"tree_branching": tree}
 
 
-# (draft, widths, (temperature, topk, topp)): trees chosen per row, 'deterministic'.
+# (draft, widths, (temperature, topk, topp)): trees chosen per row, under 'deterministic' (the
+# likeliest paths) and every sampling rule (children drawn).
 CHOSEN_CASES = {
     "chosen_temperature_1": ("near", Chosen((3, 3)), (1.0, 0, 0.0)),
     "chosen_top_k_2": ("near", Chosen((2, 3)), (1.0, 2, 0.0)),
@@ -112,18 +113,56 @@ def test_sequences_follow_the_target_law(case, rule):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", tiers.newest_among(CHOSEN_CASES, ["chosen_top_p_0.8"]))
-def test_trees_chosen_per_row_follow_the_target_law(case):
-  """The draft's likeliest paths as the tree, verified as deterministic children."""
-  decodes, law, stats = _draw(case, "deterministic")
+@pytest.mark.parametrize("case,rule", tiers.newest_among(
+    [(case, rule) for case in CHOSEN_CASES for rule in SAMPLING_RULES],
+    [("chosen_top_p_0.8", "deterministic"), ("chosen_temperature_1", "without_replacement")]))
+def test_trees_chosen_per_row_follow_the_target_law(case, rule):
+  """'deterministic': the draft's likeliest paths as the tree, verified as deterministic
+  children; a sampling rule: children drawn at the nodes of the likeliest paths."""
+  decodes, law, stats = _draw(case, rule)
   p_value = test_exactness.chi_square_p_value(decodes, law)
-  assert p_value > P_VALUE_FLOOR, f"{case}: p = {p_value:.2e}"
+  assert p_value > P_VALUE_FLOOR, f"{case}/{rule}: p = {p_value:.2e}"
   assert int(np.sum(stats.accepted_tokens)) > 0.1 * NUM_SAMPLES
 
 
 def _walk_taking_other_parents_children(target_probs, children, present):
   """A node's candidates verified as its children whatever their parent."""
   return tree_rules.deterministic_walk(target_probs, children, jnp.ones_like(present))
+
+
+def _drawn_then_ranked(draft_probs, draft_logits, uniforms):
+  """Children drawn without replacement, then tried likeliest first (their order chosen by
+  what was drawn)."""
+  children = tree_rules.draw_without_replacement(draft_probs, draft_logits, uniforms)
+  order = jnp.argsort(-jnp.take_along_axis(draft_probs, children, axis=-1), axis=-1)
+  return jnp.take_along_axis(children, order, axis=-1)
+
+
+def _among_removing_other_parents_children(target_probs, draft_probs, children, present):
+  """Each child's law without every candidate before it, whatever their parent."""
+  return tree_rules.without_replacement_among(target_probs, draft_probs, children,
+                                              jnp.ones_like(present))
+
+
+DRAWN_WRONG_RULES = {
+    "drawn_then_ranked": tree_rules.TreeRule(
+        "drawn_then_ranked", _drawn_then_ranked, tree_rules.without_replacement,
+        verify_among=tree_rules.without_replacement_among),
+    "other_parents_removed": tree_rules.TreeRule(
+        "other_parents_removed", tree_rules.draw_without_replacement,
+        tree_rules.without_replacement, verify_among=_among_removing_other_parents_children),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DRAWN_WRONG_RULES))
+def test_wrong_walks_of_drawn_chosen_trees_fail(name):
+  target, draft = toy_setup.make_pair(VOCAB, "far", seed=1)
+  decodes, _, _ = _tree(target, draft, jnp.zeros((NUM_SAMPLES, LENGTH), jnp.int32),
+                        jax.random.PRNGKey(0), Chosen((3, 3)), DRAWN_WRONG_RULES[name])
+  p_value = test_exactness.chi_square_p_value(
+      np.asarray(decodes[:, 0]), test_exactness.exact_law(target, (1.0, 0, 0.0)))
+  assert p_value < P_VALUE_FLOOR, f"{name} was not caught: p = {p_value:.2e}"
 
 
 @pytest.mark.slow
@@ -289,7 +328,8 @@ def _check_greedy(got, want, lengths_differ=True):
 @pytest.mark.parametrize("rule,branching", [("most_likely", (3, 2)), ("most_likely", (2, 1, 1)),
                                             ("multi_round", (2, 2)),
                                             ("most_likely", Chosen((3, 3))),
-                                            ("deterministic", Chosen((2, 3, 2)))])
+                                            ("deterministic", Chosen((2, 3, 2))),
+                                            ("without_replacement", Chosen((3, 2)))])
 def test_greedy_decodes_are_the_targets_on_toy_models(rule, branching):
   """Forced prompts and prefilled ones, drafts agreeing often and always, EOS shifts that
   finish rows early and late, and a target taking chain calls only."""
@@ -394,8 +434,9 @@ def test_greedy_decodes_are_the_targets_on_t5():
     ({"tree_branching": None, "tree_widths": ()}, "tree_widths must be a non-empty sequence"),
     ({"tree_branching": None, "tree_widths": (4, 0)}, "tree_widths must be a non-empty sequence"),
     ({"tree_branching": None, "tree_widths": 4}, "tree_widths must be a non-empty sequence"),
-    ({"tree_branching": None, "tree_widths": (4, 4), "tree_rule": "without_replacement"},
-     "tree_rule 'without_replacement' draws its children at random; a tree chosen per row"),
+    ({"tree_branching": None, "tree_widths": (4, 4), "tree_rule": tree_rules.TreeRule(
+        "chain_rule", tree_rules.draw_with_replacement, tree_rules.multi_round)},
+     "tree_rule 'chain_rule' has no verification of a tree chosen per row"),
 ])
 def test_bad_settings_are_one_line_errors(settings, message):
   loop = loops.get("speculative_tree_sample")

@@ -27,11 +27,15 @@ of depth D; at the start, the token at i alone), both caches holding the positio
 The caches end as if the path had been decoded because the next iteration feeds it to both.
 Exactness: each iteration emits tokens with the target's law given the prefix (the rule's
 walk, `tree_rules`); the tree's shape is static and its tokens come from the draft alone.
-A tree chosen per row (`tree_widths`): only the number of nodes per depth is static; each row's
-nodes of depth d are the children of its depth d - 1 whose paths the draft finds likeliest
-(`tree_shape.likeliest_paths`), their parents data that the tree masks of both models' calls follow.
-Its children are fixed by the draft before the target is called, so they are verified as
-deterministic children (a rule's `verify_fixed`: 'deterministic', or 'most_likely' greedy).
+A tree chosen per row (`tree_widths`): only the number of nodes per depth is static, their
+parents data that the tree masks of both models' calls follow. Under a rule of deterministic
+children ('deterministic'; 'most_likely' greedy) each row's nodes of depth d are the children of
+its depth d - 1 whose paths the draft finds likeliest (`tree_shape.likeliest_paths`), fixed by
+the draft before the target is called and verified as such (the rule's `verify_fixed`). Under a
+rule that draws its children ('without_replacement', 'multi_round') each node of depth d - 1
+gets as many of depth d's nodes as it has among the likeliest paths, and they are drawn from its
+law by the rule (`tree_shape.drawn_paths`): a count set before anything is drawn at the node, so
+its children are still the rule's draw, verified among the depth's nodes (`verify_among`).
 Lookup branches: with an n-gram lookup draft (`lookup`), `lookup_branches` chains of
 `lookup_depth` tokens copied after earlier matches of the row's suffix (`lookup.branches`)
 hang from the root beside the model's tree (or alone: no draft call at all). They are
@@ -121,8 +125,7 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
   `tree_branching[d]`: children per node at depth d (unset: `DEFAULT_BRANCHING`); or
   `tree_widths[d - 1]` nodes at depth d, chosen per row (the module docstring); `tree_rule`
   names a rule of `spec_decode.engine.tree_rules` ('multi_round', 'without_replacement',
-  'deterministic'; 'most_likely' at a greedy temperature; a tree chosen per row takes
-  'deterministic' or 'most_likely') or is a `tree_rules.TreeRule`. With an n-gram lookup
+  'deterministic'; 'most_likely' at a greedy temperature) or is a `tree_rules.TreeRule`. With an n-gram lookup
   draft (`lookup.NGramLookup.tokens_to_logits`, or `lookup.with_model`'s), `lookup_branches`
   earlier matches of the row's suffix hang from the root as branches of `lookup_depth` copied
   tokens each, beside the model's tree (a lookup alone: `tree_branching` ()). Returns (decodes
@@ -133,10 +136,11 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
                       tree_widths)
   if tree_branching is None and tree_widths is None:
     tree_branching = DEFAULT_BRANCHING
-  shape = TreeShape(tuple(int(b) for b in tree_branching or ()), int(lookup_branches),
-                    int(lookup_depth or 0), tuple(int(w) for w in tree_widths or ()))
-  drafter, model = _lookup_parts(draft_tokens_to_logits, draft_cache, shape)
   rule = tree_rules.get_rule(tree_rule) if isinstance(tree_rule, str) else tree_rule
+  shape = TreeShape(tuple(int(b) for b in tree_branching or ()), int(lookup_branches),
+                    int(lookup_depth or 0), tuple(int(w) for w in tree_widths or ()),
+                    drawn=tree_widths is not None and rule.verify_fixed is None)
+  drafter, model = _lookup_parts(draft_tokens_to_logits, draft_cache, shape)
   problem, rows = decode_rows.setup(
       inputs, eos_id=eos_id, num_decodes=num_decodes, initial_index=initial_index,
       temperature=temperature, topk=topk, topp=topp, max_decode_steps=max_decode_steps,
@@ -288,15 +292,20 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
       q = jnp.where(removed, 0.0, q)
       draft_logits = jnp.where(removed, -jnp.inf, draft_logits)
     draft_laws.append(q)
-    if shape.chosen_per_row:
+    draws = uniforms[:, shape.draw_offsets[depth]:shape.draw_offsets[depth + 1]]
+    if shape.drawn:
+      drawn = rule.draw(q, draft_logits, draws.reshape(num_rows, widths[depth], -1))
+      children, parent, path_scores = tree_shape.drawn_paths(q, draft_logits, path_scores,
+                                                             drawn)
+    elif shape.chosen_per_row:
       children, parent, path_scores = tree_shape.likeliest_paths(q, draft_logits, path_scores,
-                                                       widths[depth + 1])
+                                                                 widths[depth + 1])
+    else:
+      children = rule.draw(q, draft_logits, draws.reshape(
+          num_rows, widths[depth], shape.branching[depth])).reshape(num_rows, -1)
+    if shape.chosen_per_row:
       parents.append(parent)
       ancestors = tree_shape.with_parents(ancestors, shape, depth + 1, parent)
-    else:
-      draws = uniforms[:, offsets[depth]:offsets[depth + 1]].reshape(
-          num_rows, widths[depth], shape.branching[depth])
-      children = rule.draw(q, draft_logits, draws).reshape(num_rows, -1)
     ids = jnp.concatenate([ids, children], axis=1)
     fed = decode_rows.with_forced(problem, ids, node_positions[:, :ids.shape[1]])
     if depth + 1 < model_depth:
@@ -364,8 +373,12 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
       if shape.chosen_per_row:  # every node of the next depth, those of other parents absent
         in_depth = jnp.broadcast_to(jnp.arange(width), (num_rows, width))
         children = ids[:, offsets[depth]:offsets[depth + 1]]
-        accept, model_residual = rule.verify_fixed(
-            residual, children, parents[depth] == node_in_depth[:, None])
+        present = parents[depth] == node_in_depth[:, None]
+        if shape.drawn:
+          accept, model_residual = rule.verify_among(
+              residual, draft_laws[depth][row_ids, node_in_depth], children, present)
+        else:
+          accept, model_residual = rule.verify_fixed(residual, children, present)
       else:
         in_depth = node_in_depth[:, None] * width + jnp.arange(width)
         children = jnp.take_along_axis(ids, offsets[depth] + in_depth, axis=1)

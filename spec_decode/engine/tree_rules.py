@@ -7,6 +7,9 @@ A rule is a pair of pure functions over the nodes of one depth, `[...]` any lead
       -> (accept_probs [..., b], residual [..., V])
     verify_fixed(target_probs [..., V], children [..., b], present [..., b])
       -> (accept_probs [..., b], residual [..., V])   (rules of deterministic children only)
+    verify_among(target_probs [..., V], draft_probs [..., V], children [..., b],
+                 present [..., b]) -> (accept_probs [..., b], residual [..., V])
+                                                      (rules that draw their children only)
 
 `draw` drafts a node's b children from the draft's law q at the node (`sampling.logits_to_probs`
 of its logits: temperature, top-k, top-p), one uniform each. `verify` is the exact law of the
@@ -18,7 +21,11 @@ law after it (or, at a leaf, the bonus token from it): `token_tree` does the wal
 `verify_fixed`, which only the rules whose children are deterministic have, verifies children
 fixed by what was drafted before them however they were chosen (a tree chosen per row from the
 draft's likeliest paths, `token_tree`'s `tree_widths`), `present` False marking a candidate that
-is not a child of the node: never accepted, the residual left as it was.
+is not a child of the node: never accepted, the residual left as it was. `verify_among`, which
+the rules that draw their children have, is `verify` of the `present` children among a depth's
+nodes, drawn from q in the order they stand (a tree chosen per row whose children are drawn:
+each node's count of children set by the draft's laws above it, never by what is drawn at it,
+`token_tree`'s `tree_widths` with a drawing rule); the others are skipped as above.
 
 Every registered rule is exact: the token the walk emits at a node is distributed as p, given
 everything drafted so far. The argument (recursive rejection sampling; SpecInfer, Miao et al.
@@ -61,6 +68,8 @@ from spec_decode.engine import sampling
 Draw = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 Verify = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 VerifyFixed = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+VerifyAmong = Callable[[jax.Array, jax.Array, jax.Array, jax.Array],
+                       tuple[jax.Array, jax.Array]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +81,7 @@ class TreeRule:
   verify: Verify
   greedy_only: bool = False
   verify_fixed: VerifyFixed | None = None
+  verify_among: VerifyAmong | None = None
 
 
 def _prob_of(probs: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -91,15 +101,17 @@ def without(probs: jax.Array, tokens: jax.Array) -> jax.Array:
   return jnp.where(removed, 0.0, probs)
 
 
-def _child_laws(draft_probs: jax.Array, children: jax.Array, with_replacement: bool
-                ) -> jax.Array:
-  """q_k [..., b, V]: the law child k was drawn from (unnormalized where mass was removed)."""
-  num_children = children.shape[-1]
+def _child_laws(draft_probs: jax.Array, children: jax.Array, present: jax.Array,
+                with_replacement: bool) -> jax.Array:
+  """q_k [..., b, V]: the law child k was drawn from (unnormalized where mass was removed), of
+  the `present` children only: an absent one has none, and removes no id from those after it."""
   if with_replacement:
-    return jnp.broadcast_to(draft_probs[..., None, :],
-                            children.shape + draft_probs.shape[-1:])
-  return jnp.stack([without(draft_probs, children[..., :k]) for k in range(num_children)],
-                   axis=-2)
+    laws = jnp.broadcast_to(draft_probs[..., None, :], children.shape + draft_probs.shape[-1:])
+  else:
+    drawn = jnp.where(present, children, -1)  # -1: no id
+    laws = jnp.stack([without(draft_probs, drawn[..., :k]) for k in range(children.shape[-1])],
+                     axis=-2)
+  return jnp.where(present[..., None], laws, 0.0)
 
 
 def rejection_walk(target_probs: jax.Array, child_laws: jax.Array, children: jax.Array
@@ -132,22 +144,35 @@ def draw_without_replacement(draft_probs: jax.Array, draft_logits: jax.Array,
   """Child k from q with children 0..k-1 removed; once q's support is spent, a child
   repeats an id of probability 0 under its law (`rejection_walk` never accepts it)."""
   del draft_logits
-  children = []
+  children, left = [], draft_probs
   for k in range(uniforms.shape[-1]):
-    before = jnp.stack(children, axis=-1) if children else uniforms[..., :0].astype(jnp.int32)
-    children.append(sampling.sample_from_uniform(uniforms[..., k],
-                                                 without(draft_probs, before)))
+    children.append(sampling.sample_from_uniform(uniforms[..., k], left))
+    left = without(left, children[-1][..., None])
   return jnp.stack(children, axis=-1)
+
+
+def multi_round_among(target_probs, draft_probs, children, present):
+  """`multi_round` of the `present` children."""
+  return rejection_walk(target_probs, _child_laws(draft_probs, children, present, True),
+                        children)
+
+
+def without_replacement_among(target_probs, draft_probs, children, present):
+  """`without_replacement` of the `present` children (each drawn without the present ones
+  before it)."""
+  return rejection_walk(target_probs, _child_laws(draft_probs, children, present, False),
+                        children)
 
 
 def multi_round(target_probs, draft_probs, children):
   """SpecInfer's multi-round rejection sampling, children drawn with replacement."""
-  return rejection_walk(target_probs, _child_laws(draft_probs, children, True), children)
+  return multi_round_among(target_probs, draft_probs, children, jnp.ones(children.shape, bool))
 
 
 def without_replacement(target_probs, draft_probs, children):
   """Recursive rejection sampling of children drawn without replacement (Jeon et al.)."""
-  return rejection_walk(target_probs, _child_laws(draft_probs, children, False), children)
+  return without_replacement_among(target_probs, draft_probs, children,
+                                   jnp.ones(children.shape, bool))
 
 
 def draw_likeliest(draft_probs: jax.Array, draft_logits: jax.Array,
@@ -213,8 +238,10 @@ def get_rule(name: str) -> TreeRule:
   return RULES[name]
 
 
-register_rule(TreeRule("multi_round", draw_with_replacement, multi_round))
-register_rule(TreeRule("without_replacement", draw_without_replacement, without_replacement))
+register_rule(TreeRule("multi_round", draw_with_replacement, multi_round,
+                       verify_among=multi_round_among))
+register_rule(TreeRule("without_replacement", draw_without_replacement, without_replacement,
+                       verify_among=without_replacement_among))
 register_rule(TreeRule("most_likely", draw_likeliest, most_likely, greedy_only=True,
                        verify_fixed=most_likely_fixed))
 register_rule(TreeRule("deterministic", draw_top, deterministic,

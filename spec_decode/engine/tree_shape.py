@@ -2,10 +2,13 @@
 settings that give it, and the per-row choice of a tree chosen per row.
 
 A tree is fixed (`tree_branching`: children per node at each depth, the same tree for every row
-and step) or chosen per row (`tree_widths`: nodes per depth, each row's nodes the children whose
-paths its draft finds likeliest, `likeliest_paths`; their parents data that the tree masks of
-both models' calls follow, `with_parents`). Either way the shapes are static: what a compiled
-decode feeds its calls does not depend on the row.
+and step) or chosen per row (`tree_widths`: nodes per depth; their parents data that the tree
+masks of both models' calls follow, `with_parents`). A tree chosen per row holds, under a rule
+of deterministic children, the children whose paths the row's draft finds likeliest
+(`likeliest_paths`), and under a rule that draws them, children drawn at the nodes whose paths
+the draft finds likeliest, each node's count set by the draft's laws before anything is drawn
+at it (`drawn_paths`). Either way the shapes are static: what a compiled decode feeds its calls
+does not depend on the row.
 """
 
 import dataclasses
@@ -31,11 +34,13 @@ class TreeShape:
   branches, branch b's node at depth d numbered `lookup_node(b, d)`). The model's nodes are
   either a fixed tree, `branching[d]` children per node at depth d (node (d, j), the j-th of
   depth d, has parent (d - 1, j // branching[d - 1])), or `row_widths[d - 1]` nodes at depth d
-  whose parents each row chooses (`chosen_per_row`)."""
+  whose parents each row chooses (`chosen_per_row`), their children drawn by the rule when
+  `drawn` (`drawn_paths`), else the likeliest (`likeliest_paths`)."""
   branching: tuple[int, ...]
   lookup_branches: int = 0
   lookup_depth: int = 0
   row_widths: tuple[int, ...] = ()
+  drawn: bool = False
 
   @property
   def chosen_per_row(self) -> bool:
@@ -63,9 +68,25 @@ class TreeShape:
     return self.widths[1:] if self.chosen_per_row else self.branching
 
   @property
+  def draws_per_depth(self) -> tuple[int, ...]:
+    """Per depth d >= 1, the uniforms a row draws its model's nodes of depth d with: one per
+    node in a fixed tree, none for the likeliest, and for drawn children each node of depth
+    d - 1 as many as the depth's nodes (whatever share of them it gets, `drawn_paths`)."""
+    if not self.chosen_per_row:
+      return self.widths[1:]
+    if not self.drawn:
+      return (0,) * self.model_depth
+    return tuple(a * b for a, b in zip(self.widths[:-1], self.widths[1:]))
+
+  @property
+  def draw_offsets(self) -> tuple[int, ...]:
+    """Where each depth's uniforms start in a row's draws (depth 1 at 0), and their count last."""
+    return tuple(int(x) for x in np.cumsum((0,) + self.draws_per_depth))
+
+  @property
   def num_draws(self) -> int:
-    """Uniforms a row draws its model's nodes with per iteration (none when chosen)."""
-    return 0 if self.chosen_per_row else self.num_model_nodes
+    """Uniforms a row draws its model's nodes with per iteration."""
+    return self.draw_offsets[-1]
 
   @property
   def offsets(self) -> tuple[int, ...]:
@@ -140,10 +161,10 @@ def check_tree_settings(tree_branching: Sequence[int] | None = None,
         or any(not _is_count(w, 1) for w in tree_widths)):
       raise ValueError(f"tree_widths must be a non-empty sequence of integers >= 1 (nodes at "
                        f"each depth of a tree chosen per row), got {tree_widths!r}")
-    if rule.verify_fixed is None:
-      raise ValueError(f"tree_rule {rule.name!r} draws its children at random; a tree chosen "
-                       f"per row (tree_widths) takes a rule of deterministic children: "
-                       f"'deterministic', or 'most_likely' at a greedy temperature")
+    if rule.verify_fixed is None and rule.verify_among is None:
+      raise ValueError(f"tree_rule {rule.name!r} has no verification of a tree chosen per row "
+                       f"(tree_widths): neither verify_fixed (deterministic children) nor "
+                       f"verify_among (drawn children)")
   elif tree_branching is not None and (
       not isinstance(tree_branching, (tuple, list))
       or not (tree_branching or lookup_branches)
@@ -172,6 +193,23 @@ def ranking_log_probs(draft_probs: jax.Array, draft_logits: jax.Array) -> jax.Ar
   return jnp.where(point_mass, greedy, sampled)
 
 
+def _ranked(draft_probs: jax.Array, draft_logits: jax.Array, path_scores: jax.Array, width: int
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Each node's `per_node` = min(width, V) likeliest children by `ranking_log_probs` -> (their
+  path scores [N, n * per_node], node by node, likeliest first; their ids [N, n * per_node]; the
+  ranking [N, n, V]). ValueError when the n nodes have fewer than `width` children."""
+  num_rows, num_nodes, vocab_size = draft_probs.shape
+  per_node = min(width, vocab_size)
+  if num_nodes * per_node < width:
+    raise ValueError(f"tree_widths asks for {width} nodes at a depth whose {num_nodes} parents "
+                     f"have only {num_nodes * per_node} children in a vocabulary of "
+                     f"{vocab_size}")
+  ranking = ranking_log_probs(draft_probs, draft_logits)
+  scores, ids = jax.lax.top_k(ranking, per_node)
+  return ((path_scores[:, :, None] + scores).reshape(num_rows, -1), ids.reshape(num_rows, -1),
+          ranking)
+
+
 def likeliest_paths(draft_probs: jax.Array, draft_logits: jax.Array, path_scores: jax.Array,
                      width: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The next depth of a tree chosen per row: of every child of the n nodes of this depth
@@ -181,18 +219,39 @@ def likeliest_paths(draft_probs: jax.Array, draft_logits: jax.Array, path_scores
   path_scores [N, width]), likeliest first but for node 0: the likeliest child of node 0, the
   draft's own chain, whatever its path's score (so a tree holds the chain of its depth). Each
   node's candidates are its distinct likeliest ids, so siblings never repeat an id."""
-  num_rows, num_nodes, vocab_size = draft_probs.shape
-  per_node = min(width, vocab_size)
-  if num_nodes * per_node < width:
-    raise ValueError(f"tree_widths asks for {width} nodes at a depth whose {num_nodes} parents "
-                     f"have only {num_nodes * per_node} children in a vocabulary of "
-                     f"{vocab_size}")
-  scores, ids = jax.lax.top_k(ranking_log_probs(draft_probs, draft_logits), per_node)
-  candidates = (path_scores[:, :, None] + scores).reshape(num_rows, -1)
+  candidates, ids, _ = _ranked(draft_probs, draft_logits, path_scores, width)
+  per_node = candidates.shape[1] // draft_probs.shape[1]
   _, chosen = jax.lax.top_k(candidates.at[:, 0].set(jnp.inf), width)
   path_scores = jnp.take_along_axis(candidates, chosen, axis=1)
-  children = jnp.take_along_axis(ids.reshape(num_rows, -1), chosen, axis=1).astype(jnp.int32)
+  children = jnp.take_along_axis(ids, chosen, axis=1).astype(jnp.int32)
   return children, (chosen // per_node).astype(jnp.int32), path_scores
+
+
+def drawn_paths(draft_probs: jax.Array, draft_logits: jax.Array, path_scores: jax.Array,
+                drawn: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The next depth of a tree chosen per row whose children are drawn: of the n nodes of this
+  depth (`draft_probs`, `draft_logits [N, n, V]`, `path_scores [N, n]`), node j gets c_j of
+  the `width` nodes, as many as it has among the `width` likeliest paths by its draft's law
+  (`likeliest_paths`' ranking, node 0 not favoured), and they are its first c_j children
+  `drawn [N, n, width]` (each node's children in the order its rule drew them). -> (ids
+  [N, width], parents [N, width], path_scores [N, width]), node by node, each node's children
+  in drawn order. The counts come from the laws alone, never from the drawn ids: a node's
+  children stay a draw from its law (with or without replacement, as drawn), which is what
+  the rule's `verify_among` verifies."""
+  num_rows, num_nodes, width = drawn.shape
+  candidates, _, ranking = _ranked(draft_probs, draft_logits, path_scores, width)
+  per_node = candidates.shape[1] // num_nodes
+  _, chosen = jax.lax.top_k(candidates, width)
+  counts = jnp.sum(jax.nn.one_hot(chosen // per_node, num_nodes, dtype=jnp.int32), axis=1)
+  ends = jnp.cumsum(counts, axis=1)  # [N, n]
+  slots = jnp.arange(width)
+  parents = jnp.sum(ends[:, None, :] <= slots[:, None], axis=2).astype(jnp.int32)  # [N, w]
+  rank = slots - jnp.take_along_axis(ends - counts, parents, axis=1)
+  children = drawn[jnp.arange(num_rows)[:, None], parents, rank].astype(jnp.int32)
+  child_scores = jnp.take_along_axis(
+      jnp.take_along_axis(ranking, parents[:, :, None], axis=1), children[:, :, None],
+      axis=2)[:, :, 0]
+  return children, parents, jnp.take_along_axis(path_scores, parents, axis=1) + child_scores
 
 
 def with_parents(ancestors: jax.Array, shape: TreeShape, depth: int, parents: jax.Array
