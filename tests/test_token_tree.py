@@ -38,6 +38,7 @@ from spec_decode.engine import lookup as engine_lookup
 from spec_decode.engine import toy
 from spec_decode.engine import token_tree
 from spec_decode.engine import tree_rules
+from spec_decode.engine import tree_shape
 from spec_decode.t5 import network
 from test_exactness import LENGTH, NUM_SAMPLES, P_VALUE_FLOOR, VOCAB
 from toy_setup import EOS
@@ -118,7 +119,8 @@ def test_sequences_follow_the_target_law(case, rule):
     [("chosen_top_p_0.8", "deterministic"), ("chosen_temperature_1", "without_replacement")]))
 def test_trees_chosen_per_row_follow_the_target_law(case, rule):
   """'deterministic': the draft's likeliest paths as the tree, verified as deterministic
-  children; a sampling rule: children drawn at the nodes of the likeliest paths."""
+  children; a sampling rule: children drawn, each node's count by the row's rate of first
+  children taken."""
   decodes, law, stats = _draw(case, rule)
   p_value = test_exactness.chi_square_p_value(decodes, law)
   assert p_value > P_VALUE_FLOOR, f"{case}/{rule}: p = {p_value:.2e}"
@@ -128,6 +130,25 @@ def test_trees_chosen_per_row_follow_the_target_law(case, rule):
 def _walk_taking_other_parents_children(target_probs, children, present):
   """A node's candidates verified as its children whatever their parent."""
   return tree_rules.deterministic_walk(target_probs, children, jnp.ones_like(present))
+
+
+def test_drawn_children_go_where_the_walk_is_likely_to_be():
+  """Two nodes (the second's path half as likely), three children to allot, each node's drawn
+  children in draw order: at a high rate of first children taken the first child of each node
+  outranks the second child of either; at a low one, every child of the likelier node outranks
+  the other node's first."""
+  drawn = jnp.asarray([[[10, 11, 12], [20, 21, 22]]])
+  path_scores = jnp.log(jnp.asarray([[1.0, 0.5]]))
+  for rate, want_ids, want_parents in ((0.9, [10, 11, 20], [0, 0, 1]),
+                                       (0.1, [10, 11, 12], [0, 0, 0])):
+    ids, parents, scores = tree_shape.drawn_paths(path_scores, drawn, jnp.asarray([rate]), 30)
+    np.testing.assert_array_equal(ids[0], want_ids)
+    np.testing.assert_array_equal(parents[0], want_parents)
+    # A child's path: its parent's, times the rate, times (1 - rate) per child drawn before it.
+    ranks = np.asarray([0, 1, 0]) if rate == 0.9 else np.asarray([0, 1, 2])
+    np.testing.assert_allclose(
+        np.exp(scores[0]), np.asarray([1.0, 0.5])[want_parents] * rate * (1 - rate) ** ranks,
+        rtol=1e-5)
 
 
 def _drawn_then_ranked(draft_probs, draft_logits, uniforms):

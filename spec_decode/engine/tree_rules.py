@@ -24,8 +24,8 @@ draft's likeliest paths, `token_tree`'s `tree_widths`), `present` False marking 
 is not a child of the node: never accepted, the residual left as it was. `verify_among`, which
 the rules that draw their children have, is `verify` of the `present` children among a depth's
 nodes, drawn from q in the order they stand (a tree chosen per row whose children are drawn:
-each node's count of children set by the draft's laws above it, never by what is drawn at it,
-`token_tree`'s `tree_widths` with a drawing rule); the others are skipped as above.
+each node's count of children set before anything is drawn at it, `token_tree`'s `tree_widths`
+with a drawing rule); the others are skipped as above.
 
 Every registered rule is exact: the token the walk emits at a node is distributed as p, given
 everything drafted so far. The argument (recursive rejection sampling; SpecInfer, Miao et al.

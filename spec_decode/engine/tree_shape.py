@@ -5,8 +5,8 @@ A tree is fixed (`tree_branching`: children per node at each depth, the same tre
 and step) or chosen per row (`tree_widths`: nodes per depth; their parents data that the tree
 masks of both models' calls follow, `with_parents`). A tree chosen per row holds, under a rule
 of deterministic children, the children whose paths the row's draft finds likeliest
-(`likeliest_paths`), and under a rule that draws them, children drawn at the nodes whose paths
-the draft finds likeliest, each node's count set by the draft's laws before anything is drawn
+(`likeliest_paths`), and under a rule that draws them, each node's count of children set by its
+path's chance in child ranks at the row's rate of first children taken, before anything is drawn
 at it (`drawn_paths`). Either way the shapes are static: what a compiled decode feeds its calls
 does not depend on the row.
 """
@@ -193,21 +193,12 @@ def ranking_log_probs(draft_probs: jax.Array, draft_logits: jax.Array) -> jax.Ar
   return jnp.where(point_mass, greedy, sampled)
 
 
-def _ranked(draft_probs: jax.Array, draft_logits: jax.Array, path_scores: jax.Array, width: int
-            ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Each node's `per_node` = min(width, V) likeliest children by `ranking_log_probs` -> (their
-  path scores [N, n * per_node], node by node, likeliest first; their ids [N, n * per_node]; the
-  ranking [N, n, V]). ValueError when the n nodes have fewer than `width` children."""
-  num_rows, num_nodes, vocab_size = draft_probs.shape
-  per_node = min(width, vocab_size)
-  if num_nodes * per_node < width:
+def _check_width(num_nodes: int, vocab_size: int, width: int) -> None:
+  """ValueError when `num_nodes` parents have fewer than `width` distinct children."""
+  if num_nodes * min(width, vocab_size) < width:
     raise ValueError(f"tree_widths asks for {width} nodes at a depth whose {num_nodes} parents "
-                     f"have only {num_nodes * per_node} children in a vocabulary of "
+                     f"have only {num_nodes * vocab_size} children in a vocabulary of "
                      f"{vocab_size}")
-  ranking = ranking_log_probs(draft_probs, draft_logits)
-  scores, ids = jax.lax.top_k(ranking, per_node)
-  return ((path_scores[:, :, None] + scores).reshape(num_rows, -1), ids.reshape(num_rows, -1),
-          ranking)
 
 
 def likeliest_paths(draft_probs: jax.Array, draft_logits: jax.Array, path_scores: jax.Array,
@@ -219,39 +210,49 @@ def likeliest_paths(draft_probs: jax.Array, draft_logits: jax.Array, path_scores
   path_scores [N, width]), likeliest first but for node 0: the likeliest child of node 0, the
   draft's own chain, whatever its path's score (so a tree holds the chain of its depth). Each
   node's candidates are its distinct likeliest ids, so siblings never repeat an id."""
-  candidates, ids, _ = _ranked(draft_probs, draft_logits, path_scores, width)
-  per_node = candidates.shape[1] // draft_probs.shape[1]
+  num_rows, num_nodes, vocab_size = draft_probs.shape
+  _check_width(num_nodes, vocab_size, width)
+  per_node = min(width, vocab_size)
+  scores, ids = jax.lax.top_k(ranking_log_probs(draft_probs, draft_logits), per_node)
+  candidates = (path_scores[:, :, None] + scores).reshape(num_rows, -1)
   _, chosen = jax.lax.top_k(candidates.at[:, 0].set(jnp.inf), width)
   path_scores = jnp.take_along_axis(candidates, chosen, axis=1)
-  children = jnp.take_along_axis(ids, chosen, axis=1).astype(jnp.int32)
+  children = jnp.take_along_axis(ids.reshape(num_rows, -1), chosen, axis=1).astype(jnp.int32)
   return children, (chosen // per_node).astype(jnp.int32), path_scores
 
 
-def drawn_paths(draft_probs: jax.Array, draft_logits: jax.Array, path_scores: jax.Array,
-                drawn: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def drawn_paths(path_scores: jax.Array, drawn: jax.Array, acceptance: jax.Array,
+                vocab_size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The next depth of a tree chosen per row whose children are drawn: of the n nodes of this
-  depth (`draft_probs`, `draft_logits [N, n, V]`, `path_scores [N, n]`), node j gets c_j of
-  the `width` nodes, as many as it has among the `width` likeliest paths by its draft's law
-  (`likeliest_paths`' ranking, node 0 not favoured), and they are its first c_j children
-  `drawn [N, n, width]` (each node's children in the order its rule drew them). -> (ids
-  [N, width], parents [N, width], path_scores [N, width]), node by node, each node's children
-  in drawn order. The counts come from the laws alone, never from the drawn ids: a node's
-  children stay a draw from its law (with or without replacement, as drawn), which is what
-  the rule's `verify_among` verifies."""
+  depth (`path_scores [N, n]`), node j gets c_j of the `width` nodes, and they are its first c_j
+  children `drawn [N, n, width]` (in the order its rule drew them from a law of `vocab_size`
+  ids). -> (ids [N, width], parents [N, width], path_scores [N, width]), node by node, each
+  node's children in drawn order.
+
+  The walk tries a node's drawn children in order and, whatever their ids, takes the first
+  mostly: were the target the draft, it would always take it. So a child is scored by its rank,
+  not by its draft probability: with `acceptance [N]`, the row's estimate of the chance that the
+  walk takes a node's first child, the k-th child (from 0) of a node is reached with
+  acceptance (1 - acceptance)^k of its parent's chance (path scores are the logs), and the
+  counts c_j give the `width` children of the highest scores. They come from the path scores
+  and the acceptance alone, never from the drawn ids: a node's children stay a draw from its
+  law (with or without replacement, as drawn), which is what the rule's `verify_among`
+  verifies."""
   num_rows, num_nodes, width = drawn.shape
-  candidates, _, ranking = _ranked(draft_probs, draft_logits, path_scores, width)
-  per_node = candidates.shape[1] // num_nodes
+  _check_width(num_nodes, vocab_size, width)
+  ranks = jnp.arange(width)
+  rank_scores = (jnp.log(acceptance)[:, None]
+                 + ranks * jnp.log1p(-acceptance)[:, None])  # [N, width]
+  candidates = (path_scores[:, :, None] + rank_scores[:, None, :]).reshape(num_rows, -1)
   _, chosen = jax.lax.top_k(candidates, width)
-  counts = jnp.sum(jax.nn.one_hot(chosen // per_node, num_nodes, dtype=jnp.int32), axis=1)
+  counts = jnp.sum(jax.nn.one_hot(chosen // width, num_nodes, dtype=jnp.int32), axis=1)
   ends = jnp.cumsum(counts, axis=1)  # [N, n]
-  slots = jnp.arange(width)
-  parents = jnp.sum(ends[:, None, :] <= slots[:, None], axis=2).astype(jnp.int32)  # [N, w]
-  rank = slots - jnp.take_along_axis(ends - counts, parents, axis=1)
+  parents = jnp.sum(ends[:, None, :] <= ranks[:, None], axis=2).astype(jnp.int32)  # [N, w]
+  rank = ranks - jnp.take_along_axis(ends - counts, parents, axis=1)
   children = drawn[jnp.arange(num_rows)[:, None], parents, rank].astype(jnp.int32)
-  child_scores = jnp.take_along_axis(
-      jnp.take_along_axis(ranking, parents[:, :, None], axis=1), children[:, :, None],
-      axis=2)[:, :, 0]
-  return children, parents, jnp.take_along_axis(path_scores, parents, axis=1) + child_scores
+  scores = (jnp.take_along_axis(path_scores, parents, axis=1)
+            + jnp.take_along_axis(rank_scores, rank, axis=1))
+  return children, parents, scores
 
 
 def with_parents(ancestors: jax.Array, shape: TreeShape, depth: int, parents: jax.Array

@@ -5,8 +5,9 @@ forced prompts), the tree loop partitioned by `decode_layout` (target and draft,
 cache pinned with them) gives exactly the tokens and counters (scores to float rounding) of
 the same decode on one device, greedy and sampled with the same rng: a model's tree on two
 meshes, n-gram lookup branches beside it ('lookup+model') on a third (greedy: the random
-target repeats itself, which the lookup's branches copy), and a tree chosen per row (sampled,
-its rows' parents data the mesh splits like the rest).
+target repeats itself, which the lookup's branches copy), and trees chosen per row (sampled, the
+likeliest paths and children drawn at them; their rows' parents data the mesh splits like the
+rest).
 """
 
 import functools
@@ -29,9 +30,12 @@ TREES = {  # name: (draft_source, settings per mode)
         mode: dict(tree_branching=(2, 1), tree_rule=rule, lookup_branches=2, lookup_depth=2)
         for mode, rule in (("greedy", "most_likely"), ("sampled", "deterministic"))}),
     "chosen": ("model", {"sampled": dict(tree_widths=(3, 3), tree_rule="deterministic")}),
+    "chosen_drawn": ("model", {"sampled": dict(tree_widths=(3, 3),
+                                               tree_rule="without_replacement")}),
 }
 CASES = [("model", (1, 8), "sampled"), ("model", (2, 4), "greedy"),
-         ("lookup+model", (4, 2), "greedy"), ("chosen", (2, 4), "sampled")]
+         ("lookup+model", (4, 2), "greedy"), ("chosen", (2, 4), "sampled"),
+         ("chosen_drawn", (4, 2), "sampled")]
 LOOKUP_MIN_NGRAM = 1
 LOOKUP = lookup.NGramLookup(TARGET.vocab_size, max_ngram=4, min_ngram=LOOKUP_MIN_NGRAM)
 
