@@ -14,6 +14,10 @@ target call (over all sentences: generated tokens / target calls, both printed),
 seconds, and the speedup over the target alone; greedy decodes are checked identical to the
 target's.
 
+--pair_gin takes the pair of a benchmark config instead (its `bench.PairConfig`, e.g. the
+near-bigram T5.1.1-large pair of configs/bench/peer_t5_1_1_large.gin: random inputs, no EOS,
+every output 64 tokens), --sentences of its random inputs.
+
 --draft_source 'lookup' drafts by n-gram lookup alone (`core.make_draft`'s n-gram lengths): the
 chain is the lookup's chain and each tree is --lookup_branches branches of --lookup_depth tokens
 (--trees unused); 'lookup+model' adds the branches to each tree of the draft model and the
@@ -23,7 +27,8 @@ chain is the chain loop's combination (the lookup's token where it matches, else
       [--trees 4,2,1 2,2,1,1] [--tree_rule without_replacement] [--tree_widths 4,4,4,4] \
       [--widths_rule deterministic] \
       [--temperatures 0 1] \
-      [--draft_source lookup --lookup_branches 2 4 8 --lookup_depth 4]
+      [--draft_source lookup --lookup_branches 2 4 8 --lookup_depth 4] \
+      [--pair_gin configs/bench/peer_t5_1_1_large.gin]
 """
 
 from __future__ import annotations
@@ -31,11 +36,15 @@ from __future__ import annotations
 import argparse
 import time
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import bench
 from spec_decode import core
+from spec_decode import gin_utils
+from spec_decode.bench import pairs
 from spec_decode.checkpoints import demo_pair
 from spec_decode.data import corpora
 from spec_decode.engine import decoding
@@ -57,7 +66,7 @@ def encoded(sentences: list[str]) -> np.ndarray:
   return tokens
 
 
-def decoder(loop, target, draft, draft_source="model", **settings):
+def decoder(loop, target, draft, draft_source="model", eos_id=vocab.EOS_ID, **settings):
   """decode(encoder tokens [1, L], rng) -> (decodes [1, L], generated tokens, target calls)."""
   (target_config, target_params), (draft_config, draft_params) = target, draft
   drafts = core.make_draft(draft_source, None if draft_source == "lookup"
@@ -81,13 +90,13 @@ def decoder(loop, target, draft, draft_source="model", **settings):
     cache = network.init_decode_cache(target_config, target_params, encoder_tokens, LENGTH)
     tokens_to_logits = network.make_tokens_to_logits(target_config, target_params)
     if loop is decoding.temperature_sample:
-      decodes, _ = loop(inputs, cache, tokens_to_logits, vocab.EOS_ID, decode_rng=rng,
+      decodes, _ = loop(inputs, cache, tokens_to_logits, eos_id, decode_rng=rng,
                         **settings)
       generated = jnp.sum(decodes[:, 0] > 0)
       return decodes[:, 0], generated, generated
     draft_cache, draft_tokens_to_logits = draft_calls(encoder_tokens)
     decodes, _, stats = loop(
-        inputs, cache, tokens_to_logits, vocab.EOS_ID, decode_rng=rng, draft_cache=draft_cache,
+        inputs, cache, tokens_to_logits, eos_id, decode_rng=rng, draft_cache=draft_cache,
         draft_tokens_to_logits=draft_tokens_to_logits, **settings)
     return decodes[:, 0], jnp.sum(stats.generated_tokens), jnp.sum(stats.target_calls)
 
@@ -115,41 +124,53 @@ def main() -> None:
   parser.add_argument("--lookup_branches", type=int, nargs="+", default=[4],
                       help="lookup branches of each tree (draft_source lookup, lookup+model)")
   parser.add_argument("--lookup_depth", type=int, default=4)
+  parser.add_argument("--pair_gin", default=None,
+                      help="a benchmark config whose bench.PairConfig gives the pair instead")
   args = parser.parse_args()
-  sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
-  encoder_tokens = encoded(sources[:args.sentences])
-  target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
+  if args.pair_gin is None:
+    sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
+    encoder_tokens = encoded(sources[:args.sentences])
+    target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
+    eos_id = vocab.EOS_ID
+  else:
+    gin_utils.parse_config([args.pair_gin], [])
+    pair = pairs.build_pair(gin.get_configurable(bench.PairConfig)(
+        num_random_inputs=args.sentences))
+    if pair.decoder_only or pair.max_decode_len != LENGTH:
+      raise ValueError(f"{args.pair_gin}: an encoder-decoder pair decoding {LENGTH} tokens is "
+                       f"needed, got {pair.description}")
+    encoder_tokens, eos_id = pair.inputs, pair.eos_id
+    target, draft = ((model.config, model.params) for model in (pair.target, pair.draft))
+  make = lambda loop, draft_source="model", **settings: decoder(
+      loop, target, draft, draft_source, eos_id, **settings)
   for temperature in args.temperatures:
     greedy = temperature == 0.0
-    decoders = {"target alone": decoder(decoding.temperature_sample, target, draft,
-                                         temperature=temperature)}
+    decoders = {"target alone": make(decoding.temperature_sample, temperature=temperature)}
     for gamma in args.gammas:
-      decoders[f"chain gamma {gamma}"] = decoder(decoding.speculative_sample, target, draft,
-                                                 args.draft_source, gamma=gamma,
-                                                 temperature=temperature)
+      decoders[f"chain gamma {gamma}"] = make(decoding.speculative_sample, args.draft_source,
+                                              gamma=gamma, temperature=temperature)
     rule = "most_likely" if greedy else args.tree_rule
     trees = [()] if args.draft_source == "lookup" else [
         tuple(int(b) for b in tree.split(",")) for tree in args.trees]
     for branching in trees:
       name = f"tree {','.join(map(str, branching))} {rule}"
       if args.draft_source != "lookup":
-        decoders[name] = decoder(token_tree.speculative_tree_sample, target, draft,
-                                 tree_branching=branching, tree_rule=rule,
-                                 temperature=temperature)
+        decoders[name] = make(token_tree.speculative_tree_sample, tree_branching=branching,
+                              tree_rule=rule, temperature=temperature)
       if args.draft_source == "model":
         continue
       for branches in args.lookup_branches:
         label = f"lookup {branches}x{args.lookup_depth}"
         decoders[f"{name} + {label}" if branching else f"tree {label}"] = (
-            decoder(token_tree.speculative_tree_sample, target, draft, args.draft_source,
-                    tree_branching=branching, tree_rule=rule, lookup_branches=branches,
-                    lookup_depth=args.lookup_depth, temperature=temperature))
+            make(token_tree.speculative_tree_sample, args.draft_source, tree_branching=branching,
+                 tree_rule=rule, lookup_branches=branches, lookup_depth=args.lookup_depth,
+                 temperature=temperature))
     for widths in args.tree_widths:
       chosen_rule = "most_likely" if greedy else args.widths_rule
-      decoders[f"tree widths {widths} {chosen_rule}"] = decoder(
-          token_tree.speculative_tree_sample, target, draft, args.draft_source,
-          tree_branching=None, tree_widths=tuple(int(w) for w in widths.split(",")),
-          tree_rule=chosen_rule, temperature=temperature)
+      decoders[f"tree widths {widths} {chosen_rule}"] = make(
+          token_tree.speculative_tree_sample, args.draft_source, tree_branching=None,
+          tree_widths=tuple(int(w) for w in widths.split(",")), tree_rule=chosen_rule,
+          temperature=temperature)
     totals = {name: [0, 0, 0.0] for name in decoders}  # generated, target calls, seconds
     first = jnp.asarray(encoder_tokens[:1])
     for decode in decoders.values():
