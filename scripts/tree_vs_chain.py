@@ -34,6 +34,7 @@ chain is the chain loop's combination (the lookup's token where it matches, else
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import gin
@@ -72,7 +73,7 @@ def decoder(loop, target, draft, draft_source="model", eos_id=vocab.EOS_ID, **se
   drafts = core.make_draft(draft_source, None if draft_source == "lookup"
                            else network.Transformer(draft_config))
 
-  def draft_calls(encoder_tokens):
+  def draft_calls(draft_params, encoder_tokens):
     """(the draft's cache, its tokens_to_logits) for `drafts`."""
     if draft_source == "lookup":
       drafter = drafts.drafter(target_config.vocab_size)
@@ -85,7 +86,7 @@ def decoder(loop, target, draft, draft_source="model", eos_id=vocab.EOS_ID, **se
     return (lookup.init_combined_cache(drafter, encoder_tokens, model_calls[0]),
             lookup.with_model(drafter, model_calls[1]))
 
-  def decode(encoder_tokens, rng):
+  def decode(target_params, draft_params, encoder_tokens, rng):
     inputs = jnp.zeros((encoder_tokens.shape[0], LENGTH), jnp.int32)
     cache = network.init_decode_cache(target_config, target_params, encoder_tokens, LENGTH)
     tokens_to_logits = network.make_tokens_to_logits(target_config, target_params)
@@ -94,13 +95,14 @@ def decoder(loop, target, draft, draft_source="model", eos_id=vocab.EOS_ID, **se
                         **settings)
       generated = jnp.sum(decodes[:, 0] > 0)
       return decodes[:, 0], generated, generated
-    draft_cache, draft_tokens_to_logits = draft_calls(encoder_tokens)
+    draft_cache, draft_tokens_to_logits = draft_calls(draft_params, encoder_tokens)
     decodes, _, stats = loop(
         inputs, cache, tokens_to_logits, eos_id, decode_rng=rng, draft_cache=draft_cache,
         draft_tokens_to_logits=draft_tokens_to_logits, **settings)
     return decodes[:, 0], jnp.sum(stats.generated_tokens), jnp.sum(stats.target_calls)
 
-  return jax.jit(decode)
+  # The parameters are arguments, not constants folded into the program (GBs at real sizes).
+  return functools.partial(jax.jit(decode), target_params, draft_params)
 
 
 def main() -> None:
