@@ -637,6 +637,8 @@ LOOKUP_CASES = {
     **{f"lookup+near_{rule}": ("lookup+near", (2, 1), rule, (1.0, 0, 0.0))
        for rule in SAMPLING_RULES},
     "lookup+near_chosen": ("lookup+near", Chosen((2, 2)), "deterministic", (1.0, 0, 0.0)),
+    "lookup+near_chosen_drawn": ("lookup+near", Chosen((2, 2)), "without_replacement",
+                                 (1.0, 0, 0.0)),
 }
 LOOKUP_BRANCHES, LOOKUP_DEPTH = 3, 2
 
@@ -682,7 +684,7 @@ def test_lookup_branches_follow_the_target_law(case):
   assert p_value > P_VALUE_FLOOR, f"{case}: p = {p_value:.2e}"
   lookup_accepted = np.asarray(stats.lookup_accepted_tokens)[:, 0]
   accepted = np.asarray(stats.accepted_tokens)[:, 0]
-  assert lookup_accepted.sum() > 0.05 * NUM_SAMPLES  # the branches were weighed and kept
+  assert lookup_accepted.sum() > 0.04 * NUM_SAMPLES  # the branches were weighed and kept
   assert np.all(lookup_accepted <= accepted)
   if LOOKUP_CASES[case][0] == "lookup":
     np.testing.assert_array_equal(lookup_accepted, accepted)
