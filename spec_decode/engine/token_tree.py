@@ -130,10 +130,11 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
   `tree_branching[d]`: children per node at depth d (unset: `DEFAULT_BRANCHING`); or
   `tree_widths[d - 1]` nodes at depth d, chosen per row (the module docstring); `tree_rule`
   names a rule of `spec_decode.engine.tree_rules` ('multi_round', 'without_replacement',
-  'deterministic'; 'most_likely' at a greedy temperature) or is a `tree_rules.TreeRule`. With an n-gram lookup
-  draft (`lookup.NGramLookup.tokens_to_logits`, or `lookup.with_model`'s), `lookup_branches`
-  earlier matches of the row's suffix hang from the root as branches of `lookup_depth` copied
-  tokens each, beside the model's tree (a lookup alone: `tree_branching` ()). Returns (decodes
+  'deterministic'; 'most_likely' at a greedy temperature) or is a `tree_rules.TreeRule`. With
+  an n-gram lookup draft (`lookup.NGramLookup.tokens_to_logits`, or `lookup.with_model`'s),
+  `lookup_branches` earlier matches of the row's suffix hang from the root as branches of
+  `lookup_depth` copied tokens each, beside the model's tree (a lookup alone: `tree_branching`
+  ()). Returns (decodes
   [B, num_decodes, L], log_probs [B, num_decodes]: the target's, as `temperature_sample`
   scores the same tokens, stats: TreeStats with [B, num_decodes] fields).
   """
@@ -280,8 +281,7 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
   # the log of each node's path's chance: by the draft's law, or for drawn children by their
   # ranks and the row's rate of first children taken so far (a Laplace estimate).
   parents, path_scores = [], jnp.zeros((num_rows, 1), jnp.float32)
-  first_tried, first_taken = state.first_children[:, 0], state.first_children[:, 1]
-  first_child_rate = (first_taken + 1.0) / (first_tried + 2.0)
+  first_child_rate = (state.first_children[:, 1] + 1.0) / (state.first_children[:, 0] + 2.0)
   ancestors = jnp.broadcast_to(jnp.asarray(shape.ancestors()),
                                (num_rows, shape.num_nodes, shape.num_nodes))
   draft_cache = state.draft_cache
