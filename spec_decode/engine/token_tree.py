@@ -105,7 +105,8 @@ class TreeLoopState:
   stats: TreeStats
   iteration: jax.Array  # int32 scalar: which row of the decode's uniforms this step draws with
   # [N, 2] the row's model nodes reached so far whose children were tried, and of them those
-  # whose first child the walk took: a drawn tree chosen per row allots its nodes by that rate.
+  # whose first child the walk took: a drawn tree chosen per row allots its nodes by that rate
+  # (counted for that tree only; zeros otherwise).
   first_children: jax.Array
 
 
@@ -398,13 +399,10 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
       used += width
       first = jnp.argmax(accepted, axis=1)
       took_model = jnp.any(accepted, axis=1)
-      if shape.chosen_per_row:
+      if shape.drawn:  # the rate its allotment reads
         tried = walking & on_model & ~took & jnp.any(present, axis=1)
-        first_present = jnp.argmax(present, axis=1)
-      else:
-        tried, first_present = walking & on_model & ~took, jnp.zeros_like(first)
-      first_tried += tried
-      first_taken += tried & took_model & (first == first_present)
+        first_tried += tried
+        first_taken += tried & took_model & (first == jnp.argmax(present, axis=1))
       residual = jnp.where(on_model[:, None], model_residual, residual)
       child_id = jnp.where(took_model, jnp.take_along_axis(children, first[:, None],
                                                            axis=1)[:, 0], child_id)
