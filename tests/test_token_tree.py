@@ -119,8 +119,8 @@ def test_sequences_follow_the_target_law(case, rule):
     [("chosen_top_p_0.8", "deterministic"), ("chosen_temperature_1", "without_replacement")]))
 def test_trees_chosen_per_row_follow_the_target_law(case, rule):
   """'deterministic': the draft's likeliest paths as the tree, verified as deterministic
-  children; a sampling rule: children drawn, each node's count by the row's rate of first
-  children taken."""
+  children; a sampling rule: children drawn, each node's count by the child ranks along its
+  path."""
   decodes, law, stats = _draw(case, rule)
   p_value = test_exactness.chi_square_p_value(decodes, law)
   assert p_value > P_VALUE_FLOOR, f"{case}/{rule}: p = {p_value:.2e}"
@@ -133,22 +133,19 @@ def _walk_taking_other_parents_children(target_probs, children, present):
 
 
 def test_drawn_children_go_where_the_walk_is_likely_to_be():
-  """Two nodes (the second's path half as likely), three children to allot, each node's drawn
-  children in draw order: at a high rate of first children taken the first child of each node
-  outranks the second child of either; at a low one, every child of the likelier node outranks
-  the other node's first."""
-  drawn = jnp.asarray([[[10, 11, 12], [20, 21, 22]]])
-  path_scores = jnp.log(jnp.asarray([[1.0, 0.5]]))
-  for rate, want_ids, want_parents in ((0.9, [10, 11, 20], [0, 0, 1]),
-                                       (0.1, [10, 11, 12], [0, 0, 0])):
-    ids, parents, scores = tree_shape.drawn_paths(path_scores, drawn, jnp.asarray([rate]), 30)
-    np.testing.assert_array_equal(ids[0], want_ids)
-    np.testing.assert_array_equal(parents[0], want_parents)
-    # A child's path: its parent's, times the rate, times (1 - rate) per child drawn before it.
-    ranks = np.asarray([0, 1, 0]) if rate == 0.9 else np.asarray([0, 1, 2])
-    np.testing.assert_allclose(
-        np.exp(scores[0]), np.asarray([1.0, 0.5])[want_parents] * rate * (1 - rate) ** ranks,
-        rtol=1e-5)
+  """Three nodes whose paths hold 0, 1 and 1 later children (sums of child ranks), five children
+  to allot, each node's drawn children in draw order: by their paths' sums of ranks, the first
+  node's first three children (sums 0, 1, 2) and each other node's first (1 and 1), not the
+  first node's fourth (3); equal sums in node order, then rank order."""
+  drawn = jnp.asarray([[[10, 11, 12, 13, 14], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34]]])
+  ids, parents, path_ranks = tree_shape.drawn_paths(jnp.asarray([[0, 1, 1]]), drawn, 50)
+  np.testing.assert_array_equal(ids[0], [10, 11, 12, 20, 30])
+  np.testing.assert_array_equal(parents[0], [0, 0, 0, 1, 2])
+  np.testing.assert_array_equal(path_ranks[0], [0, 1, 2, 1, 1])
+  # Three to allot: of the three children of sum 1, the two of the first nodes.
+  ids, parents, _ = tree_shape.drawn_paths(jnp.asarray([[0, 1, 1]]), drawn[:, :, :3], 50)
+  np.testing.assert_array_equal(ids[0], [10, 11, 20])
+  np.testing.assert_array_equal(parents[0], [0, 0, 1])
 
 
 def _drawn_then_ranked(draft_probs, draft_logits, uniforms):

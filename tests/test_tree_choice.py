@@ -4,7 +4,8 @@ platform's v(k); acceptance measured from greedy ranks by replaying the walk; Th
 analogue, its chain case the paper's; acceptance by rank from one alpha; compiled costs read
 back; the calls of decodes of given lengths (the last cut), from positional acceptance and from
 the ranks' chain, by hand and against simulated greedy decodes; a sampled decode's calls
-following from its output's ranks under the rule 'deterministic'."""
+following from its output's ranks under the rule 'deterministic'; drawn trees chosen per row by
+hand, and the acceptance of drawn children of a hand-worked pair."""
 
 import json
 
@@ -304,3 +305,32 @@ def test_replayed_tokens_per_call_by_hand():
   assert tree_choice.replayed_tokens_per_call([np.array([0, 1, 5, 0]), np.array([3, 0])],
                                               (2, 1)) == pytest.approx(6 / 5)
   assert tree_choice.replayed_tokens_per_call([np.array([0, 0, 0, 0])], (1, 1)) == 2
+
+
+def test_a_drawn_tree_by_hand():
+  """Widths (2, 3): the root's two drawn children (ranks 0 and 1), then the three paths of the
+  least rank sums, the first child's first two children and the second child's first. Accepted
+  at depth 1 with 0.5 + 0.2, at depth 2 with 0.5 (0.4 + 0.1) + 0.2 * 0.4."""
+  acceptance = np.array([[0.5, 0.2, 0.1], [0.4, 0.1, 0.05]])
+  law = tree_choice.drawn_depth_law((2, 3), acceptance)
+  np.testing.assert_allclose(law, [0.3, 0.7 - 0.33, 0.33])
+  assert tree_choice.drawn_tokens_per_call((2, 3), acceptance) == pytest.approx(1 + 0.7 + 0.33)
+  # A drawn chain is the chain of positional acceptance, whole and cut at given lengths.
+  np.testing.assert_allclose(tree_choice.drawn_depth_law((1, 1, 1), acceptance),
+                             tree_choice.accepted_depth_law((1, 1, 1), acceptance))
+  assert tree_choice.drawn_tokens_per_call((1, 1, 1), acceptance, [3, 7]) == pytest.approx(
+      tree_choice.tokens_per_call((1, 1, 1), acceptance, [3, 7]))
+
+
+def test_drawn_acceptance_of_a_hand_worked_pair():
+  """Target [1, 0], draft [0.5, 0.5], two children drawn without replacement: the first is id 0
+  (accepted) or id 1 (rejected) with 0.5 each, and after id 1 the second is id 0, accepted from
+  the residual [1, 0]: 0.5 and 0.5 by rank. A draft equal to the target: the first child always.
+  """
+  target = jnp.asarray([[1.0, 0.0]])
+  uniforms = jax.random.uniform(jax.random.PRNGKey(0), (1, 4000, 2))
+  found = tree_choice.drawn_acceptance(target, jnp.asarray([[0.5, 0.5]]), "without_replacement",
+                                       uniforms)
+  np.testing.assert_allclose(found[0], [0.5, 0.5], atol=0.03)
+  same = tree_choice.drawn_acceptance(target, target, "without_replacement", uniforms)
+  np.testing.assert_allclose(same[0], [1.0, 0.0])

@@ -34,10 +34,9 @@ its depth d - 1 whose paths the draft finds likeliest (`tree_shape.likeliest_pat
 the draft before the target is called and verified as such (the rule's `verify_fixed`). Under a
 rule that draws its children ('without_replacement', 'multi_round') the walk takes a node's
 first drawn child most often, whatever its id, so depth d's nodes go to the nodes of depth d - 1
-by their paths' chance counted in child ranks, at the row's own rate of first children taken in
-its earlier iterations (`tree_shape.drawn_paths`), and each node's are the first it draws from
-its law: a count set before anything is drawn at the node, so its children are still the rule's
-draw, verified among the depth's nodes (`verify_among`).
+by the child ranks along their paths (`tree_shape.drawn_paths`), and each node's are the first
+it draws from its law: a count set before anything is drawn at the node, so its children are
+still the rule's draw, verified among the depth's nodes (`verify_among`).
 Lookup branches: with an n-gram lookup draft (`lookup`), `lookup_branches` chains of
 `lookup_depth` tokens copied after earlier matches of the row's suffix (`lookup.branches`)
 hang from the root beside the model's tree (or alone: no draft call at all). They are
@@ -104,10 +103,6 @@ class TreeLoopState:
   draft_cache: Any
   stats: TreeStats
   iteration: jax.Array  # int32 scalar: which row of the decode's uniforms this step draws with
-  # [N, 2] the row's model nodes reached so far whose children were tried, and of them those
-  # whose first child the walk took: a drawn tree chosen per row allots its nodes by that rate
-  # (counted for that tree only; zeros otherwise).
-  first_children: jax.Array
 
 
 @loops.register("speculative_tree_sample", uses_draft=True, check_settings=check_tree_settings,
@@ -173,8 +168,7 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
   step = functools.partial(_tree_step, problem, tokens_to_logits, model, drafter,
                            shape=shape, rule=rule, decode_uniforms=uniforms)
   initial = TreeLoopState(rows, jnp.ones((num_rows,), jnp.int32), cache, draft_cache,
-                          TreeStats.zeros(num_rows, shape.max_depth), jnp.int32(0),
-                          jnp.zeros((num_rows, 2), jnp.int32))
+                          TreeStats.zeros(num_rows, shape.max_depth), jnp.int32(0))
   final = jax.lax.while_loop(lambda s: ~jnp.all(s.rows.done), step, initial)
   return decode_rows.finish(final.rows, max_decode_len, batch_size, num_decodes, final.stats)
 
@@ -279,10 +273,9 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
   # 1. The draft: q at the root from the pending chain, then depth by depth.
   draft_laws, ids, draft_calls = [], jnp.zeros((num_rows, 0), jnp.int32), 0
   # Chosen per row: each depth's nodes' parents [N, w] (indices into the depth above), and
-  # the log of each node's path's chance: by the draft's law, or for drawn children by their
-  # ranks and the row's rate of first children taken so far (a Laplace estimate).
+  # each node's path's score: the log of its chance by the draft's law, or for drawn children
+  # the sum of their ranks.
   parents, path_scores = [], jnp.zeros((num_rows, 1), jnp.float32)
-  first_child_rate = (state.first_children[:, 1] + 1.0) / (state.first_children[:, 0] + 2.0)
   ancestors = jnp.broadcast_to(jnp.asarray(shape.ancestors()),
                                (num_rows, shape.num_nodes, shape.num_nodes))
   draft_cache = state.draft_cache
@@ -305,8 +298,7 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
     draws = uniforms[:, shape.draw_offsets[depth]:shape.draw_offsets[depth + 1]]
     if shape.drawn:
       drawn = rule.draw(q, draft_logits, draws.reshape(num_rows, widths[depth], -1))
-      children, parent, path_scores = tree_shape.drawn_paths(
-          path_scores, drawn, first_child_rate, q.shape[-1])
+      children, parent, path_scores = tree_shape.drawn_paths(path_scores, drawn, q.shape[-1])
     elif shape.chosen_per_row:
       children, parent, path_scores = tree_shape.likeliest_paths(q, draft_logits, path_scores,
                                                                  widths[depth + 1])
@@ -352,7 +344,6 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
   num_accepted = jnp.zeros((num_rows,), jnp.int32)
   lookup_accepted = jnp.zeros((num_rows,), jnp.int32)
   used, lookup_used = 0, 0
-  first_tried, first_taken = jnp.zeros((2, num_rows), jnp.int32)
   for depth in range(max_depth):
     law = target_laws[row_ids, slot]
     took, child_id = jnp.zeros((num_rows,), bool), jnp.zeros((num_rows,), jnp.int32)
@@ -399,10 +390,6 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
       used += width
       first = jnp.argmax(accepted, axis=1)
       took_model = jnp.any(accepted, axis=1)
-      if shape.drawn:  # the rate its allotment reads
-        tried = walking & on_model & ~took & jnp.any(present, axis=1)
-        first_tried += tried
-        first_taken += tried & took_model & (first == jnp.argmax(present, axis=1))
       residual = jnp.where(on_model[:, None], model_residual, residual)
       child_id = jnp.where(took_model, jnp.take_along_axis(children, first[:, None],
                                                            axis=1)[:, 0], child_id)
@@ -445,7 +432,5 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
       generated_tokens=stats.generated_tokens + num_committed,
       accepted_depths=stats.accepted_depths + (
           active[:, None] & (num_accepted[:, None] == block)).astype(jnp.int32))
-  first_children = state.first_children + jnp.stack([count(first_tried), count(first_taken)],
-                                                     axis=1)
   return TreeLoopState(committed, jnp.where(active, num_committed, num_pending), cache,
-                       draft_cache, stats, state.iteration + 1, first_children)
+                       draft_cache, stats, state.iteration + 1)

@@ -86,9 +86,13 @@ import json
 import os
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from spec_decode.engine import token_tree
+from spec_decode.engine import tree_rules
+from spec_decode.engine import tree_shape
 
 
 class RankChain(NamedTuple):
@@ -160,12 +164,20 @@ def expected_calls(branching: Sequence[int], acceptance: Acceptance,
     raise ValueError(f"output_lengths must be decodes' lengths >= 1, got {output_lengths!r}")
   if isinstance(acceptance, RankChain):
     outcomes = _chain_outcomes(branching, acceptance)
-    start = outcomes.shape[0] - 1
-  else:
-    law = accepted_depth_law(branching, acceptance)
-    outcomes = np.zeros((1, len(law) + 1, 1))
-    outcomes[0, 1:, 0] = law
-    start = 0
+    return _renewal_calls(outcomes, outcomes.shape[0] - 1, lengths)
+  return _renewal_calls(_law_outcomes(accepted_depth_law(branching, acceptance)), 0, lengths)
+
+
+def _law_outcomes(law: np.ndarray) -> np.ndarray:
+  """[1, D + 2, 1]: `law` of the accepted nodes a as the chance of emitting a + 1 tokens."""
+  outcomes = np.zeros((1, len(law) + 1, 1))
+  outcomes[0, 1:, 0] = law
+  return outcomes
+
+
+def _renewal_calls(outcomes: np.ndarray, start: int, lengths: np.ndarray) -> np.ndarray:
+  """The renewal counts C(n) of decodes of `lengths` from state `start`, an iteration from
+  state s emitting e tokens and ending in state c with chance `outcomes[s, e, c]`."""
   num_emitted = outcomes.shape[1]
   calls = np.zeros((int(lengths.max()) + num_emitted, outcomes.shape[0]))  # row m - 1 + E: m left
   for left in range(1, int(lengths.max()) + 1):
@@ -185,6 +197,58 @@ def tokens_per_call(branching: Sequence[int], acceptance: Acceptance,
   return float(np.sum(output_lengths) / np.sum(expected_calls(branching, acceptance,
                                                               output_lengths)))
 
+
+
+def drawn_depth_law(widths: Sequence[int], acceptance: np.ndarray) -> np.ndarray:
+  """[D + 1]: the chance that an iteration of a tree chosen per row whose children are drawn
+  accepts a nodes, a = 0..D. Its shape is the allotment of `tree_shape.drawn_paths`
+  (`widths[d]` nodes at depth d + 1, placed by rank alone, the same in every row), and a node
+  of depth d's child of rank k is accepted with `acceptance[d, k]` of its parent's chance
+  (positional acceptance of the rule's drawn children, the module docstring's)."""
+  acceptance = _checked(acceptance)
+  reach, reached, path_ranks = np.ones(1), [1.0], jnp.zeros((1, 1))
+  for depth, width in enumerate(widths):
+    _, parents, path_ranks = tree_shape.drawn_paths(
+        path_ranks, jnp.zeros((1, reach.size, width), jnp.int32), width)
+    parents = np.asarray(parents[0])
+    ranks = np.arange(width) - np.searchsorted(parents, parents)  # children node by node
+    row = acceptance[min(depth, len(acceptance) - 1)]
+    reach = reach[parents] * np.where(ranks < row.size, row[np.minimum(ranks, row.size - 1)],
+                                      0.0)
+    reached.append(float(reach.sum()))
+  reached = np.asarray(reached)
+  return np.append(reached[:-1] - reached[1:], reached[-1])
+
+
+def drawn_tokens_per_call(widths: Sequence[int], acceptance: np.ndarray,
+                          output_lengths: Sequence[int] | None = None) -> float:
+  """Predicted tokens per target call of a tree chosen per row whose children are drawn
+  (`drawn_depth_law`): of decodes of `output_lengths` tokens, else every call whole."""
+  law = drawn_depth_law(widths, acceptance)
+  if output_lengths is None:
+    return float(np.sum(law * np.arange(1, len(law) + 1)))
+  lengths = np.asarray(output_lengths)
+  if lengths.ndim != 1 or not len(lengths) or np.any(lengths < 1):
+    raise ValueError(f"output_lengths must be decodes' lengths >= 1, got {output_lengths!r}")
+  return float(np.sum(lengths) / np.sum(_renewal_calls(_law_outcomes(law), 0, lengths)))
+
+
+def drawn_acceptance(target_probs: jax.Array, draft_probs: jax.Array, rule: str,
+                     uniforms: jax.Array) -> jax.Array:
+  """[P, K]: at each of P positions, the chance that a node's walk accepts its drawn child of
+  rank k (k < K), given that it reached the node, for K children drawn by the tree rule `rule`
+  from the draft's law there (`draft_probs [P, V]`) and verified against the target's
+  (`target_probs [P, V]`): the mean over M draws of K children (`uniforms [P, M, K]`) of
+  a_k prod_{j < k} (1 - a_j), a_k the rule's acceptance of child k. Its mean over positions is
+  a row of positional acceptance."""
+  rule_of = tree_rules.get_rule(rule)
+  laws = lambda probs: jnp.broadcast_to(probs[:, None], uniforms.shape[:2] + probs.shape[-1:])
+  draft, target = laws(draft_probs), laws(target_probs)
+  children = rule_of.draw(draft, jnp.log(draft), uniforms)
+  accept, _ = rule_of.verify(target, draft, children)
+  reached = jnp.cumprod(jnp.concatenate([jnp.ones_like(accept[..., :1]), 1 - accept[..., :-1]],
+                                        axis=-1), axis=-1)
+  return jnp.mean(reached * accept, axis=1)
 
 def call_widths(branching: Sequence[int]) -> tuple[int, list[int]]:
   """(the target call's width, the draft calls' widths) of one iteration of the tree."""

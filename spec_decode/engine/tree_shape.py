@@ -5,10 +5,10 @@ A tree is fixed (`tree_branching`: children per node at each depth, the same tre
 and step) or chosen per row (`tree_widths`: nodes per depth; their parents data that the tree
 masks of both models' calls follow, `with_parents`). A tree chosen per row holds, under a rule
 of deterministic children, the children whose paths the row's draft finds likeliest
-(`likeliest_paths`), and under a rule that draws them, each node's count of children set by its
-path's chance in child ranks at the row's rate of first children taken, before anything is drawn
-at it (`drawn_paths`). Either way the shapes are static: what a compiled decode feeds its calls
-does not depend on the row.
+(`likeliest_paths`), and under a rule that draws them, each node's count of children set by the
+child ranks along its path, before anything is drawn at it (`drawn_paths`: the same counts in
+every row, the ids the row's draws). Either way the shapes are static: what a compiled decode
+feeds its calls does not depend on the row.
 """
 
 import dataclasses
@@ -221,38 +221,35 @@ def likeliest_paths(draft_probs: jax.Array, draft_logits: jax.Array, path_scores
   return children, (chosen // per_node).astype(jnp.int32), path_scores
 
 
-def drawn_paths(path_scores: jax.Array, drawn: jax.Array, acceptance: jax.Array,
-                vocab_size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def drawn_paths(path_ranks: jax.Array, drawn: jax.Array, vocab_size: int
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The next depth of a tree chosen per row whose children are drawn: of the n nodes of this
-  depth (`path_scores [N, n]`), node j gets c_j of the `width` nodes, and they are its first c_j
-  children `drawn [N, n, width]` (in the order its rule drew them from a law of `vocab_size`
-  ids). -> (ids [N, width], parents [N, width], path_scores [N, width]), node by node, each
-  node's children in drawn order.
+  depth (`path_ranks [N, n]`: each one's sum of its path's child ranks), node j gets c_j of the
+  `width` nodes, and they are its first c_j children `drawn [N, n, width]` (in the order its
+  rule drew them from a law of `vocab_size` ids). -> (ids [N, width], parents [N, width],
+  path_ranks [N, width]), node by node, each node's children in drawn order.
 
   The walk tries a node's drawn children in order and, whatever their ids, takes the first
-  mostly: were the target the draft, it would always take it. So a child is scored by its rank,
-  not by its draft probability: with `acceptance [N]`, the row's estimate of the chance that the
-  walk takes a node's first child, the k-th child (from 0) of a node is reached with
-  acceptance (1 - acceptance)^k of its parent's chance (path scores are the logs), and the
-  counts c_j give the `width` children of the highest scores. They come from the path scores
-  and the acceptance alone, never from the drawn ids: a node's children stay a draw from its
-  law (with or without replacement, as drawn), which is what the rule's `verify_among`
-  verifies."""
+  mostly: were the target the draft, it would always take it. So a child is placed by its rank,
+  not by its draft probability: the `width` children of the smallest sums of child ranks along
+  their paths (a path of more second or later children is less likely to be walked; at a rate
+  a of first children taken, the k-th child of a node is reached with a (1 - a)^k of its
+  parent's chance, and within a depth that orders the paths by their sums of ranks whatever a
+  is), equal sums in node order, then rank order. They come from the ranks alone, never from the
+  drawn ids: a node's children stay a draw from its law (with or without replacement, as
+  drawn), which is what the rule's `verify_among` verifies."""
   num_rows, num_nodes, width = drawn.shape
   _check_width(num_nodes, vocab_size, width)
   ranks = jnp.arange(width)
-  rank_scores = (jnp.log(acceptance)[:, None]
-                 + ranks * jnp.log1p(-acceptance)[:, None])  # [N, width]
-  candidates = (path_scores[:, :, None] + rank_scores[:, None, :]).reshape(num_rows, -1)
-  _, chosen = jax.lax.top_k(candidates, width)
+  candidates = (path_ranks[:, :, None] + ranks).reshape(num_rows, -1)
+  # Exact small integers: equal sums tie, and top_k takes the lower index first.
+  _, chosen = jax.lax.top_k(-candidates.astype(jnp.float32), width)
   counts = jnp.sum(jax.nn.one_hot(chosen // width, num_nodes, dtype=jnp.int32), axis=1)
   ends = jnp.cumsum(counts, axis=1)  # [N, n]
   parents = jnp.sum(ends[:, None, :] <= ranks[:, None], axis=2).astype(jnp.int32)  # [N, w]
   rank = ranks - jnp.take_along_axis(ends - counts, parents, axis=1)
   children = drawn[jnp.arange(num_rows)[:, None], parents, rank].astype(jnp.int32)
-  scores = (jnp.take_along_axis(path_scores, parents, axis=1)
-            + jnp.take_along_axis(rank_scores, rank, axis=1))
-  return children, parents, scores
+  return children, parents, jnp.take_along_axis(path_ranks, parents, axis=1) + rank
 
 
 def with_parents(ancestors: jax.Array, shape: TreeShape, depth: int, parents: jax.Array

@@ -1,0 +1,152 @@
+"""Predicted tokens per target call of drawn trees chosen per row (`tree_widths` with a rule
+that draws its children), next to the measured, on the demo pair.
+
+On the first --sentences sentences of Multi30k's test split (as scripts/tree_vs_chain.py
+encodes them): the target's translation sampled at --temperature, then both models' logits
+after each prefix of it (one teacher-forced call each). At every output position, --draws sets
+of --max_rank children drawn by --rule from the draft's law there and verified against the
+target's (`tree_choice.drawn_acceptance`) give the chance that the walk accepts a node's drawn
+child of rank k, given that it reached the node; their mean over the positions is the
+positional acceptance of drawn children, the same at every depth (the sampled trees' model of
+Sequoia, Chen et al. 2024). With the outputs' lengths, each --widths tree's prediction
+(`tree_choice.drawn_tokens_per_call`: every call whole; of decodes of those lengths), then its
+decodes (`speculative_tree_sample`, batch 1, PRNGKey(row) as tree_vs_chain.py's) of the same
+sentences and of the --heldout after them, measured tokens per target call beside.
+
+  python scripts/drawn_tree_prediction.py --data_dir DATA [--sentences 100] [--heldout 100] \
+      [--widths 16,8,4,4 4,4,4,4,4,4,4,4] [--rule without_replacement] [--temperature 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode.checkpoints import demo_pair
+from spec_decode.data import corpora
+from spec_decode.engine import decoding
+from spec_decode.engine import sampling
+from spec_decode.engine import token_tree
+from spec_decode.engine import tree_choice
+from spec_decode.t5 import network
+from spec_decode.t5 import vocab
+import tree_vs_chain
+
+LENGTH = tree_vs_chain.LENGTH
+_BATCH = 10  # sentences per sampled decode
+_CHUNK = 64  # positions per draw of children: their laws are [_CHUNK, draws, K, V] floats
+
+
+def _acceptance(target, draft, encoder_tokens: np.ndarray, temperature: float, rule: str,
+                draws: int, max_rank: int, rng: jax.Array) -> tuple[np.ndarray, list[int]]:
+  """(positional acceptance [1, max_rank] of drawn children, the outputs' lengths), from the
+  target's samples of `encoder_tokens`' translations (a multiple of _BATCH sentences)."""
+  (target_config, target_params), (draft_config, draft_params) = target, draft
+
+  def teacher_forced(config, params, encoder_tokens, fed):
+    logits, _ = network.make_tokens_to_logits(config, params)(decoding.DecodingState(
+        cur_index=jnp.zeros((fed.shape[0],), jnp.int32), cur_token=fed, sequences=fed,
+        cache=network.init_decode_cache(config, params, encoder_tokens, LENGTH)))
+    return sampling.logits_to_probs(logits, temperature)
+
+  @jax.jit
+  def laws(encoder_tokens, rng):
+    inputs = jnp.zeros((encoder_tokens.shape[0], LENGTH), jnp.int32)
+    decodes, _ = decoding.temperature_sample(
+        inputs, network.init_decode_cache(target_config, target_params, encoder_tokens, LENGTH),
+        network.make_tokens_to_logits(target_config, target_params), vocab.EOS_ID,
+        decode_rng=rng, temperature=temperature)
+    outputs = decodes[:, 0]
+    fed = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))  # BOS (0), then the output
+    return (outputs, teacher_forced(target_config, target_params, encoder_tokens, fed),
+            teacher_forced(draft_config, draft_params, encoder_tokens, fed))
+
+  accepted = jax.jit(functools.partial(tree_choice.drawn_acceptance, rule=rule))
+  sample_rng, draw_rng = jax.random.split(rng)
+  target_probs, draft_probs, lengths = [], [], []
+  for start in range(0, len(encoder_tokens), _BATCH):
+    outputs, target_laws, draft_laws = (np.asarray(x) for x in laws(
+        jnp.asarray(encoder_tokens[start:start + _BATCH]), jax.random.fold_in(sample_rng, start)))
+    real = outputs > 0  # output positions, EOS included
+    target_probs.append(target_laws[real])
+    draft_probs.append(draft_laws[real])
+    lengths += [int(n) for n in real.sum(axis=1)]
+  target_probs, draft_probs = np.concatenate(target_probs), np.concatenate(draft_probs)
+  total = np.zeros(max_rank)
+  for start in range(0, len(target_probs), _CHUNK):
+    chunk = slice(start, start + _CHUNK)
+    size = len(target_probs[chunk])
+    pad = lambda x: jnp.asarray(np.pad(x[chunk], ((0, _CHUNK - size), (0, 0)),
+                                       constant_values=1.0 / x.shape[-1]))  # one shape
+    uniforms = jax.random.uniform(jax.random.fold_in(draw_rng, start),
+                                  (_CHUNK, draws, max_rank))
+    found = accepted(pad(target_probs), pad(draft_probs), uniforms=uniforms)
+    total += np.asarray(found)[:size].sum(axis=0)
+  return (total / len(target_probs))[None], lengths
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--data_dir", default=None,
+                      help="the data root holding multi30k/ (default: $SPEC_DECODE_DATA_ROOT)")
+  parser.add_argument("--sentences", type=int, default=100,
+                      help="sentences whose acceptance and lengths predict, decoded too")
+  parser.add_argument("--heldout", type=int, default=0,
+                      help="the sentences after --sentences, decoded only (held out)")
+  parser.add_argument("--widths", nargs="+", default=["16,8,4,4"],
+                      help="trees chosen per row: nodes at each depth, comma-separated")
+  parser.add_argument("--rule", default="without_replacement",
+                      help="a tree rule that draws its children")
+  parser.add_argument("--temperature", type=float, default=1.0)
+  parser.add_argument("--draws", type=int, default=8,
+                      help="sets of children drawn at each position")
+  args = parser.parse_args()
+  widths = [tuple(int(w) for w in text.split(",")) for text in args.widths]
+  max_rank = max(max(shape) for shape in widths)
+  if args.temperature <= 0 or args.draws < 1:
+    parser.error("--temperature must be > 0 (a sampled decode) and --draws >= 1")
+  if args.sentences % _BATCH or args.heldout % _BATCH or args.sentences < _BATCH:
+    parser.error(f"--sentences (at least {_BATCH}) and --heldout must be multiples of {_BATCH}")
+  sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
+  if len(sources) < args.sentences + args.heldout:
+    parser.error(f"--sentences and --heldout ask for {args.sentences + args.heldout} "
+                 f"sentences; Multi30k's test split has {len(sources)}")
+  encoder_tokens = tree_vs_chain.encoded(sources[:args.sentences + args.heldout])
+  target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
+
+  # Samples of their own, from a key none of the decodes below (PRNGKey(row)) takes.
+  acceptance, lengths = _acceptance(target, draft, encoder_tokens[:args.sentences],
+                                    args.temperature, args.rule, args.draws, max_rank,
+                                    jax.random.PRNGKey(1 << 30))
+  print(f"{args.sentences} sentences, {np.mean(lengths):.2f} output tokens each on average, "
+        f"rule '{args.rule}' at temperature {args.temperature:g}, {args.draws} draws of "
+        f"{max_rank} children per position; acceptance of a node's drawn child by rank: "
+        + " ".join(f"{p:.3f}" for p in acceptance[0]))
+  sets = {"measured": range(args.sentences),
+          "held out": range(args.sentences, args.sentences + args.heldout)}
+  for shape in widths:
+    decode = tree_vs_chain.decoder(token_tree.speculative_tree_sample, target, draft,
+                                   tree_branching=None, tree_widths=shape, tree_rule=args.rule,
+                                   temperature=args.temperature)
+    whole = tree_choice.drawn_tokens_per_call(shape, acceptance)
+    predicted = tree_choice.drawn_tokens_per_call(shape, acceptance, lengths)
+    measured = []
+    for name, rows in sets.items():
+      generated = calls = 0
+      for row in rows:
+        _, row_generated, row_calls = decode(jnp.asarray(encoder_tokens[row:row + 1]),
+                                             jax.random.PRNGKey(row))
+        generated, calls = generated + int(row_generated), calls + int(row_calls)
+      if calls:
+        tokens = generated / calls
+        measured.append(f"{name} {tokens:.3f} ({predicted / tokens - 1:+.1%})")
+    print(f"  widths {str(shape):24s} predicted {whole:.3f} whole / {predicted:.3f} of the "
+          f"lengths; measured: {'  '.join(measured)}")
+
+
+if __name__ == "__main__":
+  main()
