@@ -52,6 +52,13 @@ draft's. The calls of a sampled decode therefore follow from its output's ranks 
 decode's do, and `greedy_acceptance` and `greedy_rank_chain` measure 'deterministic' from the
 ranks of the target's sampled outputs (in law: the decode draws its own sample).
 
+Drawn trees chosen per row (`tree_widths` with a rule that draws its children): their nodes go
+by the child ranks along their paths (`tree_shape.drawn_paths`), one shape in every row, so the
+positional model predicts them as it does a fixed shape (`drawn_depth_law`,
+`drawn_tokens_per_call`), from the acceptance of drawn children by rank: drawn, not ranked by
+the draft, they are not read from the output's ranks, and `drawn_acceptance` estimates them from
+the two laws at each position, by drawing the rule's children and taking its acceptance of each.
+
 Cost: each iteration makes one target call and D draft calls. As `speculative_tree_sample`
 makes them (`call_widths`), the target's call feeds D + 1 + T tokens (the pending chain, padded
 to D + 1, then the T nodes) and the draft's the chain, then one tree call on the nodes of depths
