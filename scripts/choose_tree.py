@@ -58,25 +58,35 @@ LENGTH = tree_vs_chain.LENGTH
 _RANKS_BATCH = 25
 
 
+def decoded_and_forced(target, models, encoder_tokens: jax.Array, temperature: float,
+                       rng: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+  """The target's decodes of `encoder_tokens [B, L]` at `temperature` (outputs [B, LENGTH], EOS
+  included, 0 after), and each of `models`' ((config, params) pairs) logits after every prefix
+  of them, teacher-forced in one call ([B, LENGTH, V] each). Traceable: callers jit it."""
+  target_config, target_params = target
+  inputs = jnp.zeros((encoder_tokens.shape[0], LENGTH), jnp.int32)
+  decodes, _ = decoding.temperature_sample(
+      inputs, network.init_decode_cache(target_config, target_params, encoder_tokens, LENGTH),
+      network.make_tokens_to_logits(target_config, target_params), vocab.EOS_ID,
+      decode_rng=rng, temperature=temperature)
+  outputs = decodes[:, 0]
+  fed = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))  # BOS (0), then the output
+  logits = [network.make_tokens_to_logits(config, params)(decoding.DecodingState(
+      cur_index=jnp.zeros((fed.shape[0],), jnp.int32), cur_token=fed, sequences=fed,
+      cache=network.init_decode_cache(config, params, encoder_tokens, LENGTH)))[0]
+            for config, params in models]
+  return outputs, logits
+
+
 def _ranks(target, draft, encoder_tokens: np.ndarray, temperature: float,
            rng: jax.Array) -> list[np.ndarray]:
   """Per sentence, each output token's rank among the draft's logits after the output before it
   (EOS included), the target decoding at `temperature`, in batches of `_RANKS_BATCH` sentences
   (the draft's logits of a batch are [batch, LENGTH, vocabulary] floats)."""
-  (target_config, target_params), (draft_config, draft_params) = target, draft
 
   @jax.jit
   def ranks(encoder_tokens, rng):
-    inputs = jnp.zeros((encoder_tokens.shape[0], LENGTH), jnp.int32)
-    decodes, _ = decoding.temperature_sample(
-        inputs, network.init_decode_cache(target_config, target_params, encoder_tokens, LENGTH),
-        network.make_tokens_to_logits(target_config, target_params), vocab.EOS_ID,
-        decode_rng=rng, temperature=temperature)
-    outputs = decodes[:, 0]
-    fed = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))  # BOS (0), then the output
-    logits, _ = network.make_tokens_to_logits(draft_config, draft_params)(decoding.DecodingState(
-        cur_index=jnp.zeros((fed.shape[0],), jnp.int32), cur_token=fed, sequences=fed,
-        cache=network.init_decode_cache(draft_config, draft_params, encoder_tokens, LENGTH)))
+    outputs, (logits,) = decoded_and_forced(target, [draft], encoder_tokens, temperature, rng)
     chosen = jnp.take_along_axis(logits, outputs[:, :, None], axis=2)
     return outputs, jnp.sum(logits > chosen, axis=2)
 

@@ -28,15 +28,12 @@ import numpy as np
 
 from spec_decode.checkpoints import demo_pair
 from spec_decode.data import corpora
-from spec_decode.engine import decoding
 from spec_decode.engine import sampling
 from spec_decode.engine import token_tree
 from spec_decode.engine import tree_choice
-from spec_decode.t5 import network
-from spec_decode.t5 import vocab
+import choose_tree
 import tree_vs_chain
 
-LENGTH = tree_vs_chain.LENGTH
 _BATCH = 10  # sentences per sampled decode
 _CHUNK = 64  # positions per draw of children: their laws are [_CHUNK, draws, K, V] floats
 
@@ -45,25 +42,12 @@ def _acceptance(target, draft, encoder_tokens: np.ndarray, temperature: float, r
                 draws: int, max_rank: int, rng: jax.Array) -> tuple[np.ndarray, list[int]]:
   """(positional acceptance [1, max_rank] of drawn children, the outputs' lengths), from the
   target's samples of `encoder_tokens`' translations (a multiple of _BATCH sentences)."""
-  (target_config, target_params), (draft_config, draft_params) = target, draft
-
-  def teacher_forced(config, params, encoder_tokens, fed):
-    logits, _ = network.make_tokens_to_logits(config, params)(decoding.DecodingState(
-        cur_index=jnp.zeros((fed.shape[0],), jnp.int32), cur_token=fed, sequences=fed,
-        cache=network.init_decode_cache(config, params, encoder_tokens, LENGTH)))
-    return sampling.logits_to_probs(logits, temperature)
 
   @jax.jit
   def laws(encoder_tokens, rng):
-    inputs = jnp.zeros((encoder_tokens.shape[0], LENGTH), jnp.int32)
-    decodes, _ = decoding.temperature_sample(
-        inputs, network.init_decode_cache(target_config, target_params, encoder_tokens, LENGTH),
-        network.make_tokens_to_logits(target_config, target_params), vocab.EOS_ID,
-        decode_rng=rng, temperature=temperature)
-    outputs = decodes[:, 0]
-    fed = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))  # BOS (0), then the output
-    return (outputs, teacher_forced(target_config, target_params, encoder_tokens, fed),
-            teacher_forced(draft_config, draft_params, encoder_tokens, fed))
+    outputs, logits = choose_tree.decoded_and_forced(target, [target, draft], encoder_tokens,
+                                                     temperature, rng)
+    return outputs, *(sampling.logits_to_probs(found, temperature) for found in logits)
 
   accepted = jax.jit(functools.partial(tree_choice.drawn_acceptance, rule=rule))
   sample_rng, draw_rng = jax.random.split(rng)
