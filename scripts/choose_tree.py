@@ -123,14 +123,30 @@ def _measured_costs(target, widths: list[int]) -> dict[int, float]:
   return {k: seconds[k]["median_s"] / seconds[1]["median_s"] for k in widths}
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_sentence_arguments(parser: argparse.ArgumentParser, sentences: int) -> None:
+  """--data_dir, --sentences (default `sentences`) and --heldout: Multi30k test's sentences
+  that predict and that are held out (`encoded_sentences`)."""
   parser.add_argument("--data_dir", default=None,
                       help="the data root holding multi30k/ (default: $SPEC_DECODE_DATA_ROOT)")
-  parser.add_argument("--sentences", type=int, default=20,
+  parser.add_argument("--sentences", type=int, default=sentences,
                       help="sentences whose acceptance and lengths predict, decoded too")
   parser.add_argument("--heldout", type=int, default=0,
                       help="the sentences after --sentences, decoded only (held out)")
+
+
+def encoded_sentences(parser: argparse.ArgumentParser, args: argparse.Namespace) -> np.ndarray:
+  """The first --sentences + --heldout sentences of Multi30k's test split as the decodes'
+  encoder tokens; a parser error where the split has fewer."""
+  sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
+  if len(sources) < args.sentences + args.heldout:
+    parser.error(f"--sentences and --heldout ask for {args.sentences + args.heldout} "
+                 f"sentences; Multi30k's test split has {len(sources)}")
+  return tree_vs_chain.encoded(sources[:args.sentences + args.heldout])
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  add_sentence_arguments(parser, 20)
   parser.add_argument("--temperature", type=float, default=0.0,
                       help="0: greedy, rule 'most_likely'; else sampled, rule 'deterministic'")
   parser.add_argument("--node_budget", type=int, default=16)
@@ -153,11 +169,7 @@ def main() -> None:
   if args.sentences < 1 or args.heldout < 0 or args.temperature < 0:
     parser.error("--sentences must be >= 1, --heldout and --temperature >= 0")
   rule = "most_likely" if args.temperature == 0 else "deterministic"
-  sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
-  if len(sources) < args.sentences + args.heldout:
-    parser.error(f"--sentences and --heldout ask for {args.sentences + args.heldout} "
-                 f"sentences; Multi30k's test split has {len(sources)}")
-  encoder_tokens = tree_vs_chain.encoded(sources[:args.sentences + args.heldout])
+  encoder_tokens = encoded_sentences(parser, args)
   target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
 
   # Sampled: samples of their own, from keys none of the decodes below (PRNGKey(row)) takes.

@@ -27,10 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode.checkpoints import demo_pair
-from spec_decode.data import corpora
 from spec_decode.engine import sampling
 from spec_decode.engine import token_tree
 from spec_decode.engine import tree_choice
+from spec_decode.engine import tree_rules
 import choose_tree
 import tree_vs_chain
 
@@ -75,12 +75,7 @@ def _acceptance(target, draft, encoder_tokens: np.ndarray, temperature: float, r
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--data_dir", default=None,
-                      help="the data root holding multi30k/ (default: $SPEC_DECODE_DATA_ROOT)")
-  parser.add_argument("--sentences", type=int, default=100,
-                      help="sentences whose acceptance and lengths predict, decoded too")
-  parser.add_argument("--heldout", type=int, default=0,
-                      help="the sentences after --sentences, decoded only (held out)")
+  choose_tree.add_sentence_arguments(parser, 100)
   parser.add_argument("--widths", nargs="+", default=["16,8,4,4"],
                       help="trees chosen per row: nodes at each depth, comma-separated")
   parser.add_argument("--rule", default="without_replacement",
@@ -93,13 +88,16 @@ def main() -> None:
   max_rank = max(max(shape) for shape in widths)
   if args.temperature <= 0 or args.draws < 1:
     parser.error("--temperature must be > 0 (a sampled decode) and --draws >= 1")
+  if min(min(shape) for shape in widths) < 1:
+    parser.error(f"--widths must be nodes per depth, each >= 1, got {' '.join(args.widths)}")
+  try:
+    if tree_rules.get_rule(args.rule).verify_among is None:
+      parser.error(f"--rule {args.rule!r} does not draw its children")
+  except ValueError as e:
+    parser.error(str(e))
   if args.sentences % _BATCH or args.heldout % _BATCH or args.sentences < _BATCH:
     parser.error(f"--sentences (at least {_BATCH}) and --heldout must be multiples of {_BATCH}")
-  sources, _ = corpora.read_parallel(["multi30k/test"], data_root=args.data_dir)
-  if len(sources) < args.sentences + args.heldout:
-    parser.error(f"--sentences and --heldout ask for {args.sentences + args.heldout} "
-                 f"sentences; Multi30k's test split has {len(sources)}")
-  encoder_tokens = tree_vs_chain.encoded(sources[:args.sentences + args.heldout])
+  encoder_tokens = choose_tree.encoded_sentences(parser, args)
   target, draft = demo_pair.load_model("target"), demo_pair.load_model("draft")
 
   # Samples of their own, from a key none of the decodes below (PRNGKey(row)) takes.
