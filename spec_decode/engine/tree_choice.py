@@ -166,13 +166,18 @@ def expected_calls(branching: Sequence[int], acceptance: Acceptance,
                    output_lengths: Sequence[int]) -> np.ndarray:
   """Per decode of `output_lengths` tokens (EOS included), the expected target calls that emit
   them, the last one cut (the renewal counts of the module docstring)."""
-  lengths = np.asarray(output_lengths)
-  if lengths.ndim != 1 or not len(lengths) or np.any(lengths < 1):
-    raise ValueError(f"output_lengths must be decodes' lengths >= 1, got {output_lengths!r}")
+  lengths = _lengths(output_lengths)
   if isinstance(acceptance, RankChain):
     outcomes = _chain_outcomes(branching, acceptance)
     return _renewal_calls(outcomes, outcomes.shape[0] - 1, lengths)
   return _renewal_calls(_law_outcomes(accepted_depth_law(branching, acceptance)), 0, lengths)
+
+
+def _lengths(output_lengths: Sequence[int]) -> np.ndarray:
+  lengths = np.asarray(output_lengths)
+  if lengths.ndim != 1 or not len(lengths) or np.any(lengths < 1):
+    raise ValueError(f"output_lengths must be decodes' lengths >= 1, got {output_lengths!r}")
+  return lengths
 
 
 def _law_outcomes(law: np.ndarray) -> np.ndarray:
@@ -205,7 +210,6 @@ def tokens_per_call(branching: Sequence[int], acceptance: Acceptance,
                                                               output_lengths)))
 
 
-
 def drawn_depth_law(widths: Sequence[int], acceptance: np.ndarray) -> np.ndarray:
   """[D + 1]: the chance that an iteration of a tree chosen per row whose children are drawn
   accepts a nodes, a = 0..D. Its shape is the allotment of `tree_shape.drawn_paths`
@@ -234,9 +238,7 @@ def drawn_tokens_per_call(widths: Sequence[int], acceptance: np.ndarray,
   law = drawn_depth_law(widths, acceptance)
   if output_lengths is None:
     return float(np.sum(law * np.arange(1, len(law) + 1)))
-  lengths = np.asarray(output_lengths)
-  if lengths.ndim != 1 or not len(lengths) or np.any(lengths < 1):
-    raise ValueError(f"output_lengths must be decodes' lengths >= 1, got {output_lengths!r}")
+  lengths = _lengths(output_lengths)
   return float(np.sum(lengths) / np.sum(_renewal_calls(_law_outcomes(law), 0, lengths)))
 
 
@@ -256,6 +258,7 @@ def drawn_acceptance(target_probs: jax.Array, draft_probs: jax.Array, rule: str,
   reached = jnp.cumprod(jnp.concatenate([jnp.ones_like(accept[..., :1]), 1 - accept[..., :-1]],
                                         axis=-1), axis=-1)
   return jnp.mean(reached * accept, axis=1)
+
 
 def call_widths(branching: Sequence[int]) -> tuple[int, list[int]]:
   """(the target call's width, the draft calls' widths) of one iteration of the tree."""
