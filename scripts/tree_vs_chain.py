@@ -2,8 +2,8 @@
 
 The shipped demo pair (spec_decode/assets/demo/) translates the first --sentences sentences of
 Multi30k's test split (multi30k/test.en under --data_dir, see spec_decode.paths) one at a time
-(batch 1, the paper's setting), with T5's task prefix, inputs and outputs of 64 tokens. At each temperature
-(0: greedy, 1: sampled) it runs the target alone (`temperature_sample`), the chain
+(batch 1, the paper's setting), with T5's task prefix, inputs and outputs of 64 tokens. At each
+temperature (0: greedy, 1: sampled) it runs the target alone (`temperature_sample`), the chain
 (`speculative_sample`, each of --gammas drafts per target call, the token rule), each tree of
 --trees (`speculative_tree_sample`: --tree_rule when sampling, 'most_likely' when greedy) and
 each tree chosen per row of --tree_widths (--widths_rule when sampling: 'deterministic', the

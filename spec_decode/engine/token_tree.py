@@ -130,9 +130,8 @@ def speculative_tree_sample(inputs: jax.Array, cache: Any, tokens_to_logits: Tok
   an n-gram lookup draft (`lookup.NGramLookup.tokens_to_logits`, or `lookup.with_model`'s),
   `lookup_branches` earlier matches of the row's suffix hang from the root as branches of
   `lookup_depth` copied tokens each, beside the model's tree (a lookup alone: `tree_branching`
-  ()). Returns (decodes
-  [B, num_decodes, L], log_probs [B, num_decodes]: the target's, as `temperature_sample`
-  scores the same tokens, stats: TreeStats with [B, num_decodes] fields).
+  ()). Returns (decodes [B, num_decodes, L], log_probs [B, num_decodes]: the target's, as
+  `temperature_sample` scores the same tokens, stats: TreeStats with [B, num_decodes] fields).
   """
   check_tree_settings(tree_branching, tree_rule, temperature, lookup_branches, lookup_depth,
                       tree_widths)
