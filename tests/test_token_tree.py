@@ -133,19 +133,22 @@ def _walk_taking_other_parents_children(target_probs, children, present):
 
 
 def test_drawn_children_go_where_the_walk_is_likely_to_be():
-  """Three nodes whose paths hold 0, 1 and 1 later children (sums of child ranks), five children
-  to allot, each node's drawn children in draw order: by their paths' sums of ranks, the first
-  node's first three children (sums 0, 1, 2) and each other node's first (1 and 1), not the
-  first node's fourth (3); equal sums in node order, then rank order."""
-  drawn = jnp.asarray([[[10, 11, 12, 13, 14], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34]]])
-  ids, parents, path_ranks = tree_shape.drawn_paths(jnp.asarray([[0, 1, 1]]), drawn, 50)
-  np.testing.assert_array_equal(ids[0], [10, 11, 12, 20, 30])
-  np.testing.assert_array_equal(parents[0], [0, 0, 0, 1, 2])
-  np.testing.assert_array_equal(path_ranks[0], [0, 1, 2, 1, 1])
-  # Three to allot: of the three children of sum 1, the two of the first nodes.
-  ids, parents, _ = tree_shape.drawn_paths(jnp.asarray([[0, 1, 1]]), drawn[:, :, :3], 50)
-  np.testing.assert_array_equal(ids[0], [10, 11, 20])
-  np.testing.assert_array_equal(parents[0], [0, 0, 1])
+  """Widths (3, 5, 3): the root's three children have rank sums 0, 1, 2; of depth 2's
+  candidates (node j's child k: sum j + k) the five least are sums 0, 1, 1, 2, 2 with equal sums
+  in node order, then rank order: node 0's first three (0, 1, 2) and node 1's first two (1, 2),
+  not node 2's first (2, after them). Depth 3 over those paths' sums (0, 1, 2, 1, 2): node 0's
+  first (0), then the sums of 1 in node order, node 0's second and node 1's first."""
+  assert tree_shape.drawn_child_counts((3, 5, 3)) == ((3,), (3, 2, 0), (2, 1, 0, 0, 0))
+  shape = token_tree.TreeShape((), row_widths=(3, 5, 3), drawn=True)
+  np.testing.assert_array_equal(shape.parents(2), [0, 0, 0, 1, 1])
+  assert shape.tries == (3, 3, 2)
+  # Nodes 1 and 0 of depth 2 draw (3 each); nodes 0 and 1 of depth 3 (2 each).
+  assert shape.draws_per_depth == (3, 6, 4)
+  # Depth 2's node 3 is node 1's first child; depth 3's node 2 is depth 2's node 1's first,
+  # which is the root's first's second (nodes numbered depth by depth: 3, then 5, then 3).
+  ancestors = shape.ancestors()
+  np.testing.assert_array_equal(np.flatnonzero(ancestors[3 + 3]), [1, 3 + 3])
+  np.testing.assert_array_equal(np.flatnonzero(ancestors[8 + 2]), [0, 3 + 1, 8 + 2])
 
 
 def _drawn_then_ranked(draft_probs, draft_logits, uniforms):
@@ -156,8 +159,9 @@ def _drawn_then_ranked(draft_probs, draft_logits, uniforms):
   return jnp.take_along_axis(children, order, axis=-1)
 
 
-def _among_removing_other_parents_children(target_probs, draft_probs, children, present):
-  """Each child's law without every candidate before it, whatever their parent."""
+def _among_taking_absent_children(target_probs, draft_probs, children, present):
+  """Every slot the walk tries at a node taken as its child: past a node's own children, the
+  slots of a depth's widest node hold other nodes' children (or its own last again)."""
   return tree_rules.without_replacement_among(target_probs, draft_probs, children,
                                               jnp.ones_like(present))
 
@@ -166,9 +170,9 @@ DRAWN_WRONG_RULES = {
     "drawn_then_ranked": tree_rules.TreeRule(
         "drawn_then_ranked", _drawn_then_ranked, tree_rules.without_replacement,
         verify_among=tree_rules.without_replacement_among),
-    "other_parents_removed": tree_rules.TreeRule(
-        "other_parents_removed", tree_rules.draw_without_replacement,
-        tree_rules.without_replacement, verify_among=_among_removing_other_parents_children),
+    "absent_children_taken": tree_rules.TreeRule(
+        "absent_children_taken", tree_rules.draw_without_replacement,
+        tree_rules.without_replacement, verify_among=_among_taking_absent_children),
 }
 
 

@@ -27,16 +27,17 @@ of depth D; at the start, the token at i alone), both caches holding the positio
 The caches end as if the path had been decoded because the next iteration feeds it to both.
 Exactness: each iteration emits tokens with the target's law given the prefix (the rule's
 walk, `tree_rules`); the tree's shape is static and its tokens come from the draft alone.
-A tree chosen per row (`tree_widths`): only the number of nodes per depth is static, their
-parents data that the tree masks of both models' calls follow. Under a rule of deterministic
-children ('deterministic'; 'most_likely' greedy) each row's nodes of depth d are the children of
-its depth d - 1 whose paths the draft finds likeliest (`tree_shape.likeliest_paths`), fixed by
-the draft before the target is called and verified as such (the rule's `verify_fixed`). Under a
-rule that draws its children ('without_replacement', 'multi_round') the walk takes a node's
-first drawn child most often, whatever its id, so depth d's nodes go to the nodes of depth d - 1
-by the child ranks along their paths (`tree_shape.drawn_paths`), and each node's are the first
-it draws from its law: a count set before anything is drawn at the node, so its children are
-still the rule's draw, verified among the depth's nodes (`verify_among`).
+`tree_widths[d - 1]` nodes at depth d instead: under a rule of deterministic children
+('deterministic'; 'most_likely' greedy) each row's nodes of depth d are the children of its
+depth d - 1 whose paths the draft finds likeliest (`tree_shape.likeliest_paths`), their parents
+data that the tree masks of both models' calls follow, fixed by the draft before the target is
+called and verified as such (the rule's `verify_fixed`, every node of depth d tried, other
+parents' absent). Under a rule that draws its children ('without_replacement', 'multi_round')
+the walk takes a node's first drawn child most often, whatever its id, so depth d's nodes go to
+the nodes of depth d - 1 by the child ranks along their paths (`tree_shape.drawn_child_counts`):
+a static tree, one shape in every row, each node's children the first it draws from its law (a
+count set before anything is drawn at the node, so they are still the rule's draw), verified
+as a fixed tree's (`verify_among` where a depth's nodes have different counts).
 Lookup branches: with an n-gram lookup draft (`lookup`), `lookup_branches` chains of
 `lookup_depth` tokens copied after earlier matches of the row's suffix (`lookup.branches`)
 hang from the root beside the model's tree (or alone: no draft call at all). They are
@@ -58,6 +59,7 @@ from typing import Any, Sequence
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from spec_decode.engine import contract
 from spec_decode.engine import decode_rows
@@ -236,6 +238,25 @@ def _target_call(tokens_to_logits: TokensToLogits, shape: TreeShape, *, start: j
   return jnp.concatenate([root, nodes.astype(root.dtype)], axis=1), cache, 1 + num_nodes
 
 
+def _static_children(rule: tree_rules.TreeRule, shape: TreeShape, depth: int, q: jax.Array,
+                     draft_logits: jax.Array, draws: jax.Array) -> jax.Array:
+  """The ids [N, w] of a static tree's nodes at `depth` + 1, drawn by `rule` from the laws of
+  the nodes of `depth` (`q [N, n, V]`, `draft_logits`) with `draws [N, draws_per_depth]`:
+  each node with children draws `tries[depth]` of them and keeps the first it counts (a first
+  few of a rule's draw are that rule's draw of fewer)."""
+  counts = shape.child_counts[depth]
+  num_rows, vocab_size = q.shape[0], q.shape[-1]
+  if shape.drawn:
+    tree_shape.check_width(len(counts), vocab_size, sum(counts))
+  drawing = np.flatnonzero(counts)  # the nodes with children
+  if drawing.size < len(counts):
+    q, draft_logits = q[:, drawing], draft_logits[:, drawing]
+  drawn = rule.draw(q, draft_logits, draws.reshape(num_rows, drawing.size, -1))
+  node = np.searchsorted(drawing, shape.parents(depth + 1))
+  rank = np.arange(sum(counts)) - np.cumsum((0,) + counts)[shape.parents(depth + 1)]
+  return drawn[:, node, rank].astype(jnp.int32)
+
+
 def _model_cache(draft_cache: Any, drafter: Any) -> Any:
   """The draft model's part of the draft's cache (`lookup.init_combined_cache` with a lookup)."""
   return draft_cache if drafter is None else draft_cache["model"]
@@ -271,9 +292,8 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
 
   # 1. The draft: q at the root from the pending chain, then depth by depth.
   draft_laws, ids, draft_calls = [], jnp.zeros((num_rows, 0), jnp.int32), 0
-  # Chosen per row: each depth's nodes' parents [N, w] (indices into the depth above), and
-  # each node's path's score: the log of its chance by the draft's law, or for drawn children
-  # the sum of their ranks.
+  # The likeliest paths: each depth's nodes' parents [N, w] (indices into the depth above),
+  # and each node's path's log-probability by the draft's law.
   parents, path_scores = [], jnp.zeros((num_rows, 1), jnp.float32)
   ancestors = jnp.broadcast_to(jnp.asarray(shape.ancestors()),
                                (num_rows, shape.num_nodes, shape.num_nodes))
@@ -295,18 +315,13 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
       draft_logits = jnp.where(removed, -jnp.inf, draft_logits)
     draft_laws.append(q)
     draws = uniforms[:, shape.draw_offsets[depth]:shape.draw_offsets[depth + 1]]
-    if shape.drawn:
-      drawn = rule.draw(q, draft_logits, draws.reshape(num_rows, widths[depth], -1))
-      children, parent, path_scores = tree_shape.drawn_paths(path_scores, drawn, q.shape[-1])
-    elif shape.chosen_per_row:
+    if shape.child_counts is None:
       children, parent, path_scores = tree_shape.likeliest_paths(q, draft_logits, path_scores,
                                                                  widths[depth + 1])
-    else:
-      children = rule.draw(q, draft_logits, draws.reshape(
-          num_rows, widths[depth], shape.branching[depth])).reshape(num_rows, -1)
-    if shape.chosen_per_row:
       parents.append(parent)
       ancestors = tree_shape.with_parents(ancestors, shape, depth + 1, parent)
+    else:
+      children = _static_children(rule, shape, depth, q, draft_logits, draws)
     ids = jnp.concatenate([ids, children], axis=1)
     fed = decode_rows.with_forced(problem, ids, node_positions[:, :ids.shape[1]])
     if depth + 1 < model_depth:
@@ -371,20 +386,22 @@ def _tree_step(problem: decode_rows.Problem, tokens_to_logits: TokensToLogits,
     if depth < model_depth:
       width = shape.tries[depth]
       on_model = branch < 0  # the root, or a model node
-      if shape.chosen_per_row:  # every node of the next depth, those of other parents absent
+      node_law = draft_laws[depth][row_ids, node_in_depth]
+      if shape.child_counts is None:  # every node of the next depth, other parents' absent
         in_depth = jnp.broadcast_to(jnp.arange(width), (num_rows, width))
         children = ids[:, offsets[depth]:offsets[depth + 1]]
         present = parents[depth] == node_in_depth[:, None]
-        if shape.drawn:
-          accept, model_residual = rule.verify_among(
-              residual, draft_laws[depth][row_ids, node_in_depth], children, present)
-        else:
-          accept, model_residual = rule.verify_fixed(residual, children, present)
-      else:
-        in_depth = node_in_depth[:, None] * width + jnp.arange(width)
+        accept, model_residual = rule.verify_fixed(residual, children, present)
+      else:  # the node's own children, together in the next depth
+        counts = shape.child_counts[depth]
+        first_child = jnp.asarray(np.cumsum((0,) + counts[:-1]), jnp.int32)[node_in_depth]
+        in_depth = jnp.minimum(first_child[:, None] + jnp.arange(width), widths[depth + 1] - 1)
         children = jnp.take_along_axis(ids, offsets[depth] + in_depth, axis=1)
-        accept, model_residual = rule.verify(
-            residual, draft_laws[depth][row_ids, node_in_depth], children)
+        if len(set(counts)) == 1:
+          accept, model_residual = rule.verify(residual, node_law, children)
+        else:
+          present = jnp.arange(width) < jnp.asarray(counts, jnp.int32)[node_in_depth][:, None]
+          accept, model_residual = rule.verify_among(residual, node_law, children, present)
       accepted = (walk[:, used:used + width] < accept) & (on_model & ~took)[:, None]
       used += width
       first = jnp.argmax(accepted, axis=1)

@@ -52,8 +52,8 @@ draft's. The calls of a sampled decode therefore follow from its output's ranks 
 decode's do, and `greedy_acceptance` and `greedy_rank_chain` measure 'deterministic' from the
 ranks of the target's sampled outputs (in law: the decode draws its own sample).
 
-Drawn trees chosen per row (`tree_widths` with a rule that draws its children): their nodes go
-by the child ranks along their paths (`tree_shape.drawn_paths`), one shape in every row, so the
+Drawn trees (`tree_widths` with a rule that draws its children): their nodes go by the child
+ranks along their paths (`tree_shape.drawn_child_counts`), one shape in every row, so the
 positional model predicts them as it does a fixed shape (`drawn_depth_law`,
 `drawn_tokens_per_call`), from the acceptance of drawn children by rank: drawn, not ranked by
 the draft, they are not read from the output's ranks, and `drawn_acceptance` estimates them from
@@ -211,18 +211,16 @@ def tokens_per_call(branching: Sequence[int], acceptance: Acceptance,
 
 
 def drawn_depth_law(widths: Sequence[int], acceptance: np.ndarray) -> np.ndarray:
-  """[D + 1]: the chance that an iteration of a tree chosen per row whose children are drawn
-  accepts a nodes, a = 0..D. Its shape is the allotment of `tree_shape.drawn_paths`
-  (`widths[d]` nodes at depth d + 1, placed by rank alone, the same in every row), and a node
-  of depth d's child of rank k is accepted with `acceptance[d, k]` of its parent's chance
-  (positional acceptance of the rule's drawn children, the module docstring's)."""
+  """[D + 1]: the chance that an iteration of a drawn tree of `widths` (`widths[d]` nodes at
+  depth d + 1, each node's count of children `tree_shape.drawn_child_counts`'s) accepts a
+  nodes, a = 0..D, where a node of depth d's drawn child of rank k is accepted with
+  `acceptance[d, k]` of its parent's chance (positional acceptance of the rule's drawn
+  children, the module docstring's)."""
   acceptance = _checked(acceptance)
-  reach, reached, path_ranks = np.ones(1), [1.0], jnp.zeros((1, 1))
-  for depth, width in enumerate(widths):
-    _, parents, path_ranks = tree_shape.drawn_paths(
-        path_ranks, jnp.zeros((1, reach.size, width), jnp.int32), width)
-    parents = np.asarray(parents[0])
-    ranks = np.arange(width) - np.searchsorted(parents, parents)  # children node by node
+  reach, reached = np.ones(1), [1.0]
+  for depth, counts in enumerate(tree_shape.drawn_child_counts(widths)):
+    parents = np.repeat(np.arange(len(counts)), counts)
+    ranks = np.concatenate([np.arange(c) for c in counts])
     row = acceptance[min(depth, len(acceptance) - 1)]
     reach = reach[parents] * np.where(ranks < row.size, row[np.minimum(ranks, row.size - 1)],
                                       0.0)

@@ -1,14 +1,14 @@
 """The shape of a token tree (`token_tree.speculative_tree_sample`): its static envelope, the
 settings that give it, and the per-row choice of a tree chosen per row.
 
-A tree is fixed (`tree_branching`: children per node at each depth, the same tree for every row
-and step) or chosen per row (`tree_widths`: nodes per depth; their parents data that the tree
-masks of both models' calls follow, `with_parents`). A tree chosen per row holds, under a rule
-of deterministic children, the children whose paths the row's draft finds likeliest
-(`likeliest_paths`), and under a rule that draws them, each node's count of children set by the
-child ranks along its path, before anything is drawn at it (`drawn_paths`: the same counts in
-every row, the ids the row's draws). Either way the shapes are static: what a compiled decode
-feeds its calls does not depend on the row.
+A tree's model nodes are fixed (`tree_branching`: children per node at each depth), drawn
+(`tree_widths` under a rule that draws children: nodes per depth, each node's count of children
+set by the child ranks along its path, `drawn_child_counts`) or the likeliest (`tree_widths`
+under a rule of deterministic children: each row's nodes of a depth are the children of its
+depth above whose paths its draft finds likeliest, `likeliest_paths`, their parents data that
+the tree masks of both models' calls follow, `with_parents`). Fixed and drawn trees have one
+shape in every row and step, their edges static (`TreeShape.child_counts`); either way what a
+compiled decode feeds its calls has static shapes.
 """
 
 import dataclasses
@@ -29,13 +29,14 @@ UNLIKELY = -1e4
 
 @dataclasses.dataclass(frozen=True)
 class TreeShape:
-  """The static envelope of a tree: the draft model's nodes, numbered depth by depth, then
-  `lookup_branches` chains of `lookup_depth` nodes hanging from the root (the lookup's
-  branches, branch b's node at depth d numbered `lookup_node(b, d)`). The model's nodes are
-  either a fixed tree, `branching[d]` children per node at depth d (node (d, j), the j-th of
-  depth d, has parent (d - 1, j // branching[d - 1])), or `row_widths[d - 1]` nodes at depth d
-  whose parents each row chooses (`chosen_per_row`), their children drawn by the rule when
-  `drawn` (`drawn_paths`), else the likeliest (`likeliest_paths`)."""
+  """The static envelope of a tree: the draft model's nodes, numbered depth by depth, each
+  node's children together in its depth's order, then `lookup_branches` chains of
+  `lookup_depth` nodes hanging from the root (the lookup's branches, branch b's node at depth d
+  numbered `lookup_node(b, d)`). The model's nodes are a fixed tree, `branching[d]` children
+  per node at depth d; or `row_widths[d - 1]` nodes at depth d (`chosen_per_row`), the same
+  tree in every row with each node's count of children by the child ranks along its path when
+  `drawn` (`drawn_child_counts`), else the likeliest paths of each row
+  (`likeliest_paths`)."""
   branching: tuple[int, ...]
   lookup_branches: int = 0
   lookup_depth: int = 0
@@ -62,21 +63,39 @@ class TreeShape:
     return tuple(int(np.prod(self.branching[:d])) for d in range(self.model_depth + 1))
 
   @property
+  def child_counts(self) -> tuple[tuple[int, ...], ...] | None:
+    """Per depth d < model_depth, each model node of depth d's count of children (the root
+    first), for a tree whose edges are static (fixed or drawn); None where each row chooses
+    its parents (the likeliest paths)."""
+    if not self.chosen_per_row:
+      return tuple((b,) * w for b, w in zip(self.branching, self.widths))
+    if self.drawn:
+      return drawn_child_counts(self.row_widths)
+    return None
+
+  def parents(self, depth: int) -> np.ndarray:
+    """[widths[depth]]: each static model node of `depth` (>= 1)'s parent, its index in the
+    depth above."""
+    counts = self.child_counts[depth - 1]
+    return np.repeat(np.arange(len(counts)), counts).astype(np.int32)
+
+  @property
   def tries(self) -> tuple[int, ...]:
-    """Per depth d, the children the walk tries at a node of depth d: its own in a fixed
-    tree, every node of depth d + 1 in a tree chosen per row (those of other parents absent)."""
-    return self.widths[1:] if self.chosen_per_row else self.branching
+    """Per depth d, the children the walk tries at a node of depth d: as many as the most a
+    node of depth d has in a static tree (those a node lacks absent), every node of depth
+    d + 1 where each row chooses the parents (those of other parents absent)."""
+    if self.child_counts is None:
+      return self.widths[1:]
+    return tuple(max(counts) for counts in self.child_counts)
 
   @property
   def draws_per_depth(self) -> tuple[int, ...]:
-    """Per depth d >= 1, the uniforms a row draws its model's nodes of depth d with: one per
-    node in a fixed tree, none for the likeliest, and for drawn children each node of depth
-    d - 1 as many as the depth's nodes (whatever share of them it gets, `drawn_paths`)."""
-    if not self.chosen_per_row:
-      return self.widths[1:]
-    if not self.drawn:
+    """Per depth d >= 1, the uniforms a row draws its model's nodes of depth d with: in a
+    static tree, `tries[d - 1]` for each node of depth d - 1 with children (a node with fewer
+    keeps the first it draws), none for the likeliest."""
+    if self.child_counts is None:
       return (0,) * self.model_depth
-    return tuple(a * b for a, b in zip(self.widths[:-1], self.widths[1:]))
+    return tuple(sum(c > 0 for c in counts) * max(counts) for counts in self.child_counts)
 
   @property
   def draw_offsets(self) -> tuple[int, ...]:
@@ -114,14 +133,12 @@ class TreeShape:
 
   def ancestors(self) -> np.ndarray:
     """[T, T] node q' is an ancestor of (or is) node q, for the edges the shape fixes: a tree
-    chosen per row adds its model nodes' own (`with_parents`)."""
+    of the likeliest paths adds its model nodes' own per row (`with_parents`)."""
     mask = np.eye(self.num_nodes, dtype=bool)
-    fixed_depth = 0 if self.chosen_per_row else self.model_depth
-    for depth in range(2, fixed_depth + 1):
-      for j in range(self.widths[depth]):
-        node = self.offsets[depth - 1] + j
-        parent = self.offsets[depth - 2] + j // self.branching[depth - 1]
-        mask[node] |= mask[parent]
+    static_depth = 0 if self.child_counts is None else self.model_depth
+    for depth in range(2, static_depth + 1):
+      for j, parent in enumerate(self.parents(depth)):
+        mask[self.offsets[depth - 1] + j] |= mask[self.offsets[depth - 2] + parent]
     for branch in range(self.lookup_branches):
       for depth in range(2, self.lookup_depth + 1):
         node = self.lookup_node(branch, depth)
@@ -193,7 +210,7 @@ def ranking_log_probs(draft_probs: jax.Array, draft_logits: jax.Array) -> jax.Ar
   return jnp.where(point_mass, greedy, sampled)
 
 
-def _check_width(num_nodes: int, vocab_size: int, width: int) -> None:
+def check_width(num_nodes: int, vocab_size: int, width: int) -> None:
   """ValueError when `num_nodes` parents have fewer than `width` distinct children."""
   if num_nodes * min(width, vocab_size) < width:
     raise ValueError(f"tree_widths asks for {width} nodes at a depth whose {num_nodes} parents "
@@ -211,7 +228,7 @@ def likeliest_paths(draft_probs: jax.Array, draft_logits: jax.Array, path_scores
   draft's own chain, whatever its path's score (so a tree holds the chain of its depth). Each
   node's candidates are its distinct likeliest ids, so siblings never repeat an id."""
   num_rows, num_nodes, vocab_size = draft_probs.shape
-  _check_width(num_nodes, vocab_size, width)
+  check_width(num_nodes, vocab_size, width)
   per_node = min(width, vocab_size)
   scores, ids = jax.lax.top_k(ranking_log_probs(draft_probs, draft_logits), per_node)
   candidates = (path_scores[:, :, None] + scores).reshape(num_rows, -1)
@@ -221,35 +238,27 @@ def likeliest_paths(draft_probs: jax.Array, draft_logits: jax.Array, path_scores
   return children, (chosen // per_node).astype(jnp.int32), path_scores
 
 
-def drawn_paths(path_ranks: jax.Array, drawn: jax.Array, vocab_size: int
-                ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """The next depth of a tree chosen per row whose children are drawn: of the n nodes of this
-  depth (`path_ranks [N, n]`: each one's sum of its path's child ranks), node j gets c_j of the
-  `width` nodes, and they are its first c_j children `drawn [N, n, width]` (in the order its
-  rule drew them from a law of `vocab_size` ids). -> (ids [N, width], parents [N, width],
-  path_ranks [N, width]), node by node, each node's children in drawn order.
+def drawn_child_counts(widths: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+  """Per depth d < len(widths), each node of depth d's count of children in a drawn tree of
+  `widths[d]` nodes at depth d + 1 (the root's, `(widths[0],)`, first).
 
   The walk tries a node's drawn children in order and, whatever their ids, takes the first
   mostly: were the target the draft, it would always take it. So a child is placed by its rank,
-  not by its draft probability: the `width` children of the smallest sums of child ranks along
-  their paths (a path of more second or later children is less likely to be walked; at a rate
-  a of first children taken, the k-th child of a node is reached with a (1 - a)^k of its
-  parent's chance, and within a depth that orders the paths by their sums of ranks whatever a
-  is), equal sums in node order, then rank order. They come from the ranks alone, never from the
-  drawn ids: a node's children stay a draw from its law (with or without replacement, as
-  drawn), which is what the rule's `verify_among` verifies."""
-  num_rows, num_nodes, width = drawn.shape
-  _check_width(num_nodes, vocab_size, width)
-  ranks = jnp.arange(width)
-  candidates = (path_ranks[:, :, None] + ranks).reshape(num_rows, -1)
-  # Exact small integers: equal sums tie, and top_k takes the lower index first.
-  _, chosen = jax.lax.top_k(-candidates.astype(jnp.float32), width)
-  counts = jnp.sum(jax.nn.one_hot(chosen // width, num_nodes, dtype=jnp.int32), axis=1)
-  ends = jnp.cumsum(counts, axis=1)  # [N, n]
-  parents = jnp.sum(ends[:, None, :] <= ranks[:, None], axis=2).astype(jnp.int32)  # [N, w]
-  rank = ranks - jnp.take_along_axis(ends - counts, parents, axis=1)
-  children = drawn[jnp.arange(num_rows)[:, None], parents, rank].astype(jnp.int32)
-  return children, parents, jnp.take_along_axis(path_ranks, parents, axis=1) + rank
+  not by its draft probability: depth d + 1 holds the `widths[d]` children of the smallest sums
+  of child ranks along their paths (a path of more second or later children is less likely to
+  be walked; at a rate a of first children taken, the k-th child of a node is reached with
+  a (1 - a)^k of its parent's chance, and within a depth that orders the paths by their sums of
+  ranks whatever a is), equal sums in node order, then rank order. The counts come from the
+  ranks alone, never from what is drawn: a node's children are the first it draws from its law
+  (with or without replacement, as drawn), which is what the rule's `verify_among` verifies."""
+  counts, path_ranks = [], np.zeros(1, np.int64)
+  for width in widths:
+    node, rank = np.divmod(np.arange(path_ranks.size * width), width)
+    order = np.lexsort((rank, node, path_ranks[node] + rank))[:width]
+    count = np.bincount(node[order], minlength=path_ranks.size)
+    counts.append(tuple(int(c) for c in count))
+    path_ranks = np.concatenate([path_ranks[j] + np.arange(c) for j, c in enumerate(count)])
+  return tuple(counts)
 
 
 def with_parents(ancestors: jax.Array, shape: TreeShape, depth: int, parents: jax.Array
