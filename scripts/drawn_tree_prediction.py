@@ -49,7 +49,6 @@ def _acceptance(target, draft, encoder_tokens: np.ndarray, temperature: float, r
                                                      temperature, rng)
     return outputs, *(sampling.logits_to_probs(found, temperature) for found in logits)
 
-  accepted = jax.jit(functools.partial(tree_choice.drawn_acceptance, rule=rule))
   sample_rng, draw_rng = jax.random.split(rng)
   target_probs, draft_probs, lengths = [], [], []
   for start in range(0, len(encoder_tokens), _BATCH):
@@ -59,18 +58,26 @@ def _acceptance(target, draft, encoder_tokens: np.ndarray, temperature: float, r
     target_probs.append(target_laws[real])
     draft_probs.append(draft_laws[real])
     lengths += [int(n) for n in real.sum(axis=1)]
-  target_probs, draft_probs = np.concatenate(target_probs), np.concatenate(draft_probs)
+  return mean_acceptance(np.concatenate(target_probs), np.concatenate(draft_probs), rule, draws,
+                         max_rank, draw_rng), lengths
+
+
+def mean_acceptance(target_probs: np.ndarray, draft_probs: np.ndarray, rule: str, draws: int,
+                    max_rank: int, rng: jax.Array) -> np.ndarray:
+  """[1, max_rank]: the positional acceptance of drawn children, `tree_choice.drawn_acceptance`
+  at the P positions of `target_probs`, `draft_probs [P, V]` (`draws` sets of children each),
+  averaged over the positions."""
+  accepted = jax.jit(functools.partial(tree_choice.drawn_acceptance, rule=rule))
   total = np.zeros(max_rank)
   for start in range(0, len(target_probs), _CHUNK):
     chunk = slice(start, start + _CHUNK)
     size = len(target_probs[chunk])
     pad = lambda x: jnp.asarray(np.pad(x[chunk], ((0, _CHUNK - size), (0, 0)),
                                        constant_values=1.0 / x.shape[-1]))  # one shape
-    uniforms = jax.random.uniform(jax.random.fold_in(draw_rng, start),
-                                  (_CHUNK, draws, max_rank))
+    uniforms = jax.random.uniform(jax.random.fold_in(rng, start), (_CHUNK, draws, max_rank))
     found = accepted(pad(target_probs), pad(draft_probs), uniforms=uniforms)
     total += np.asarray(found)[:size].sum(axis=0)
-  return (total / len(target_probs))[None], lengths
+  return (total / len(target_probs))[None]
 
 
 def main() -> None:

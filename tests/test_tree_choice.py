@@ -7,6 +7,7 @@ the ranks' chain, by hand and against simulated greedy decodes; a sampled decode
 following from its output's ranks under the rule 'deterministic'; drawn trees chosen per row by
 hand, and the acceptance of drawn children of a hand-worked pair."""
 
+import itertools
 import json
 
 import jax
@@ -320,6 +321,35 @@ def test_a_drawn_tree_by_hand():
                              tree_choice.accepted_depth_law((1, 1, 1), acceptance))
   assert tree_choice.drawn_tokens_per_call((1, 1, 1), acceptance, [3, 7]) == pytest.approx(
       tree_choice.tokens_per_call((1, 1, 1), acceptance, [3, 7]))
+
+
+def test_the_best_static_tree_by_hand():
+  """Acceptance 0.5, 0.2, 0.1 by rank at every depth, five nodes: reaches 0.5 (the root's first
+  child), 0.25 (its first), 0.2 (the root's second), 0.125 (the first's first's first), then
+  three of 0.1 (the first's second, the second's first, the root's third) of which path order
+  takes the first's second. Accepted: 0.7 at depth 1, 0.35 at 2, 0.125 at 3."""
+  acceptance = np.array([[0.5, 0.2, 0.1]])
+  counts = tree_choice.best_static_tree(acceptance, 5)
+  assert counts == ((2,), (2, 0), (1, 0))
+  law = tree_choice.static_depth_law(counts, acceptance)
+  np.testing.assert_allclose(law, [0.3, 0.35, 0.225, 0.125])
+  assert tree_choice.law_tokens_per_call(law) == pytest.approx(1 + 0.7 + 0.35 + 0.125)
+  # One node per depth where only first children are ever accepted: the chain.
+  assert tree_choice.best_static_tree(np.array([[0.9, 0.0]]), 4) == ((1,), (1,), (1,), (1,))
+  with pytest.raises(ValueError, match=r"child_counts\[1\] has 1 counts for the 2 nodes"):
+    tree_choice.static_depth_law(((2,), (1,)), acceptance)
+
+
+def test_no_drawn_tree_of_a_budget_beats_the_best_static_tree():
+  """Against every drawn tree of at most 8 nodes (widths of each depth up to 4), under
+  acceptance falling with the rank, every call whole."""
+  acceptance = np.array([[0.55, 0.2, 0.08, 0.04], [0.45, 0.2, 0.1, 0.05]])
+  best = tree_choice.static_depth_law(tree_choice.best_static_tree(acceptance, 8), acceptance)
+  widths = [w for depth in range(1, 9) for w in itertools.product(range(1, 5), repeat=depth)
+            if sum(w) <= 8]
+  drawn = [tree_choice.drawn_depth_law(w, acceptance) for w in widths]
+  assert max(tree_choice.law_tokens_per_call(law) for law in drawn) <= (
+      tree_choice.law_tokens_per_call(best) + 1e-12)
 
 
 def test_drawn_acceptance_of_a_hand_worked_pair():

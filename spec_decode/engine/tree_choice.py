@@ -210,15 +210,20 @@ def tokens_per_call(branching: Sequence[int], acceptance: Acceptance,
                                                               output_lengths)))
 
 
-def drawn_depth_law(widths: Sequence[int], acceptance: np.ndarray) -> np.ndarray:
-  """[D + 1]: the chance that an iteration of a drawn tree of `widths` (`widths[d]` nodes at
-  depth d + 1, each node's count of children `tree_shape.drawn_child_counts`'s) accepts a
-  nodes, a = 0..D, where a node of depth d's drawn child of rank k is accepted with
+def static_depth_law(child_counts: Sequence[Sequence[int]], acceptance: np.ndarray
+                     ) -> np.ndarray:
+  """[D + 1]: the chance that an iteration of a static tree of drawn children accepts a nodes,
+  a = 0..D, the tree given by each node's count of children depth by depth
+  (`tree_shape.TreeShape.child_counts`: the root's first, each depth's nodes in the order of
+  the counts above them), where a node of depth d's child of rank k is accepted with
   `acceptance[d, k]` of its parent's chance (positional acceptance of the rule's drawn
-  children, the module docstring's)."""
+  children, the module docstring's; the last row for deeper depths)."""
   acceptance = _checked(acceptance)
   reach, reached = np.ones(1), [1.0]
-  for depth, counts in enumerate(tree_shape.drawn_child_counts(widths)):
+  for depth, counts in enumerate(child_counts):
+    if len(counts) != reach.size:
+      raise ValueError(f"child_counts[{depth}] has {len(counts)} counts for the {reach.size} "
+                       f"nodes of depth {depth}")
     parents = np.repeat(np.arange(len(counts)), counts)
     ranks = np.concatenate([np.arange(c) for c in counts])
     row = acceptance[min(depth, len(acceptance) - 1)]
@@ -229,15 +234,54 @@ def drawn_depth_law(widths: Sequence[int], acceptance: np.ndarray) -> np.ndarray
   return np.append(reached[:-1] - reached[1:], reached[-1])
 
 
-def drawn_tokens_per_call(widths: Sequence[int], acceptance: np.ndarray,
-                          output_lengths: Sequence[int] | None = None) -> float:
-  """Predicted tokens per target call of a tree chosen per row whose children are drawn
-  (`drawn_depth_law`): of decodes of `output_lengths` tokens, else every call whole."""
-  law = drawn_depth_law(widths, acceptance)
+def drawn_depth_law(widths: Sequence[int], acceptance: np.ndarray) -> np.ndarray:
+  """`static_depth_law` of the drawn tree of `widths` (`widths[d]` nodes at depth d + 1, each
+  node's count of children `tree_shape.drawn_child_counts`'s)."""
+  return static_depth_law(tree_shape.drawn_child_counts(widths), acceptance)
+
+
+def best_static_tree(acceptance: np.ndarray, num_nodes: int) -> tuple[tuple[int, ...], ...]:
+  """The child counts (as `static_depth_law` takes them) of the static tree of at most
+  `num_nodes` drawn children whose iterations accept the most nodes on average under
+  `acceptance`: the nodes of the largest reach (the product of their path's acceptance) taken
+  one at a time, each after its parent and its siblings of lower rank (Sequoia's tree, Chen et
+  al. 2024; the best of all such trees where acceptance falls with the rank, as drawn
+  children's does). Equal reaches go in path order."""
+  acceptance = _checked(acceptance)
+  row = lambda depth: acceptance[min(depth, len(acceptance) - 1)]
+  reach = lambda path: float(np.prod([row(depth)[rank] for depth, rank in enumerate(path)]))
+  counts: dict[tuple[int, ...], int] = {(): 0}  # a taken node's path (its child ranks): children
+  frontier = {(0,)}  # the nodes that could be taken next
+  while sum(counts.values()) < num_nodes:
+    ranked = sorted((-reach(path), path) for path in frontier
+                    if path[-1] < row(len(path) - 1).size)
+    if not ranked or ranked[0][0] >= 0:
+      break
+    path = ranked[0][1]
+    frontier.remove(path)
+    counts[path[:-1]] += 1
+    counts[path] = 0
+    frontier |= {path + (0,), path[:-1] + (path[-1] + 1,)}
+  by_depth = [[()]]
+  while below := [path + (rank,) for path in by_depth[-1] for rank in range(counts[path])]:
+    by_depth.append(below)
+  return tuple(tuple(counts[path] for path in paths) for paths in by_depth[:-1])
+
+
+def law_tokens_per_call(law: np.ndarray, output_lengths: Sequence[int] | None = None) -> float:
+  """Tokens per target call of iterations accepting a nodes with chance `law[a]`: every call
+  whole (1 + a tokens), else of decodes of `output_lengths` (the renewal count)."""
   if output_lengths is None:
     return float(np.sum(law * np.arange(1, len(law) + 1)))
   lengths = _lengths(output_lengths)
   return float(np.sum(lengths) / np.sum(_renewal_calls(_law_outcomes(law), 0, lengths)))
+
+
+def drawn_tokens_per_call(widths: Sequence[int], acceptance: np.ndarray,
+                          output_lengths: Sequence[int] | None = None) -> float:
+  """Predicted tokens per target call of the drawn tree of `widths` (`drawn_depth_law`): of
+  decodes of `output_lengths` tokens, else every call whole."""
+  return law_tokens_per_call(drawn_depth_law(widths, acceptance), output_lengths)
 
 
 def drawn_acceptance(target_probs: jax.Array, draft_probs: jax.Array, rule: str,
