@@ -80,28 +80,39 @@ def mean_acceptance(target_probs: np.ndarray, draft_probs: np.ndarray, rule: str
   return (total / len(target_probs))[None]
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  choose_tree.add_sentence_arguments(parser, 100)
-  parser.add_argument("--widths", nargs="+", default=["16,8,4,4"],
-                      help="trees chosen per row: nodes at each depth, comma-separated")
+def add_acceptance_arguments(parser: argparse.ArgumentParser) -> None:
+  """--rule, --temperature and --draws: how `mean_acceptance` is estimated."""
   parser.add_argument("--rule", default="without_replacement",
                       help="a tree rule that draws its children")
   parser.add_argument("--temperature", type=float, default=1.0)
   parser.add_argument("--draws", type=int, default=8,
                       help="sets of children drawn at each position")
-  args = parser.parse_args()
-  widths = [tuple(int(w) for w in text.split(",")) for text in args.widths]
-  max_rank = max(max(shape) for shape in widths)
+
+
+def check_acceptance_arguments(parser: argparse.ArgumentParser,
+                               args: argparse.Namespace) -> None:
+  """The parser's one-line error for a setting of `add_acceptance_arguments` it cannot take."""
   if args.temperature <= 0 or args.draws < 1:
     parser.error("--temperature must be > 0 (a sampled decode) and --draws >= 1")
-  if min(min(shape) for shape in widths) < 1:
-    parser.error(f"--widths must be nodes per depth, each >= 1, got {' '.join(args.widths)}")
   try:
     if tree_rules.get_rule(args.rule).verify_among is None:
       parser.error(f"--rule {args.rule!r} does not draw its children")
   except ValueError as e:
     parser.error(str(e))
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  choose_tree.add_sentence_arguments(parser, 100)
+  parser.add_argument("--widths", nargs="+", default=["16,8,4,4"],
+                      help="trees chosen per row: nodes at each depth, comma-separated")
+  add_acceptance_arguments(parser)
+  args = parser.parse_args()
+  widths = [tuple(int(w) for w in text.split(",")) for text in args.widths]
+  max_rank = max(max(shape) for shape in widths)
+  check_acceptance_arguments(parser, args)
+  if min(min(shape) for shape in widths) < 1:
+    parser.error(f"--widths must be nodes per depth, each >= 1, got {' '.join(args.widths)}")
   if args.sentences % _BATCH or args.heldout % _BATCH or args.sentences < _BATCH:
     parser.error(f"--sentences (at least {_BATCH}) and --heldout must be multiples of {_BATCH}")
   encoder_tokens = choose_tree.encoded_sentences(parser, args)

@@ -31,7 +31,6 @@ import sentencepiece as spm
 from spec_decode.checkpoints import formats
 from spec_decode.engine import sampling
 from spec_decode.engine import tree_choice
-from spec_decode.engine import tree_rules
 from spec_decode.t5 import network
 from spec_decode.training import data
 import drawn_tree_prediction
@@ -99,26 +98,15 @@ def main() -> None:
   parser.add_argument("--gammas", nargs="*", type=int, default=[16])
   parser.add_argument("--nodes", nargs="*", type=int, default=[32],
                       help="node budgets of the best static trees")
-  parser.add_argument("--rule", default="without_replacement",
-                      help="a tree rule that draws its children")
-  parser.add_argument("--temperature", type=float, default=1.0)
-  parser.add_argument("--draws", type=int, default=8,
-                      help="sets of children drawn at each position")
   parser.add_argument("--max_rank", type=int, default=16, help="children drawn per set")
+  drawn_tree_prediction.add_acceptance_arguments(parser)
   args = parser.parse_args()
   widths = [tuple(int(w) for w in text.split(",")) for text in args.widths]
-  if args.temperature <= 0 or args.draws < 1 or args.max_rank < 1 or any(
-      n < 1 for n in args.nodes):
-    parser.error("--temperature must be > 0 (a sampled decode), --draws, --nodes and "
-                 "--max_rank >= 1")
-  if any(min(shape) < 1 or max(shape) > args.max_rank for shape in widths) or any(
-      g < 1 for g in args.gammas):
-    parser.error("--widths must be nodes per depth, each 1 to --max_rank, and --gammas >= 1")
-  try:
-    if tree_rules.get_rule(args.rule).verify_among is None:
-      parser.error(f"--rule {args.rule!r} does not draw its children")
-  except ValueError as e:
-    parser.error(str(e))
+  drawn_tree_prediction.check_acceptance_arguments(parser, args)
+  if args.max_rank < 1 or any(n < 1 for n in args.nodes) or any(g < 1 for g in args.gammas):
+    parser.error("--max_rank, --nodes and --gammas must be >= 1")
+  if any(min(shape) < 1 or max(shape) > args.max_rank for shape in widths):
+    parser.error("--widths must be nodes per depth, each 1 to --max_rank")
 
   sp = spm.SentencePieceProcessor(model_file=_VOCAB)
   sequences, starts, lengths = _examples(args.predictions, sp, args.prompt_length)
