@@ -202,10 +202,10 @@ def tokens_per_call(branching: Sequence[int], acceptance: Acceptance,
                     output_lengths: Sequence[int] | None = None) -> float:
   """Predicted tokens per target call: of decodes of `output_lengths` tokens, sum n / sum C(n);
   without them, every call counted whole (`expected_tokens`; a RankChain needs lengths)."""
+  if not isinstance(acceptance, RankChain):
+    return law_tokens_per_call(accepted_depth_law(branching, acceptance), output_lengths)
   if output_lengths is None:
-    if isinstance(acceptance, RankChain):
-      raise ValueError("a RankChain predicts decodes of given lengths: pass output_lengths")
-    return expected_tokens(branching, acceptance)
+    raise ValueError("a RankChain predicts decodes of given lengths: pass output_lengths")
   return float(np.sum(output_lengths) / np.sum(expected_calls(branching, acceptance,
                                                               output_lengths)))
 
