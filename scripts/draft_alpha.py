@@ -1,14 +1,14 @@
-"""How well a draft agrees with the demo target: alpha and tokens per target call of speculative
-sampling on held-out sentences, at each temperature.
+"""How well a draft agrees with its target (the demo's by default): alpha and tokens per target
+call of speculative sampling on held-out sentences, at each temperature.
 
   alpha            the paper's acceptance estimate, mean of sum_x min(p, q) over verified
                    positions (`engine.stats.SpeculativeStats`);
   tokens/call      tokens committed per target call (at most gamma + 1);
   accepted/drafted the fraction of drafted tokens accepted.
-Sentences are decoded one at a time (batch 1, the paper's setting) with the shipped demo target
-and the draft given (the shipped one by default, or a `.safetensors` file of the demo format,
-e.g. a distilled draft exported by `spec_decode.training.export_demo`). Timing is not measured
-here (reproduce_table2.py does), so the figures do not depend on the machine's load.
+Sentences are decoded one at a time (batch 1, the paper's setting) with the target and the draft
+given (the shipped ones by default, or `.safetensors` files of the demo format, e.g. a distilled
+draft exported by `spec_decode.training.export_demo`). Timing is not measured here
+(reproduce_table2.py does), so the figures do not depend on the machine's load.
 
   python scripts/draft_alpha.py                                   # shipped draft, 100 sentences
   python scripts/draft_alpha.py --draft /tmp/distilled.safetensors --num_sentences 100
@@ -29,6 +29,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--draft", default="draft",
                       help='"draft" (the shipped one) or a demo-format .safetensors path')
+  parser.add_argument("--target", default="target",
+                      help='"target" (the shipped one) or a demo-format .safetensors path')
   parser.add_argument("--corpus", default="multi30k/test", help="held-out corpus prefix")
   parser.add_argument("--data_root", default=None, help="default: $SPEC_DECODE_DATA_ROOT")
   parser.add_argument("--num_sentences", type=int, default=100)
@@ -49,7 +51,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
   sources = sources[:args.num_sentences]
   pair = bench.shipped_pair(sources, corpora.TRANSLATE_PREFIX, args.input_length,
                             args.max_decode_len, f"the first {len(sources)} of {args.corpus}",
-                            draft=args.draft)
+                            draft=args.draft, target=args.target)
   decoders = bench.PairDecoders(pair, {})
   rows = []
   for temperature in args.temperatures:
@@ -60,11 +62,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                  "tokens_per_target_call": summary["tokens_per_target_call"],
                  "accepted_over_drafted": summary["accepted_over_drafted"],
                  "tokens": summary["tokens"]})
-    print(f"draft {args.draft} T={temperature:g} gamma={args.gamma}: alpha "
+    print(f"target {args.target} draft {args.draft} T={temperature:g} gamma={args.gamma}: alpha "
           f"{summary['alpha']:.3f}, tokens/target call {summary['tokens_per_target_call']:.2f}, "
           f"accepted/drafted {summary['accepted_over_drafted']:.3f} ({summary['tokens']} "
           f"tokens)", flush=True)
-  return {"draft": args.draft, "corpus": args.corpus, "num_sentences": len(sources),
+  return {"target": args.target, "draft": args.draft, "corpus": args.corpus, "num_sentences": len(sources),
           "machine": bench.describe_machine(),
           "command": "python scripts/draft_alpha.py " + " ".join(sys.argv[1:]), "rows": rows}
 

@@ -49,7 +49,8 @@ MODEL_FILES = [f for f in ALL if f.startswith("configs/models/")
 LM_TRAIN_FILES = ["configs/train/lm_target.gin", "configs/train/lm_draft.gin",
                   "configs/train/lm_draft_whitebox.gin"]
 # The pieces every training file includes: the data and schedule, and an optimizer.
-TRAIN_PIECES = ["configs/train/adamw.gin", "configs/train/base.gin"]
+TRAIN_PIECES = ["configs/train/adafactor.gin", "configs/train/adamw.gin",
+                "configs/train/base.gin"]
 TRAIN_FILES = [f for f in ALL if f.startswith("configs/train/")
                and not f.startswith("configs/train/lm_") and f not in TRAIN_PIECES]
 T5X_FILES = [f for f in ALL if f.startswith("configs/t5x/")

@@ -161,15 +161,16 @@ def demo_files_exist() -> bool:
 
 
 def shipped_pair(texts: Sequence[str], input_prefix: str, input_length: int,
-                 max_decode_len: int, description: str, draft: str = "draft") -> Pair:
+                 max_decode_len: int, description: str, draft: str = "draft",
+                 target: str = "target") -> Pair:
   """The shipped demo pair decoding `texts` (English; prefixed, encoded and cut to input_length
-  with EOS kept last, `vocab.trim_with_eos`, then 0-padded); `draft` another draft of the demo
-  format (a `.safetensors` path, e.g. one distilled by `spec_decode.training.draft_distillation`)
-  in place of the shipped one."""
+  with EOS kept last, `vocab.trim_with_eos`, then 0-padded); `draft` and `target` other models
+  of the demo format and vocabulary (`.safetensors` paths, e.g. a draft distilled by
+  `spec_decode.training.draft_distillation`) in place of the shipped ones."""
   if not demo_files_exist():
     raise FileNotFoundError(f"{demo_pair.ASSET_DIR} lacks target.safetensors or draft.safetensors")
   loaded = {}
-  for role, name in (("target", "target"), ("draft", draft)):
+  for role, name in (("target", target), ("draft", draft)):
     model_config, params = demo_pair.load_model(name)
     label = f"demo {role}" if name == role else f"{role} {name}"
     loaded[role] = Model(label, network.Transformer(model_config), jax.device_put(params))
