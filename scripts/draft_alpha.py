@@ -66,8 +66,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
           f"{summary['alpha']:.3f}, tokens/target call {summary['tokens_per_target_call']:.2f}, "
           f"accepted/drafted {summary['accepted_over_drafted']:.3f} ({summary['tokens']} "
           f"tokens)", flush=True)
-  return {"target": args.target, "draft": args.draft, "corpus": args.corpus, "num_sentences": len(sources),
-          "machine": bench.describe_machine(),
+  return {"target": args.target, "draft": args.draft, "corpus": args.corpus,
+          "num_sentences": len(sources), "machine": bench.describe_machine(),
           "command": "python scripts/draft_alpha.py " + " ".join(sys.argv[1:]), "rows": rows}
 
 
