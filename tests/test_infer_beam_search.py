@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 TEXTS = ["A man in a red jacket is walking his dog along the beach.",
          "Two young girls are playing with a ball in the park.",
-         "Three dogs are running through the snow.",
+         "A man and a woman are walking hand in hand on a bridge.",
          "A woman with long hair is reading a book on a bench."]
 PREFIX = "translate English to German: "
 
