@@ -13,8 +13,9 @@ from spec_decode.checkpoints import demo_pair
 from spec_decode.t5 import network
 
 # A fixed sentence and the shipped target's greedy translation of it, as
-# `python -m spec_decode.infer --text` prints it. The sentence lies outside Multi30k's captions, so
-# the translation is wrong; it is recorded as it is, to catch any change in the weights or the decode.
+# `python -m spec_decode.infer --text` prints it. The sentence lies outside Multi30k's captions,
+# so the translation is wrong; it is recorded as it is, to catch any change in the weights or
+# the decode.
 RECORDED_SENTENCE = "The weather is nice today."
 RECORDED_TRANSLATION = "Der verwirrt die Schüler."
 
