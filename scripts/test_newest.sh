@@ -7,7 +7,7 @@
 #    builds of several GB for Python 3.12, so the Hugging Face parity tests skip here) and
 #    `jax[tpu]` (libtpu: XLA's TPU compiler, for the decodes compiled for TPU topologies from
 #    this CPU host, tests/test_aot.py), and checks that pip chose the newest JAX release that
-#    setup.py admits.
+#    setup.py admits and `jax[tpu]` can install.
 # 2. Installs the wheel of this checkout into a second fresh environment, its dependencies
 #    resolved from the wheel alone, and runs the default demo (`python -m spec_decode.infer`, no
 #    flags) from an empty folder outside the repository.
@@ -45,10 +45,13 @@ if [ -d "$shared/wheels" ]; then
   "$venv_python" -m pip install -q --no-deps "$shared"/wheels/*.whl
 fi
 echo "test_newest.sh: installed in $((SECONDS - started)) s"
-# pip resolves the newest release setup.py admits unless another package holds JAX back: that
-# would silently test an older JAX, so it is an error.
+# pip resolves the newest JAX whose `jax[tpu]` it can install (a JAX release can precede its
+# libtpu on the registry) unless another package holds JAX back: that would silently test an
+# older JAX, so it is an error. What `jax[tpu]` alone resolves to within setup.py's range is the
+# yardstick; a release newer than that is named.
 "$venv_python" - <<'EOF'
 import importlib.metadata
+import json
 import subprocess
 import sys
 
@@ -57,17 +60,26 @@ from packaging.version import Version
 
 spec = next(Requirement(line).specifier for line in importlib.metadata.requires("spec_decode")
             if Requirement(line).name == "jax" and Requirement(line).marker is None)
+report = json.loads(subprocess.run(
+    [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
+     "--report", "-", f"jax[tpu]{spec}"], check=True, capture_output=True, text=True).stdout)
+resolvable = next(Version(item["metadata"]["version"]) for item in report["install"]
+                  if item["metadata"]["name"] == "jax")
 index = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "jax"],
                        check=True, capture_output=True, text=True).stdout
-# "Available versions: 0.12.0.1, 0.12.0, ..." (this pip's plain-text form)
+# "Available versions: 0.12.1, 0.12.0.1, ..." (this pip's plain-text form)
 listed = next(line for line in index.splitlines() if line.startswith("Available versions:"))
-newest = max(v for v in map(Version, listed.split(":", 1)[1].split(",")) if v in spec)
-installed = {name: importlib.metadata.version(name) for name in ("jax", "jaxlib", "flax", "optax")}
+released = max(v for v in map(Version, listed.split(":", 1)[1].split(",")) if v in spec)
+installed = {name: importlib.metadata.version(name)
+             for name in ("jax", "jaxlib", "libtpu", "flax", "optax")}
 print(f"test_newest.sh: Python {sys.version.split()[0]}, "
       + ", ".join(f"{name} {version}" for name, version in installed.items()))
-if Version(installed["jax"]) != newest:
-  sys.exit(f"test_newest.sh: pip installed jax {installed['jax']}, but {newest} is the newest "
-           f"release within setup.py's {spec}")
+if released != resolvable:
+  print(f"test_newest.sh: jax {released} is released, but the libtpu its jax[tpu] pins is not on "
+        f"the registry: jax {resolvable} is the newest end here")
+if Version(installed["jax"]) != resolvable:
+  sys.exit(f"test_newest.sh: pip installed jax {installed['jax']}, but jax[tpu] alone resolves "
+           f"to {resolvable} within setup.py's {spec}: another dependency holds JAX back")
 EOF
 
 # --- 2. the wheel, installed alone, runs the demo from elsewhere --------------------------
