@@ -25,6 +25,7 @@ import time
 
 from spec_decode import paths
 from spec_decode.aot import cli
+from spec_decode.aot import report
 from spec_decode.bench import paper
 
 OUT = paths.ROOT / "docs" / "table2" / "compiled"
@@ -227,22 +228,15 @@ def _load(family: str, folder: str = "") -> dict[str, dict]:
           for path in sorted((OUT / family / folder).glob("*.json"))}
 
 
-# The goal for a speculative decode's temporaries: at most its baseline's plus the draft's caches
-# plus this fraction of that.
-TEMPORARIES_MARGIN = 0.10
-
-
 def _goal(decode: dict, baseline: dict | None) -> tuple[float, bool] | None:
-  """(the bound, whether the decode's temporaries keep to it): the baseline's temporaries plus
-  the draft's caches (the plan formula's caches of the speculative decode less the
-  baseline's), plus TEMPORARIES_MARGIN."""
+  """(the bound, whether the decode's temporaries keep to it): `report.temporaries_bound`."""
   if baseline is None:
     return None
-  program, spec = decode["programs"][0], decode["plan"][decode["programs"][0]["name"]]
-  base = baseline["programs"][1]
-  draft_cache = spec["formula_cache"] - baseline["plan"][base["name"]]["formula_cache"]
-  bound = (base["temp_bytes"] + draft_cache) * (1 + TEMPORARIES_MARGIN)
-  return bound, program["temp_bytes"] <= bound
+  spec, base = (report.PlanComparison.from_json(entry)
+                for entry in (decode["plan"][decode["programs"][0]["name"]],
+                              baseline["plan"][baseline["programs"][1]["name"]]))
+  bound = report.temporaries_bound(spec, base)
+  return bound, spec.temp_bytes <= bound
 
 
 def _baseline(figures: dict[str, dict], prefix: str, row_name: str) -> dict | None:
@@ -337,7 +331,6 @@ def _op_latency_rows(figures: dict[str, dict], count=LATENCY_TERMS["per operatio
   """Each Table 2 row's `report.CallCosts` from the 'ops' jobs (calls on one chip with their
   sequential operations counted), each call's count of the fixed latency `count` of its
   figures; empty until they are compiled."""
-  from spec_decode.aot import report  # pylint: disable=g-import-not-at-top
   rows = []
   for row_name, row in paper.TABLE2.items():
     if f"ops_p1_{row_name.split('_')[0]}_small" not in figures:
@@ -355,7 +348,6 @@ def _op_latency_rows(figures: dict[str, dict], count=LATENCY_TERMS["per operatio
 def _op_latency_section(figures: dict[str, dict]) -> list[str]:
   """The roofline plus one fitted latency per operation, or per call, against the paper's rows,
   and what no model of these calls' costs can reach."""
-  from spec_decode.aot import report  # pylint: disable=g-import-not-at-top
   from spec_decode.bench import theory  # pylint: disable=g-import-not-at-top
   terms = {name: _op_latency_rows(figures, count) for name, count in LATENCY_TERMS.items()}
   if not all(terms.values()):
@@ -520,11 +512,12 @@ def render() -> str:
       "same decode compiled before that change (at commit b8e1366, kept in a `before` folder "
       "beside each family's figures in docs/table2/compiled). The goal for each row: its "
       "speculative decode's temporaries at most its baseline's (the target alone, same task "
-      "and temperature) plus "
-      "the draft's caches (the plan formula's), plus 10%; XLA's temporaries include what "
-      "XLA:TPU prefetches into a v4 chip's 128 MiB CMEM, beside its HBM, which is all but 5 MiB "
-      "of what the base and large drafts' rows on a v4-8 miss the goal by (docs/TPU_COMPILE.md: "
-      "their replicated draft's weights). 'Largest batch': the largest batch "
+      "and temperature) plus the draft's caches (the plan formula's), plus "
+      f"{report.TEMPORARIES_MARGIN:.0%} (`report.temporaries_bound`); XLA's temporaries include "
+      "what XLA:TPU prefetches into a v4 chip's 128 MiB CMEM, beside its HBM, which is all but "
+      "5 MiB of what the base and large drafts' rows on a v4-8 miss the goal by "
+      "(docs/TPU_COMPILE.md: their replicated draft's weights). 'Largest batch': the largest "
+      "batch "
       "whose speculative decode fits the chip, by compiles (the 'largest' stage: a probe batch, "
       "a guess from the line through its bytes and batch 1's, `plan.largest_batch` searching "
       "from the guess; XLA:TPU refusing to compile a batch, RESOURCE_EXHAUSTED, counts as not "

@@ -182,6 +182,11 @@ class PlanComparison:
   def fits(self) -> bool:
     return self.device_bytes <= self.hbm_bytes
 
+  @classmethod
+  def from_json(cls, entry: Mapping[str, Any]) -> PlanComparison:
+    """The comparison as `python -m spec_decode.aot --output_json` writes it ('plan')."""
+    return cls(**{field.name: entry[field.name] for field in dataclasses.fields(cls)})
+
 
 def compare_with_plan(program: programs.Program, target: plan.DeviceBytes,
                       draft: plan.DeviceBytes | None, chip: topologies.Chip) -> PlanComparison:
@@ -189,6 +194,28 @@ def compare_with_plan(program: programs.Program, target: plan.DeviceBytes,
   return PlanComparison(sum(m.params for m in models), sum(m.cache for m in models),
                         program.argument_bytes, program.temp_bytes, program.device_bytes,
                         chip.hbm_bytes)
+
+
+# What a speculative decode's temporaries may take beyond its baseline's (the target alone)
+# and the draft's caches, as a fraction of those two: the margin for what the draft's calls
+# compute in passing. A weight copy held through the loop does not fit in it.
+TEMPORARIES_MARGIN = 0.10
+
+
+def temporaries_bound(decode: PlanComparison, baseline: PlanComparison) -> float:
+  """The most the speculative decode's temporaries should take: the baseline's plus the
+  draft's caches (the plan formula's caches of the decode less the baseline's), plus
+  TEMPORARIES_MARGIN."""
+  draft_cache = decode.formula_cache - baseline.formula_cache
+  return (baseline.temp_bytes + draft_cache) * (1 + TEMPORARIES_MARGIN)
+
+
+def format_temporaries_bound(decode: PlanComparison, baseline: PlanComparison) -> str:
+  bound = temporaries_bound(decode, baseline)
+  verdict = "within it" if decode.temp_bytes <= bound else "MORE"
+  return (f"speculative decode: temporaries {decode.temp_bytes / 2**20:.1f} MiB, at most "
+          f"{bound / 2**20:.1f} MiB (the baseline's plus the draft's caches, plus "
+          f"{TEMPORARIES_MARGIN:.0%}): {verdict}")
 
 
 def _gib(n: float) -> str:
