@@ -36,6 +36,9 @@ FAMILIES = {
                "configs/models/t5_1_0"),
 }
 TARGET = {"t5_1_1": "T5.1.1-XXL", "t5_1_0": "T5 1.0 11B"}
+# When each family's calls alone (the 'ops' and 'placement' jobs) were compiled.
+CALLS_COMPILED = {"t5_1_1": "2026-12-05, load average about 5 from other work",
+                  "t5_1_0": "2026-12-06, load average 2-3"}
 PARTITIONS = {1: "v4:1x1x1", 4: "v4-8"}  # P: topology
 CALL_BATCHES = (1, 8, 32)
 # Both tasks' configs take 512 input and 128 target tokens, so their model calls are the same
@@ -345,7 +348,7 @@ def _op_latency_rows(figures: dict[str, dict], count=LATENCY_TERMS["per operatio
   return rows
 
 
-def _op_latency_section(figures: dict[str, dict]) -> list[str]:
+def _op_latency_section(family: str, figures: dict[str, dict]) -> list[str]:
   """The roofline plus one fitted latency per operation, or per call, against the paper's rows,
   and what no model of these calls' costs can reach."""
   from spec_decode.bench import theory  # pylint: disable=g-import-not-at-top
@@ -373,8 +376,8 @@ def _op_latency_section(figures: dict[str, dict]) -> list[str]:
       "'left out' fits it on the 11 other rows and predicts the row with that. At P = 1 no "
       "call runs a collective, so a latency per collective is nothing here. The calls were "
       "compiled alone for one v4 chip with the TPU's decoder projections (the 'ops' jobs of "
-      "`python scripts/compile_table2.py --family t5_1_1`, 2026-12-05, load average about 5 "
-      "from other work). Percentages: predicted / paper - 1.", "",
+      f"`python scripts/compile_table2.py --family {family}`, {CALLS_COMPILED[family]}). "
+      "Percentages: predicted / paper - 1.", "",
       "| row | target k=1: roofline ms, ops | k=gamma+1: ops | draft k=1: roofline ms, ops | "
       "roofline | per operation: fitted, left out | per call: fitted, left out | paper |",
       "|---|---|---|---|---|---|---|---|"]
@@ -409,8 +412,8 @@ def _op_latency_section(figures: dict[str, dict]) -> list[str]:
                                                  paper.TABLE2[name].gamma, 0.0, 1.0)
                         / paper.TABLE2[name].speedup)
   lines += [
-      "", "What it says. Neither term explains the large drafts. The T5.1.1-XXL target runs "
-      f"about as many operations in sequence ({large.target[1]} at k=1) as the T5-large draft "
+      "", f"What it says. Neither term explains the large drafts. The {TARGET[family]} target "
+      f"runs about as many operations in sequence ({large.target[1]} at k=1) as the T5-large draft "
       f"({large.draft[1]}): both have 24 decoder layers, so a cost per operation (or per layer) "
       "lengthens target and draft calls alike and c barely moves; a cost per call does the "
       "same to every draft. The latency per operation that alone gives ende_large_t0 the "
@@ -442,7 +445,7 @@ def _op_latency_section(figures: dict[str, dict]) -> list[str]:
   return lines
 
 
-def _placement_section(figures: dict[str, dict]) -> list[str]:
+def _placement_section(family: str, figures: dict[str, dict]) -> list[str]:
   """Each draft's call on a v4-8 replicated and sharded like the target, and which to use."""
   found = {size: figures.get(f"placement_p4_ende_{size}") for size in ("small", "base", "large")}
   if not all(found.values()):
@@ -458,7 +461,7 @@ def _placement_section(figures: dict[str, dict]) -> list[str]:
       "`python -m spec_decode.aot --programs=draft_placement --collective_latency=S`). "
       "'Break-even' is the collective latency below which the sharded draft is the cheaper: "
       "the roofline it saves over its collectives. The 'placement' jobs of "
-      "`python scripts/compile_table2.py --family t5_1_1`, 2026-12-05.", "",
+      f"`python scripts/compile_table2.py --family {family}`, {CALLS_COMPILED[family]}.", "",
       "| draft | replicated: roofline ms, collectives | sharded: roofline ms, collectives | "
       "break-even us | use |", "|---|---|---|---|---|"]
   for size, figures_of in found.items():
@@ -505,8 +508,9 @@ def render() -> str:
       "for when a TPU is lent.",
       "",
       "The decodes are compiled with the TPU's decoder projections (`network.kernel_first_dot`, "
-      "docs/TPU_COMPILE.md; compiled 2026-12-05 on an Intel Xeon host of 2 cores under load "
-      "averages of 2-20 from other work, which the compile seconds in the figures reflect), "
+      "docs/TPU_COMPILE.md; the T5.1.1 rows compiled 2026-12-05 on an Intel Xeon host of 2 "
+      "cores under load averages of 2-20 from other work, which the compile seconds in the "
+      "figures reflect, the T5 1.0 rows 2026-12-06 on an AMD EPYC host of 2 cores), "
       "which keep XLA:TPU from copying the decoder's attention kernels "
       "into another layout before the loop and holding the copies through it. 'Before' is the "
       "same decode compiled before that change (at commit b8e1366, kept in a `before` folder "
@@ -539,7 +543,7 @@ def render() -> str:
       "predicts the small drafts' speedups closely and overpredicts the large drafts'; one "
       "fixed latency per operation run in sequence or per call, fitted on the paper's rows, "
       "does not explain that, and no model of the calls' costs can bring every row within 15% "
-      "(the section on fixed latencies, T5.1.1-XXL target).",
+      "(the sections on fixed latencies).",
       ""]
   for family in FAMILIES:
     figures, before = _load(family), _load(family, "before")
@@ -641,7 +645,7 @@ def render() -> str:
                 f"{program['code_bytes'] / 2**20:.0f} MiB code per chip; collectives inside "
                 f"the loop: {len(program['loop_collectives'])}, all "
                 f"{sorted({op for op, _ in program['loop_collectives']})}.", ""]
-    lines += _op_latency_section(figures) + _placement_section(figures)
+    lines += _op_latency_section(family, figures) + _placement_section(family, figures)
     times = [p["compile_seconds"] for f in figures.values() for p in f.get("programs", [])]
     if times:
       lines += [f"Whole decodes compiled in {min(times):.0f}-{max(times):.0f} s each on this "
