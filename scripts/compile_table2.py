@@ -5,9 +5,9 @@ batch 1 / 8 / 32 and one row on a v4-32 slice (16 chips, 4 hosts); then docs/tab
 written from the figures.
 
 Run (Python 3.12 with `pip install -e . "jax[tpu]"`): `python scripts/compile_table2.py
-[--family t5_1_1|t5_1_0 ...] [--render_only]`. Each job writes
-docs/table2/compiled/<family>/<job>.json and is skipped when that file exists, so an interrupted
-run resumes. Per family and P: each row's speculative decode, one baseline per (task,
+[--family t5_1_1|t5_1_0 ...] [--stage S ...] [--num_partitions P ...] [--render_only]`. Each
+job writes docs/table2/compiled/<family>/<job>.json and is skipped when that file exists, so an
+interrupted run resumes. Per family and P: each row's speculative decode, one baseline per (task,
 temperature), the target's calls of k = 1 and every row's gamma + 1 once per task, and each
 draft's call; then (stage 'ops', jobs ops_p1_*) those calls on one chip again with the
 operations each runs in sequence counted, for the fitted cost model of compiled.md's last
@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import pathlib
+import re
 import sys
 import time
 
@@ -130,15 +131,20 @@ def jobs(family: str) -> list[tuple[str, str, list[str]]]:
 STAGES = ("p1", "p4", "largest", "ops", "more")
 
 
-def run(families: list[str], stages: list[str]) -> None:
-  """Every job of `stages` not yet written, stage by stage (one chip, then four, then the
-  rest), so an interrupted run has the paper's own setting first."""
+def run(families: list[str], stages: list[str], partitions: list[int]) -> None:
+  """Every job of `stages` and `partitions` (P) not yet written, stage by stage (one chip,
+  then four, then the rest), so an interrupted run has the paper's own setting first."""
   for stage in [stage for stage in STAGES if stage in stages]:
     for family in families:
       (OUT / family).mkdir(parents=True, exist_ok=True)
       for job_stage, name, arguments in jobs(family):
-        if job_stage == stage:
+        if job_stage == stage and _partitions_of(name) in partitions:
           _run_job(family, name, arguments)
+
+
+def _partitions_of(name: str) -> int:
+  """P of a job, from its name: p4_..., largest_p1_..., ops_p1_..., p16_v4-32_..."""
+  return int(re.search(r"(?:^|_)p(\d+)_", name).group(1))
 
 
 def _run_job(family: str, name: str, arguments: list[str]) -> None:
@@ -658,10 +664,15 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--family", action="append", choices=sorted(FAMILIES))
   parser.add_argument("--stage", action="append", choices=STAGES,
                       help="only these stages' jobs (default: all)")
+  parser.add_argument("--num_partitions", action="append", type=int,
+                      help="only the jobs of this P (default: all; P = 4's largest-batch "
+                           "searches take minutes a batch)")
   parser.add_argument("--render_only", action="store_true")
   args = parser.parse_args(argv)
   if not args.render_only:
-    run(args.family or list(FAMILIES), args.stage or list(STAGES))
+    partitions = args.num_partitions or sorted({_partitions_of(name) for family in FAMILIES
+                                                for _, name, _ in jobs(family)})
+    run(args.family or list(FAMILIES), args.stage or list(STAGES), partitions)
   (OUT.parent / "compiled.md").write_text(render() + "\n")
   print(f"wrote {OUT.parent / 'compiled.md'}")
   return 0
