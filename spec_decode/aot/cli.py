@@ -108,8 +108,9 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.R
     foreign = [name for name in program.custom_calls if name.startswith("spec_decode")]
     if foreign:
       lines.append(f"{program.name}: holds the CPU custom calls {foreign}")
-  if len(whole) == 2:
-    lines.append(report.format_temporaries_bound(*(plans[p.name] for p in whole)))
+  if "decode" in compiled and "baseline" in compiled:
+    lines.append(report.format_temporaries_bound(plans[compiled["decode"].name],
+                                                 plans[compiled["baseline"].name]))
   found = []
   if compiled.get("target_calls") or "draft_call" in compiled:
     lines += report.format_calls(compiled.get("target_calls", {}), compiled.get("draft_call"),
