@@ -1,7 +1,8 @@
 """The platform of a program (`platforms.Platform`) comes from the devices it is compiled for,
 never from the host's backend: CPU devices get the CPU's products (the small-row kernel on one
 device only), TPU devices XLA's products with the decoder's projections taking the kernels as
-stored, GPU devices plain XLA, whatever `jax.default_backend()` says."""
+stored, GPU devices plain XLA, whatever `jax.default_backend()` says; and the TPU's products
+decode the same tokens as the CPU's."""
 
 import dataclasses
 import pathlib
@@ -14,7 +15,10 @@ import numpy as np
 import pytest
 from packaging import specifiers
 
-from spec_decode.runtime import platforms
+import tiny_t5
+from spec_decode import core
+from spec_decode.checkpoints import t5x_format
+from spec_decode.runtime import decode_layout, partitioning, platforms
 from spec_decode.t5 import cpu_kernels, network
 
 # Run at the newest supported JAX too (pytest.ini: the tiers).
@@ -94,3 +98,38 @@ def test_the_tpus_decoder_projection_is_the_dense_product():
   for rows in (x, x[:, :1], x[0, 0]):
     np.testing.assert_allclose(network.kernel_first_dot(rows, kernel), jnp.dot(rows, kernel),
                                rtol=1e-5, atol=1e-5)
+
+
+# Sampled at 0.1: a random tiny model's logits span so little that at temperature 1 even its
+# decoder projections scaled by 3 leave every sampled token as it was; at 0.1 a 5% change moves
+# a tenth of them.
+@pytest.mark.parametrize("temperature", [0.0, 0.1])
+def test_the_tpus_products_decode_what_the_cpus_do(monkeypatch, temperature):
+  """`spec_decode.infer`'s compiled decode (`DecodeLayout.partition_predict`) of a tiny float32
+  pair, run on this CPU with the TPU's products (`TPU_OPS`) in place of the CPU's (the
+  small-row kernel, the few-query attention loops): the same tokens, greedy and sampled with a
+  fixed rng. What a TPU program computes is the decode the CPU tests check token for token.
+  (The T5X hook's decode takes its products from the same `Platform.ops`.)"""
+  target, draft = (tiny_t5.tiny_config(512, shrink)
+                   for shrink in (tiny_t5.SHRINK, tiny_t5.DRAFT_SHRINK))
+  decoder = core.Decoder.create("speculative_sample", network.Transformer(target),
+                                network.Transformer(draft), gamma=3, temperature=temperature)
+  inputs = np.random.default_rng(0).integers(3, 512, (4, 10)).astype(np.int32)
+  inputs[:, 7:] = [1, 0, 0]  # EOS, then padding
+  batch = {"encoder_input_tokens": inputs, "decoder_input_tokens": np.zeros((4, 12), np.int32)}
+
+  def decode(ops: network.Ops) -> np.ndarray:
+    layout = decode_layout.decode_layout(partitioning.PjitPartitioner(mesh_shape=(1, 1)),
+                                         target, draft)
+    assert layout.platform.module(target).ops == ops
+    decodes, _ = layout.partition_predict(decoder, eos_id=1)(
+        layout.put_params("target", t5x_format.random_params(target, 1)),
+        layout.put_params("draft", t5x_format.random_params(draft, 2)),
+        layout.put_batch(batch), layout.put_replicated(jax.random.PRNGKey(7)))
+    return np.asarray(decodes)
+
+  cpu = decode(platforms.Platform("cpu").ops())
+  monkeypatch.setattr(platforms.Platform, "ops",
+                      lambda self, dtype=jnp.float32: platforms.TPU_OPS)
+  np.testing.assert_array_equal(decode(platforms.TPU_OPS), cpu)
+  assert len(np.unique(cpu)) > 3  # tokens decoded, not padding alone

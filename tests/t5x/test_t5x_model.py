@@ -3,7 +3,8 @@ own model, network and `t5x.decoding.temperature_sample(temperature=0)`, token f
 the tiny T5.1.1 checkpoint (conftest.py; draft: a noisy copy, so drafts are both accepted and
 rejected) and on a random tiny T5.1.1 saved by T5X's Checkpointer (draft: a smaller random
 T5.1.1); scores are the target's; the parameter tree is T5X's plus the draft's; the draft's
-config is read from its checkpoint; the sampled distribution follows the T5X decode_fn."""
+config is read from its checkpoint; the sampled distribution follows the T5X decode_fn; the
+TPU's products decode the same tokens on CPU."""
 
 import functools
 import inspect
@@ -20,6 +21,7 @@ pytest.importorskip("t5x.models",
 
 import t5x_setup  # pylint: disable=g-import-not-at-top
 import tiers  # pylint: disable=g-import-not-at-top
+from spec_decode.runtime import platforms  # pylint: disable=g-import-not-at-top
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
 from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
 
@@ -507,3 +509,24 @@ def test_the_token_tree_loop_runs_through_the_hook(pairs):
   np.testing.assert_array_equal(np.asarray(decodes), expected)
   assert np.sum(aux["accepted_tokens"]) > 0
   assert np.sum(aux["target_calls"]) < np.sum(aux["generated_tokens"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 0.1])
+def test_the_tpus_products_decode_what_the_cpus_do(pairs, monkeypatch, temperature):
+  """The hook's decode with the TPU's products (`platforms.TPU_OPS`) in place of the CPU's, on
+  this CPU: the same tokens, greedy and sampled with a fixed rng (tests/test_platforms.py: the
+  same for `spec_decode.infer`'s decode)."""
+  target_path, draft_path = pairs["t5x_tiny"]
+  params = _both_params(target_path, draft_path)
+
+  def decode() -> np.ndarray:
+    model = speculative.speculative_version(
+        t5x_setup.t5x_model(t5x_setup.TINY, temperature=temperature), draft_path, gamma=3)
+    return np.asarray(jax.jit(model.predict_batch)(params, _batch(4),
+                                                   rng=jax.random.PRNGKey(7)))
+
+  cpu = decode()
+  monkeypatch.setattr(platforms.Platform, "ops",
+                      lambda self, dtype=jnp.float32: platforms.TPU_OPS)
+  np.testing.assert_array_equal(decode(), cpu)
