@@ -669,10 +669,13 @@ def main(argv: list[str] | None = None) -> int:
                            "searches take minutes a batch)")
   parser.add_argument("--render_only", action="store_true")
   args = parser.parse_args(argv)
+  known = sorted({_partitions_of(name) for family in FAMILIES for _, name, _ in jobs(family)})
+  unknown = sorted(set(args.num_partitions or []) - set(known))
+  if unknown:
+    parser.error(f"no job has --num_partitions {unknown}: the jobs' P are {known}")
   if not args.render_only:
-    partitions = args.num_partitions or sorted({_partitions_of(name) for family in FAMILIES
-                                                for _, name, _ in jobs(family)})
-    run(args.family or list(FAMILIES), args.stage or list(STAGES), partitions)
+    run(args.family or list(FAMILIES), args.stage or list(STAGES),
+        args.num_partitions or known)
   (OUT.parent / "compiled.md").write_text(render() + "\n")
   print(f"wrote {OUT.parent / 'compiled.md'}")
   return 0

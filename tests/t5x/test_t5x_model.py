@@ -22,6 +22,7 @@ pytest.importorskip("t5x.models",
 import t5x_setup  # pylint: disable=g-import-not-at-top
 import tiers  # pylint: disable=g-import-not-at-top
 from spec_decode.runtime import platforms  # pylint: disable=g-import-not-at-top
+from spec_decode.t5 import network  # pylint: disable=g-import-not-at-top
 from spec_decode.t5x import speculative  # pylint: disable=g-import-not-at-top
 from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
 
@@ -516,7 +517,8 @@ def test_the_token_tree_loop_runs_through_the_hook(pairs):
 def test_the_tpus_products_decode_what_the_cpus_do(pairs, monkeypatch, temperature):
   """The hook's decode with the TPU's products (`platforms.TPU_OPS`) in place of the CPU's, on
   this CPU: the same tokens, greedy and sampled with a fixed rng (tests/test_platforms.py: the
-  same for `spec_decode.infer`'s decode)."""
+  same for `spec_decode.infer`'s decode). The control: decoder projections 5% off, put in the
+  same way, change the tokens, so the hook does decode with the products put there."""
   target_path, draft_path = pairs["t5x_tiny"]
   params = _both_params(target_path, draft_path)
 
@@ -530,3 +532,6 @@ def test_the_tpus_products_decode_what_the_cpus_do(pairs, monkeypatch, temperatu
   monkeypatch.setattr(platforms.Platform, "ops",
                       lambda self, dtype=jnp.float32: platforms.TPU_OPS)
   np.testing.assert_array_equal(decode(), cpu)
+  off = network.Ops(decoder_projection=lambda x, kernel: network.kernel_first_dot(x, kernel) * 1.05)
+  monkeypatch.setattr(platforms.Platform, "ops", lambda self, dtype=jnp.float32: off)
+  assert (decode() != cpu).any()
