@@ -258,21 +258,28 @@ def _baseline(figures: dict[str, dict], prefix: str, row_name: str) -> dict | No
   return None
 
 
-def _largest_cells(largest: dict | None, before: dict | None) -> str:
+# Marks a largest batch searched on an earlier program of the row than the one in the table (its
+# batch 1 compiled to other bytes): the cross-attention caches in their earlier layout.
+EARLIER_PROGRAM = "*"
+
+
+def _largest_cells(largest: dict | None, before: dict | None, program: dict) -> str:
   """'before -> after': after the largest batch found by compiles; before predicted from it:
   the batches the weight copies' bytes (the pre-fix decode's bytes at batch 1 less this one's)
-  would take at the bytes each batch adds (compiled: batch 1 to the largest)."""
+  would take at the bytes each batch adds (compiled: batch 1 to the largest). `program`: the
+  row's decode at batch 1 now; a search of another program is marked EARLIER_PROGRAM."""
   if largest is None:
     return "not searched"
   after = largest["largest"]
   if not after:
     return "none fits"
+  mark = "" if largest["batch_1"]["temp_bytes"] == program["temp_bytes"] else EARLIER_PROGRAM
   found = largest["tried"][str(after)]
   if before is None or after == 1:
-    return f"{after}"
+    return f"{after}{mark}"
   per_batch = (found["device_bytes"] - largest["batch_1"]["device_bytes"]) / (after - 1)
   extra = before["programs"][0]["device_bytes"] - largest["batch_1"]["device_bytes"]
-  return f"{max(after - math.ceil(extra / per_batch), 0)} -> {after}"
+  return f"{max(after - math.ceil(extra / per_batch), 0)} -> {after}{mark}"
 
 
 def _gib(n: float) -> str:
@@ -316,6 +323,8 @@ def _reading(figures: dict[str, dict], prefix: str) -> list[str]:
   goals = [goal for goal in goals if goal is not None]
   held = sorted({len(d["loop_relaid_parameters"]) for d in decodes
                  if "loop_relaid_parameters" in d})
+  read = [d for d in decodes if "loop_relaid_state" in d]  # figures compiled since it is read
+  relaid = sorted({len(d["loop_relaid_state"]) for d in read})
   return [f"{len(decodes)} rows compiled: the largest needs {_gib(largest)} GiB per chip "
           f"(arguments, temporaries, output and code), "
           f"{'every row fits' if all(d['plan']['fits'] for d in decodes) else 'NOT every row fits'}"
@@ -324,6 +333,9 @@ def _reading(figures: dict[str, dict], prefix: str) -> list[str]:
           f"{_gib(min(extra))}-{_gib(max(extra))} GiB"
           + ("" if not held else "; weights copied before the loop and held through it "
              f"(`programs.loop_relaid_parameters`): {' or '.join(map(str, held))} per decode")
+          + ("" if not relaid else "; caches copied into another layout at the loop's entry "
+             f"(`programs.loop_relaid_state`): {' or '.join(map(str, relaid))} per decode"
+             + ("" if len(read) == len(decodes) else f" (read in {len(read)} of them)"))
           + f"; {sum(kept for _, kept in goals)} of {len(goals)} rows with their baseline "
           "compiled keep to the goal."]
 
@@ -569,6 +581,7 @@ def render() -> str:
                 "GiB | goal: at most GiB | loop collectives | largest batch: before (predicted) "
                 "-> after (compiled) | c | v(gamma+1) | Theorem 3.8 (roofline) | paper |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+      earlier = False  # a largest batch marked EARLIER_PROGRAM
       for row_name, row in paper.TABLE2.items():
         calls, draft = _calls(figures, num_partitions, row_name)
         c = v = predicted = None
@@ -601,6 +614,9 @@ def render() -> str:
         goal_text = "" if goal is None else ("kept" if goal[1] else "MISSED")
         code_before = ("" if old is None else
                        f" ({old['programs'][0]['code_bytes'] / 2**20:.0f})")
+        largest = _largest_cells(figures.get(f"largest_{prefix}{_compiled_as(row_name)}"), old,
+                                 program)
+        earlier |= largest.endswith(EARLIER_PROGRAM)
         lines.append(
             f"| {row_name} | {row.gamma} | {_gib(program['argument_bytes'])} + "
             f"{_gib(program['temp_bytes'])} ({_gib(plan['formula_params'])} + "
@@ -610,9 +626,13 @@ def render() -> str:
             f"{'-' if baseline is None else _gib(baseline['programs'][1]['temp_bytes'])} | "
             f"{'-' if goal is None else f'{_gib(goal[0])}: {goal_text}'} | "
             f"{', '.join(f'{op} x{n}' for op, n in sorted(collectives.items())) or 'none'} | "
-            f"{_largest_cells(figures.get(f'largest_{prefix}{_compiled_as(row_name)}'), old)} | "
-            f"{estimate}")
+            f"{largest} | {estimate}")
       lines += _reading(figures, prefix) + [""]
+      if earlier:
+        lines += [f"{EARLIER_PROGRAM} The largest batch of the row's decode with the "
+                  "cross-attention caches in their earlier layout ([B, Le, H, D], which XLA:TPU "
+                  "copied into the loop's layout at its entry; docs/TPU_COMPILE.md), not "
+                  "searched again.", ""]
     # A call alone holds no loop, so no weight copy outlives it: the calls' rooflines compiled
     # before the TPU's decoder projections stand, where they are not compiled again.
     sweep = [(batch, figures.get(name) or before.get(name)) for batch, name in (

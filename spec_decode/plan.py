@@ -25,7 +25,7 @@ What it prints, for num_partitions P in 1, 2, 4, 8, 16 on a ('data', 'model') me
     bfloat16 for the T5X configs: T5X's inference dtype), split by T5X's standard logical axis
     rules (`partitioning.standard_logical_axis_rules`);
   * decode caches: exactly the leaves of `network.init_decode_cache` for B * num_decodes rows
-    (per decoder layer self-attention K/V [B, L, H, D] and cross-attention K/V [B, Le, H, D],
+    (per decoder layer self-attention K/V [B, L, H, D] and cross-attention K/V [B, H, D, Le],
     plus the encoder mask [B, Le] and cache index [B]), from `jax.eval_shape`, split alike;
   * the totals of the target alone (the baseline) and of target + draft (speculative decoding),
     and whether each fits one device of `device_kind` (tpu_v4: 32 GiB HBM per chip; h200: 141 GB;

@@ -34,6 +34,7 @@ from spec_decode.aot import report
 from spec_decode.aot import runs
 from spec_decode.aot import topologies
 from spec_decode.t5 import cpu_kernels
+from spec_decode.t5 import layers
 from spec_decode.t5 import network
 
 # Run at the newest supported JAX too (pytest.ini: the tiers).
@@ -162,11 +163,12 @@ COPY_PAIRS = {
 }
 
 
-def _one_chip_decode(family: str) -> dict:
+def _one_chip_decode(family: str, input_length: int = INPUT_LENGTH) -> dict:
   """The decode of COPY_PAIRS[family] with the products `platforms.TPU_OPS` gives it now:
   {'relaid': the weights copied before its loop and held through it, name: bytes;
-  'temp_bytes': its temporaries; 'bound': `report.temporaries_bound` against its
-  baseline's}."""
+  'relaid_state': of the decode and of its baseline, the computed values copied into another
+  layout at the loop's entry, [(shape, bytes)]; 'temp_bytes': its temporaries; 'bound':
+  `report.temporaries_bound` against its baseline's}."""
   target, draft = COPY_PAIRS[family]
   topology = topologies.topology("v4:1x1x1")
   one_chip = decode_layout.decode_layout(
@@ -175,17 +177,19 @@ def _one_chip_decode(family: str) -> dict:
                                 network.module_of(draft), gamma=7, temperature=0.0)
   decode, baseline = (
       programs.predict_program(one_chip, each, eos_id=1, num_decodes=1, batch_size=1,
-                               input_length=INPUT_LENGTH, target_length=TARGET_LENGTH,
+                               input_length=input_length, target_length=TARGET_LENGTH,
                                param_dtype="bfloat16")
       for each in (decoder, decoder.baseline()))
   target_bytes, draft_bytes = plan.layout_bytes(
-      one_chip, 1, INPUT_LENGTH, network.decode_length(target, INPUT_LENGTH, TARGET_LENGTH),
+      one_chip, 1, input_length, network.decode_length(target, input_length, TARGET_LENGTH),
       "bfloat16")
   bound = report.temporaries_bound(
       report.compare_with_plan(decode, target_bytes, draft_bytes, topology.chip),
       report.compare_with_plan(baseline, target_bytes, None, topology.chip))
-  return {"relaid": dict(decode.loop_relaid_parameters), "temp_bytes": decode.temp_bytes,
-          "bound": bound}
+  return {"relaid": dict(decode.loop_relaid_parameters),
+          "relaid_state": {"decode": list(decode.loop_relaid_state),
+                           "baseline": list(baseline.loop_relaid_state)},
+          "temp_bytes": decode.temp_bytes, "bound": bound}
 
 
 def _weights(relaid: dict) -> dict:
@@ -209,6 +213,25 @@ def test_the_tpu_decode_copies_no_decoder_weight_for_its_loop(monkeypatch, famil
                          | _decoder_kernels(draft, "draft_params"))
   joined_kv = COPY_SHAPED["num_heads"] * COPY_SHAPED["head_dim"]
   assert set(relaid.values()) == {COPY_SHAPED["emb_dim"] * joined_kv * 2}  # bfloat16 [E, H*D]
+
+
+@needs_tpu_compiler
+def test_the_tpu_decode_relays_no_cache_at_its_loops_entry(monkeypatch):
+  """The cross-attention caches, held as XLA:TPU's prefill writes them ([B, H, D, Le],
+  `spec_decode.t5.layers.to_cross_cache`), enter the loops of the speculative decode and of its
+  baseline as they are. Held as [B, Le, H, D] (the control: the cache before), the prefill still
+  writes them length-minor and XLA:TPU copies them into the loop's layout at its entry, both
+  live there (48 MiB a row of batch for T5.1.1-XXL on a v4-8). 512 encoder tokens, as Table 2's
+  inputs: tiles hide a short encoder's layout."""
+  found = _one_chip_decode("t5", input_length=512)["relaid_state"]
+  assert found == {"decode": [], "baseline": []}
+  monkeypatch.setattr(layers, "to_cross_cache", lambda projected: projected)
+  monkeypatch.setattr(layers, "from_cross_cache", lambda cached: cached)
+  control = _one_chip_decode("t5", input_length=512)["relaid_state"]
+  target, _ = COPY_PAIRS["t5"]
+  cross_cache = f"bf16[1,512,{target.num_heads},{target.head_dim}]"
+  assert {shape for shape, _ in control["baseline"]} == {cross_cache}, control
+  assert {shape for shape, _ in control["decode"]} == {cross_cache}, control
 
 
 # What a speculative loop's own small state (tokens, positions, the draft's probabilities, each

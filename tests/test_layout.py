@@ -182,8 +182,8 @@ def test_no_file_names_a_machines_folder():
   assert not found, found
 
 
-# The network: the module every caller imports, and the two it is split into (as T5X's).
-NETWORK_MODULES = ("network", "layers", "decoder_only")
+# The network: the module every caller imports, and those it is split into (as T5X's).
+NETWORK_MODULES = ("network", "layers", "ops", "decoder_only")
 
 
 @pytest.mark.parametrize("module", NETWORK_MODULES)

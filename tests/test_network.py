@@ -236,7 +236,9 @@ def test_cache_layout(tiny):
     for name in ("cached_key", "cached_value"):
       assert layer["self_attention"][name].shape == (BATCH, CACHE_LEN) + heads
       assert not layer["self_attention"][name].any()
-      assert layer["encoder_decoder_attention"][name].shape == ENCODER_TOKENS.shape + heads
+      # Length-minor (network.layers.to_cross_cache).
+      assert layer["encoder_decoder_attention"][name].shape == (
+          (BATCH,) + heads + ENCODER_TOKENS.shape[1:])
 
 
 def test_chunked_decode_matches_single_steps_and_teacher_forcing(tiny):

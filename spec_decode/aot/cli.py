@@ -105,6 +105,7 @@ def _report(args: argparse.Namespace, topology: topologies.Topology, run: runs.R
   for program in whole:
     lines.append(report.format_collectives(program))
     lines.append(report.format_relaid(program))
+    lines.append(report.format_relaid_state(program))
     foreign = [name for name in program.custom_calls if name.startswith("spec_decode")]
     if foreign:
       lines.append(f"{program.name}: holds the CPU custom calls {foreign}")

@@ -13,7 +13,8 @@ Each gives a `Program`: per-device memory (`memory_analysis`), flops, bytes acce
 `optimal_seconds` (`cost_analysis`: XLA's cost model, not a measurement), the collectives
 inside the program's while loops, the custom calls it holds, and the parameters the program
 copies into another layout before a while loop and hands to it (`loop_relaid_parameters`:
-such a copy stays live for the whole loop, temporaries the plan's formula does not count), and
+such a copy stays live for the whole loop, temporaries the plan's formula does not count), the
+values it computes and copies into another layout at a loop's entry (`loop_relaid_state`), and
 the operations the program launches one after another (`sequential_ops`: its kernels, copies,
 custom calls and collectives, each paying a fixed launch cost that a roofline does not show).
 """
@@ -24,7 +25,7 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -58,6 +59,9 @@ class Program:
   custom_calls: tuple[str, ...]  # custom-call targets in the compiled program
   # (parameter, bytes) of every weight copied before a while loop and live across it
   loop_relaid_parameters: tuple[tuple[str, int], ...] = ()
+  # (shape, bytes) of every computed value (a cache) relaid at a while loop's entry; empty in
+  # figures compiled before they were read
+  loop_relaid_state: tuple[tuple[str, int], ...] = ()
   # the operations the program launches in sequence, and how many of them are collectives
   # (`sequential_ops`); 0 in figures compiled before they were counted
   sequential_ops: int = 0
@@ -111,6 +115,7 @@ def compile_program(name: str, lower: Callable[[], jax.stages.Lowered],
       loop_collectives=tuple(sorted(collectives_in_loop(text))),
       custom_calls=tuple(sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))),
       loop_relaid_parameters=tuple(loop_relaid_parameters(text)),
+      loop_relaid_state=tuple(loop_relaid_state(text)),
       sequential_ops=len(launched),
       sequential_collectives=sum(kind in COLLECTIVES for kind in launched))
 
@@ -295,8 +300,10 @@ _ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u
 # reinterpretations of its shape.
 _PASS_THROUGH = ("copy-start", "copy-done", "bitcast", "slice-start", "slice-done",
                  "custom-call ConcatBitcast")
-# What writes a new buffer of a single operand's elements, in another layout or the same.
-_RELAYOUTS = ("copy", "transpose", "fusion")
+# What writes a new buffer of a single operand's elements in another layout, and what may
+# besides (a fusion of one operand rewriting it).
+_LAYOUT_COPIES = ("copy", "transpose")
+_RELAYOUTS = _LAYOUT_COPIES + ("fusion",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,6 +366,12 @@ def _array_bytes(shape: str) -> int:
       match.group(1)]
 
 
+def _layout(shape: str) -> str:
+  """An HLO array shape's element type, dimensions and layout, less its memory space:
+  bf16[1,512,8,64]{1,3,2,0:T(8,128)(2,1)S(3)} -> bf16[1,512,8,64]{1,3,2,0:T(8,128)(2,1)}."""
+  return re.sub(r"S\(\d+\)", "", shape)
+
+
 def _parameter_name(parameter: str, instruction: _Instruction) -> str:
   """params['decoder']['layers_0'][...] (JAX's name of the argument) as
   params/decoder/layers_0/..., else the HLO parameter's own name."""
@@ -367,6 +380,16 @@ def _parameter_name(parameter: str, instruction: _Instruction) -> str:
   if not match:
     return parameter
   return "/".join([match.group(1)] + re.findall(r"\['([^']*)'\]", match.group(2)))
+
+
+def _loop_state(instructions: dict[str, _Instruction]) -> Iterator[str]:
+  """The names of the entry computation's values handed to its while loops as their state."""
+  for instruction in instructions.values():
+    if instruction.opcode != "while":
+      continue
+    state = instructions.get(instruction.operands[0]) if instruction.operands else None
+    yield from (state.operands if state is not None and state.opcode == "tuple"
+                else instruction.operands)
 
 
 def loop_relaid_parameters(hlo: str) -> list[tuple[str, int]]:
@@ -378,24 +401,43 @@ def loop_relaid_parameters(hlo: str) -> list[tuple[str, int]]:
   or sliced) and bitcasts are followed, not counted. Sorted by parameter."""
   instructions = _entry_instructions(hlo)
   found = set()
-  for instruction in instructions.values():
-    if instruction.opcode != "while":
+  for element in _loop_state(instructions):
+    name, relaid, size = element, False, 0
+    while name in instructions:
+      current = instructions[name]
+      if current.opcode == "parameter":
+        if relaid:
+          found.add((_parameter_name(name, current), size))
+        break
+      if current.opcode in _RELAYOUTS and len(current.operands) == 1:
+        relaid = True
+        size = size or _array_bytes(current.shape)
+      elif current.kind not in _PASS_THROUGH or not current.operands:
+        break
+      name = current.operands[0]
+  return sorted(found)
+
+
+def loop_relaid_state(hlo: str) -> list[tuple[str, int]]:
+  """(shape, bytes) of every value computed before a while loop that the program copies into
+  another layout (a copy or transpose) to hand to the loop, weights aside
+  (`loop_relaid_parameters`): XLA:TPU's relayout of a decode cache the prefill wrote in one
+  layout and the loop reads in another, made at the loop's entry while the original is live.
+  Moves between memory spaces are followed. Sorted by shape."""
+  instructions = _entry_instructions(hlo)
+  found = []
+  for element in _loop_state(instructions):
+    name = element
+    while name in instructions and instructions[name].kind in _PASS_THROUGH:
+      name = instructions[name].operands[0] if instructions[name].operands else ""
+    current = instructions.get(name)
+    if current is None or current.opcode not in _LAYOUT_COPIES or len(current.operands) != 1:
       continue
-    state = instructions.get(instruction.operands[0]) if instruction.operands else None
-    elements = (state.operands if state is not None and state.opcode == "tuple"
-                else instruction.operands)
-    for element in elements:
-      name, relaid, size = element, False, 0
-      while name in instructions:
-        current = instructions[name]
-        if current.opcode == "parameter":
-          if relaid:
-            found.add((_parameter_name(name, current), size))
-          break
-        if current.opcode in _RELAYOUTS and len(current.operands) == 1:
-          relaid = True
-          size = size or _array_bytes(current.shape)
-        elif current.kind not in _PASS_THROUGH or not current.operands:
-          break
-        name = current.operands[0]
+    source = current.operands[0]
+    if source in instructions and _layout(instructions[source].shape) == _layout(current.shape):
+      continue  # a copy in the same layout (XLA's copy of a small value for the loop to own)
+    while source in instructions and instructions[source].kind in _PASS_THROUGH + _LAYOUT_COPIES:
+      source = instructions[source].operands[0] if instructions[source].operands else ""
+    if source in instructions and instructions[source].opcode != "parameter":
+      found.append((current.shape.partition("{")[0], _array_bytes(current.shape)))
   return sorted(found)

@@ -297,6 +297,20 @@ def format_relaid(program: programs.Program, shown: int = 4) -> str:
           f"{names}{more}")
 
 
+def format_relaid_state(program: programs.Program) -> str:
+  """The values (a decode's caches) the program copies into another layout at its loop's entry
+  (`programs.loop_relaid_state`): each live twice there, the original and the copy."""
+  relaid = program.loop_relaid_state
+  if not relaid:
+    return f"{program.name}: no computed value copied into another layout for its loop"
+  shapes: dict[str, int] = {}
+  for shape, _ in relaid:
+    shapes[shape] = shapes.get(shape, 0) + 1
+  listed = ", ".join(f"{count} x {shape}" for shape, count in shapes.items())
+  return (f"{program.name}: {len(relaid)} computed values copied into another layout for its "
+          f"loop, {sum(size for _, size in relaid) / 2**20:.1f} MiB: {listed}")
+
+
 def as_json(program: programs.Program) -> dict[str, Any]:
   return {**dataclasses.asdict(program), "device_bytes": program.device_bytes}
 

@@ -15,8 +15,9 @@ rule is an error, never silently replicated.
 Shardings (all `NamedSharding`s on the mesh):
   * parameters, from the flax `params_axes` collection the network's `init` returns
     (e.g. `mlp/wi_0/kernel [E, mlp]` is ('embed', 'mlp') -> P(None, 'model'));
-  * decode caches, from `network.cache_logical_axes`: K/V [B, L, H, D] are
-    ('batch', 'length', 'heads', 'kv') -> P('data', None, 'model', None);
+  * decode caches, from `network.cache_logical_axes`: self-attention K/V [B, L, H, D] are
+    ('batch', 'length', 'heads', 'kv') -> P('data', None, 'model', None), cross-attention K/V
+    [B, H, D, Le] ('batch', 'heads', 'kv', 'length') -> P('data', 'model', None, None);
   * batches: the leading axis is 'batch' -> P('data').
 Before anything is traced or compiled, every split dimension is checked: a mesh axis that does
 not divide it (heads, mlp_dim, the vocabulary, the batch, ...) is a ValueError naming the logical

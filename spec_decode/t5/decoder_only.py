@@ -10,8 +10,8 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 from flax import linen as nn
 
-from spec_decode.t5.layers import (Array, DecodeCache, DecoderStack, Ops, _activation_dtype,
-                                   _mask_to_bias)
+from spec_decode.t5.layers import DecodeCache, DecoderStack, _activation_dtype, _mask_to_bias
+from spec_decode.t5.ops import Array, Ops
 
 
 @dataclasses.dataclass(frozen=True)

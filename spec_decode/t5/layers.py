@@ -1,10 +1,10 @@
 """The layers both networks are built of, as T5X keeps its own in `t5x/examples/t5/layers.py`:
-the hyperparameters (`T5Config`), the products a network computes with (`Ops`), relative-position
-buckets, `Dense`, `Embed`, `LayerNorm`, `RelativePositionBias`, `MultiHeadAttention`,
-`MlpBlock`, and the decoder layer and stack both models share (`DecoderLayer`, `DecoderStack`:
-with cross-attention in `network.Transformer`, without in `decoder_only.DecoderOnlyTransformer`).
-What they compute, and the contracts: `spec_decode.t5.network`'s docstring; callers import them
-from there.
+the hyperparameters (`T5Config`), relative-position buckets, `Dense`, `Embed`, `LayerNorm`,
+`RelativePositionBias`, `MultiHeadAttention`, `MlpBlock`, and the decoder layer and stack both
+models share (`DecoderLayer`, `DecoderStack`: with cross-attention in `network.Transformer`,
+without in `decoder_only.DecoderOnlyTransformer`), computing with the products of
+`spec_decode.t5.ops`. What they compute, and the contracts: `spec_decode.t5.network`'s
+docstring; callers import them from there.
 """
 
 import dataclasses
@@ -18,7 +18,8 @@ import numpy as np
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
-Array = jax.Array
+from spec_decode.t5.ops import Array, Ops, transposed_dot
+
 Initializer = Callable[..., Array]
 DecodeCache = dict[str, Any]
 
@@ -58,53 +59,6 @@ class T5Config:
 
 def _activation_dtype(config: T5Config) -> jnp.dtype:
   return jnp.dtype(config.dtype)
-
-
-def einsum_attention_logits(query: Array, key: Array) -> Array:
-  """query [B,q,H,D], key [B,kv,H,D] -> logits [B,H,q,kv] (T5X's einsum)."""
-  return jnp.einsum("bqhd,bkhd->bhqk", query, key)
-
-
-def einsum_attention_mix(weights: Array, value: Array) -> Array:
-  """weights [B,H,q,kv], value [B,kv,H,D] -> [B,q,H,D] (T5X's einsum)."""
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
-
-
-def transposed_dot(x: Array, embedding: Array) -> Array:
-  """x [..., E] @ embedding [V, E]^T -> [..., V] (T5X's tied-embedding `attend`)."""
-  return jnp.dot(x, embedding.T)
-
-
-def kernel_first_dot(x: Array, kernel: Array) -> Array:
-  """`jnp.dot(x [..., K], kernel [K, N])` as kernel^T x (the kernel the left operand, the result
-  [N, ...] moved back): the same up to float rounding, but XLA:TPU reads the kernel as stored."""
-  return jnp.moveaxis(jax.lax.dot_general(kernel, x, (((0,), (x.ndim - 1,)), ((), ()))), 0, -1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Ops:
-  """The products the network computes with, injected as flax's examples inject `dot_general`:
-  this module knows no backend, the platform of the program that runs a model picks them
-  (`spec_decode.runtime.platforms.Platform.ops`).
-  The default is plain XLA, T5X's own ops.
-
-  `dense_product(x [..., K], w [K, N]) -> [..., N]`: every `Dense` layer's product.
-  `embedding_product(x [..., E], embedding [V, E]) -> [..., V]`: a tied embedding as the
-  output projection (`transposed_dot`).
-  `attention_logits(query, key)`, `attention_mix(weights, value)`: the two attention products,
-  with `einsum_attention_logits`' and `einsum_attention_mix`' shapes and results up to float
-  rounding.
-  `decoder_projection`: `dense_product` (None: the same) for a decoder layer's self-attention
-  query, key, value and cross-attention query: the decode loop's few rows, for which XLA:TPU
-  would hoist a transposed copy of each kernel out of the loop, live through it (3 GiB for
-  T5.1.1-XXL on one v4 chip; TPU programs take `kernel_first_dot`: docs/TPU_COMPILE.md).
-  """
-
-  dense_product: Callable[[Array, Array], Array] = jnp.dot
-  embedding_product: Callable[[Array, Array], Array] = transposed_dot
-  attention_logits: Callable[[Array, Array], Array] = einsum_attention_logits
-  attention_mix: Callable[[Array, Array], Array] = einsum_attention_mix
-  decoder_projection: Callable[[Array, Array], Array] | None = None
 
 
 # --------------------------------------------------------------------------- buckets
@@ -325,6 +279,17 @@ def _residual_dropout(config: T5Config) -> nn.Dropout:
   return nn.Dropout(config.dropout_rate, broadcast_dims=(-2,))
 
 
+def to_cross_cache(projected: Array) -> Array:
+  """Cross-attention keys or values [B,Le,H,D] -> [B,H,D,Le], as the decode cache holds them:
+  XLA:TPU's prefill writes them length-minor, and a [B,Le,H,D] cache made it copy them all at
+  the decode loop's entry (docs/TPU_COMPILE.md). `from_cross_cache` reads them back."""
+  return jnp.transpose(projected, (0, 2, 3, 1))
+
+
+def from_cross_cache(cached: Array) -> Array:
+  return jnp.transpose(cached, (0, 3, 1, 2))
+
+
 def _overwrite(buffer: Array, entries: Array, positions: Array) -> Array:
   """buffer [B,L,...] with entries [B,q,...] set at positions [B,q]; positions >= L are dropped."""
   # Per row (vmap), so a batch-sharded cache is written where its rows live.
@@ -353,8 +318,9 @@ class DecoderLayer(nn.Module):
     self.residual_dropout = _residual_dropout(cfg)
 
   def cross_key_value(self, encoded: Array) -> tuple[Array, Array]:
-    """encoded [B,Le,E] -> this layer's cross-attention keys, values [B,Le,H,D]."""
-    return self.encoder_decoder_attention.project_key_value(encoded)
+    """encoded [B,Le,E] -> this layer's cross-attention keys, values as cached, [B,H,D,Le]
+    (`to_cross_cache`)."""
+    return tuple(map(to_cross_cache, self.encoder_decoder_attention.project_key_value(encoded)))
 
   def __call__(self, x: Array, self_bias: Array, cross_key_value: tuple[Array, Array] | None,
                cross_bias: Array | None, self_cache: tuple[Array, Array] | None,
@@ -386,8 +352,8 @@ class DecoderLayer(nn.Module):
     if self.cross_attention:
       h = self.pre_cross_attention_layer_norm(x)
       h = self.encoder_decoder_attention.attend(
-          self.encoder_decoder_attention.project_query(h), *cross_key_value, cross_bias,
-          deterministic)
+          self.encoder_decoder_attention.project_query(h),
+          *map(from_cross_cache, cross_key_value), cross_bias, deterministic)
       x = x + self.residual_dropout(h, deterministic=deterministic)
 
     h = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
@@ -425,7 +391,7 @@ class DecoderStack(nn.Module):
     return self.token_embedder if self.embedder is None else self.embedder
 
   def cross_key_values(self, encoded: Array) -> list[tuple[Array, Array]]:
-    """encoded [B,Le,E] -> per layer (keys, values) [B,Le,H,D]."""
+    """encoded [B,Le,E] -> per layer (keys, values) as cached, [B,H,D,Le]."""
     return [layer.cross_key_value(encoded) for layer in self.layers]
 
   def __call__(self, tokens: Array, self_bias: Array,

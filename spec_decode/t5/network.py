@@ -39,9 +39,10 @@ the batch as its leading axis:
      'encoder_mask': bool [B, Le],          # True at real (non-padding) encoder tokens
      'layers_{i}': {                        # one per decoder layer
          'self_attention': {'cached_key': [B, L, H, D], 'cached_value': [B, L, H, D]},
-         'encoder_decoder_attention': {'cached_key': [B, Le, H, D],
-                                       'cached_value': [B, Le, H, D]}}}
-`init_decode_cache` runs the encoder once and fills the cross-attention keys/values;
+         'encoder_decoder_attention': {'cached_key': [B, H, D, Le],
+                                       'cached_value': [B, H, D, Le]}}}
+The cross-attention keys/values are held length-minor, as XLA:TPU's prefill writes them
+(`layers.to_cross_cache`). `init_decode_cache` runs the encoder once and fills them;
 `make_tokens_to_logits` returns the engine's `tokens_to_logits(state)`, whose new cache has
 `cache_index = cur_index + k` (`state.cur_index` always wins over the cached one).
 `cache_logical_axes` names the axes of every cache leaf for sharding.
@@ -52,9 +53,10 @@ cross-attention and with its own embedding (see its docstring). Its cache is the
 without `encoder_mask` and cross-attention entries, prefilled with a prompt instead of an
 encoder's input (`init_decode_cache`); `Network` is either model.
 
-The layers are in `spec_decode.t5.layers` and the decoder-only model in
-`spec_decode.t5.decoder_only`, as T5X splits its own; this module holds the encoder-decoder and
-the API both models share, and is where every name above is imported from.
+The layers are in `spec_decode.t5.layers`, the products they compute with in
+`spec_decode.t5.ops` and the decoder-only model in `spec_decode.t5.decoder_only`, as T5X splits
+its own; this module holds the encoder-decoder and the API both models share, and is where every
+name above is imported from.
 """
 
 from typing import Any, Callable
@@ -69,10 +71,11 @@ from jax.sharding import PartitionSpec
 from spec_decode.t5.decoder_only import (  # pylint: disable=unused-import
     DecoderOnlyConfig, DecoderOnlyTransformer, decoder_only_mask, prompt_lengths)
 from spec_decode.t5.layers import (  # pylint: disable=unused-import
-    Array, DecodeCache, DecoderLayer, DecoderStack, Dense, Embed, Initializer, LAYER_NORM_EPSILON,
-    LayerNorm, MASKED_BIAS, MlpBlock, MultiHeadAttention, Ops, RelativePositionBias, T5Config,
-    einsum_attention_logits, einsum_attention_mix, kernel_first_dot, relative_position_bucket,
-    transposed_dot, _activation_dtype, _mask_to_bias, _residual_dropout)
+    DecodeCache, DecoderLayer, DecoderStack, Dense, Embed, Initializer, LAYER_NORM_EPSILON,
+    LayerNorm, MASKED_BIAS, MlpBlock, MultiHeadAttention, RelativePositionBias, T5Config,
+    relative_position_bucket, _activation_dtype, _mask_to_bias, _residual_dropout)
+from spec_decode.t5.ops import (  # pylint: disable=unused-import
+    Array, Ops, einsum_attention_logits, einsum_attention_mix, kernel_first_dot, transposed_dot)
 
 
 class EncoderLayer(nn.Module):
@@ -275,6 +278,8 @@ def cache_logical_axes(cache: DecodeCache) -> DecodeCache:
     if name == "encoder_mask":
       return PartitionSpec("batch", "length")
     if name in ("cached_key", "cached_value"):
+      if path[-2].key == "encoder_decoder_attention":
+        return PartitionSpec("batch", "heads", "kv", "length")
       return PartitionSpec("batch", "length", "heads", "kv")
     raise ValueError(f"Unknown decode cache leaf {jax.tree_util.keystr(path)} {leaf.shape}.")
 
