@@ -324,7 +324,7 @@ def _reading(figures: dict[str, dict], prefix: str) -> list[str]:
   held = sorted({len(d["loop_relaid_parameters"]) for d in decodes
                  if "loop_relaid_parameters" in d})
   read = [d for d in decodes if "loop_relaid_state" in d]  # figures compiled since it is read
-  relaid = sorted({len(d["loop_relaid_state"]) for d in read})
+  relaid = [d["loop_relaid_state"] for d in read]
   return [f"{len(decodes)} rows compiled: the largest needs {_gib(largest)} GiB per chip "
           f"(arguments, temporaries, output and code), "
           f"{'every row fits' if all(d['plan']['fits'] for d in decodes) else 'NOT every row fits'}"
@@ -333,8 +333,9 @@ def _reading(figures: dict[str, dict], prefix: str) -> list[str]:
           f"{_gib(min(extra))}-{_gib(max(extra))} GiB"
           + ("" if not held else "; weights copied before the loop and held through it "
              f"(`programs.loop_relaid_parameters`): {' or '.join(map(str, held))} per decode")
-          + ("" if not relaid else "; caches copied into another layout at the loop's entry "
-             f"(`programs.loop_relaid_state`): {' or '.join(map(str, relaid))} per decode"
+          + ("" if not relaid else "; values copied into another layout at the loop's entry "
+             f"(`programs.loop_relaid_state`): at most {max(map(len, relaid))} per decode, "
+             f"{max(sum(size for _, size in found) for found in relaid) / 2**10:.1f} KiB"
              + ("" if len(read) == len(decodes) else f" (read in {len(read)} of them)"))
           + f"; {sum(kept for _, kept in goals)} of {len(goals)} rows with their baseline "
           "compiled keep to the goal."]
@@ -526,19 +527,23 @@ def render() -> str:
       "for when a TPU is lent.",
       "",
       "The decodes are compiled with the TPU's decoder projections (`network.kernel_first_dot`, "
-      "docs/TPU_COMPILE.md; the T5.1.1 rows compiled 2026-12-05 on an Intel Xeon host of 2 "
-      "cores under load averages of 2-20 from other work, which the compile seconds in the "
-      "figures reflect, the T5 1.0 rows 2026-12-06 on an AMD EPYC host of 2 cores), "
-      "which keep XLA:TPU from copying the decoder's attention kernels "
-      "into another layout before the loop and holding the copies through it. 'Before' is the "
+      "docs/TPU_COMPILE.md), which keep XLA:TPU from copying the decoder's attention kernels "
+      "into another layout before the loop and holding the copies through it, and with the "
+      "cross-attention caches held as the prefill writes them ([B, H, D, Le]), which keeps it "
+      "from copying those at the loop's entry (every row of both families compiled so on "
+      "2026-12-06 on an AMD EPYC host of 2 cores, at load averages of 2-5 from the test suite "
+      "or another compile beside them, which the compile seconds in the figures reflect; the "
+      "calls compiled alone in the 'ops', 'placement' and 'more' jobs on 2026-12-05 and -06 "
+      "with the caches in their earlier layout, the same argument bytes). 'Before' is the "
       "same decode compiled before that change (at commit b8e1366, kept in a `before` folder "
       "beside each family's figures in docs/table2/compiled). The goal for each row: its "
       "speculative decode's temporaries at most its baseline's (the target alone, same task "
       "and temperature) plus the draft's caches (the plan formula's), plus "
       f"{report.TEMPORARIES_MARGIN:.0%} (`report.temporaries_bound`); XLA's temporaries include "
-      "what XLA:TPU prefetches into a v4 chip's 128 MiB CMEM, beside its HBM, which is all but "
-      "5 MiB of what the base and large drafts' rows on a v4-8 miss the goal by "
-      "(docs/TPU_COMPILE.md: their replicated draft's weights). 'Largest batch': the largest "
+      "what XLA:TPU prefetches into a v4 chip's 128 MiB CMEM, beside its HBM, which is what the "
+      "rows that miss the goal miss it by: compiled with CMEM's prefetching off, EnDe's T = 0 "
+      "rows keep to it on one chip and on four (docs/TPU_COMPILE.md: the decode prefetches the "
+      "draft's weights, the baseline the target's). 'Largest batch': the largest "
       "batch "
       "whose speculative decode fits the chip, by compiles (the 'largest' stage: a probe batch, "
       "a guess from the line through its bytes and batch 1's, `plan.largest_batch` searching "

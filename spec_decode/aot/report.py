@@ -307,8 +307,9 @@ def format_relaid_state(program: programs.Program) -> str:
   for shape, _ in relaid:
     shapes[shape] = shapes.get(shape, 0) + 1
   listed = ", ".join(f"{count} x {shape}" for shape, count in shapes.items())
-  return (f"{program.name}: {len(relaid)} computed values copied into another layout for its "
-          f"loop, {sum(size for _, size in relaid) / 2**20:.1f} MiB: {listed}")
+  values = "value" if len(relaid) == 1 else "values"
+  return (f"{program.name}: {len(relaid)} computed {values} copied into another layout for its "
+          f"loop, {sum(size for _, size in relaid) / 2**20:.2f} MiB: {listed}")
 
 
 def as_json(program: programs.Program) -> dict[str, Any]:
